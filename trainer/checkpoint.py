@@ -3,19 +3,36 @@
 A checkpoint is written to `<run>/checkpoints/step_000042.tmp`, renamed into place, and only
 then named in `<run>/checkpoints/latest` (itself replaced atomically), so a crash at any moment
 leaves the previous checkpoint usable.
+
+Loading trusts nothing in the run directory: `trainer_state.pt` is read with
+`torch.load(weights_only=True)` (the RNG states are saved as plain lists and tensors, so no
+pickled global is needed), and `latest` must name a `step_NNNNNN` directory directly under
+`checkpoints/` (a pointer such as `../../x` is refused, not followed).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pickle
 import random
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
+
+_STEP_DIR = re.compile(r"step_[0-9]{6,}")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be trusted or read; the message names the file and the value."""
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -28,13 +45,35 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on an empty `<path>.tmp` directory, then rename it to `path` (replacing
+    it), so `path` is either absent, the old one, or complete; never half written."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.random.get_rng_state()}
+    """Python, NumPy and torch RNG states as types `torch.load(weights_only=True)` accepts:
+    Python's state is a tuple of ints, NumPy's key array becomes a list (an ndarray would need the
+    `numpy._core.multiarray._reconstruct` global allow-listed)."""
+    np_state = np.random.get_state(legacy=False)
+    np_state["state"] = {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])}
+    return {"python": random.getstate(), "numpy": np_state, "torch": torch.random.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np_state = state["numpy"]
+    if isinstance(np_state, dict):  # a tuple is the legacy form, an ndarray inside
+        np_state = {**np_state, "state": {"key": np.asarray(np_state["state"]["key"], dtype=np.uint32), "pos": np_state["state"]["pos"]}}
+    np.random.set_state(np_state)
     torch.random.set_rng_state(state["torch"])
 
 
@@ -43,15 +82,14 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
     """Save the state after `step` optimizer steps; keep the newest `keep` checkpoints."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = root / f"step_{step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    model.save_pretrained(tmp / "policy")
-    tokenizer.save_pretrained(tmp / "policy")
-    torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": step, "extra": extra or {}}, tmp / "trainer_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp / "policy")
+        tokenizer.save_pretrained(tmp / "policy")
+        state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": step, "extra": extra or {}}
+        torch.save(state, tmp / "trainer_state.pt")
+
+    final = atomic_write_dir(root / f"step_{step:06d}", write)
     atomic_write_text(root / "latest", final.name)
     old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
     for p in old[:-keep] if keep > 0 else []:
@@ -60,17 +98,42 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The checkpoint named by `latest`, or None when the run has none."""
-    marker = Path(run_dir) / "checkpoints" / "latest"
+    """The checkpoint named by `latest`, or None when the run has none.
+
+    Raises CheckpointError when `latest` names anything but a `step_NNNNNN` directory directly
+    under `checkpoints/` (after resolving symlinks)."""
+    root = Path(run_dir) / "checkpoints"
+    marker = root / "latest"
     if not marker.exists():
         return None
-    path = marker.parent / marker.read_text().strip()
+    name = marker.read_text().strip()
+    path = root / name
+    if not _STEP_DIR.fullmatch(name) or path.resolve().parent != root.resolve():
+        raise CheckpointError(f"{marker} names {name!r}: expected a step_NNNNNN directory inside {root}, refusing to load it")
     return path if (path / "trainer_state.pt").exists() else None
 
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
-    """The optimizer/RNG/step dict of a checkpoint (weights load through `from_pretrained`)."""
-    return torch.load(Path(ckpt) / "trainer_state.pt", map_location="cpu", weights_only=False)
+    """The optimizer/RNG/step dict of a checkpoint (weights load through `from_pretrained`).
+
+    Read with `weights_only=True`: tensors, numbers, strings and containers only, so a tampered
+    file cannot run code; anything else is a CheckpointError naming the file."""
+    path = Path(ckpt) / "trainer_state.pt"
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"{path} holds more than tensors and plain values, refusing to unpickle it: {e}") from None
+
+
+def _numpy_array_globals() -> list[Any]:
+    """The globals a pickled NumPy uint32 array needs: checkpoints written before `rng_state`
+    saved NumPy's key as a list hold one. `_reconstruct` builds only allow-listed array types."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def load_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
@@ -82,7 +145,21 @@ def load_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file ([] when absent). A torn last line (a crash mid-append) is
+    dropped with a warning; an unreadable line before the last is a ValueError naming it."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                log.warning("%s: dropping a torn last line (%d chars): %s", path, len(line), e)
+                break
+            raise ValueError(f"{path}:{i + 1}: not JSON ({e}); only a torn last line is dropped") from None
+    return rows

@@ -1,13 +1,16 @@
 """Per-step metrics: one JSON line per step in `metrics.jsonl`, mirrored to TensorBoard.
 
 On resume the log is cut back to the checkpointed step, so a step that was logged but not
-checkpointed before a crash is logged once, when it is redone.
+checkpointed before a crash is logged once, when it is redone; a line torn by a crash mid-append
+is dropped then (`read_jsonl`). Each append is fsynced, so every step a checkpoint covers is on
+disk before that checkpoint is written.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ class MetricsLogger:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
             f.flush()
+            os.fsync(f.fileno())  # one small fsync a step (a step takes seconds); a checkpoint never outruns its log
         if self._tb is not None:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, float(v), step)

@@ -25,7 +25,8 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.advantages import advantage_stats, get_estimator
 from pvpo.trainer.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.anchor import AnchorStore, build_anchor, needs_refresh
-from pvpo.trainer.checkpoint import latest_checkpoint, load_trainer_state, load_weights, read_jsonl, save_checkpoint, set_rng_state
+from pvpo.trainer.checkpoint import (atomic_write_dir, latest_checkpoint, load_trainer_state, load_weights, read_jsonl,
+                                     save_checkpoint, set_rng_state)
 from pvpo.trainer.config import TrainConfig, dump_config
 from pvpo.trainer.engine import RolloutEngine, build_engine
 from pvpo.trainer.evaluate import evaluate
@@ -88,7 +89,7 @@ class Trainer:
         if fresh:
             if cfg.model.warm_start_steps and data.world is not None:
                 self._warm_start()
-            save_policy(policy, run_dir / "initial_policy")
+            atomic_write_dir(run_dir / "initial_policy", lambda tmp: save_policy(policy, tmp))
         elif (run_dir / WARM_START_FILE).exists():
             self.result.warm_start_losses = json.loads((run_dir / WARM_START_FILE).read_text())["losses"]
         a = cfg.algorithm.anchor
