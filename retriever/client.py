@@ -1,11 +1,16 @@
 """HTTP clients of the retrieval service (ours or any Search-R1-compatible one): one POST per
-search() call, round-robin over server URLs, retries with exponential backoff on 5xx, timeouts
-and connection errors."""
+search() call, round-robin over server URLs, retries with exponential backoff on 429/5xx,
+timeouts and connection errors.
+
+The default retry budget rides out a server restart: 8 retries, backoff 0.2 s doubling up to
+4 s, about 18 s of waiting in all (an index reload took ~10 s; the previous 3 retries gave up
+after 1.4 s). Each retry is logged at WARNING with its cause and the wait before the next try."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -15,7 +20,9 @@ import httpx
 
 from pvpo.retriever.types import Passage
 
-RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+log = logging.getLogger(__name__)
 
 
 class RetrieverError(RuntimeError):
@@ -49,8 +56,8 @@ def parse_result(payload: Any, n_queries: int) -> list[list[Passage]]:
 
 
 class _Base:
-    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 3,
-                 token: str | None = None, backoff: float = 0.2, max_backoff: float = 5.0) -> None:
+    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 8,
+                 token: str | None = None, backoff: float = 0.2, max_backoff: float = 4.0) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("at least one retriever URL is needed")
@@ -68,8 +75,22 @@ class _Base:
         with self._lock:
             return self.urls[next(self._next)]
 
-    def _delay(self, attempt: int) -> float:
-        return min(self.max_backoff, self.backoff * (2**attempt))
+    def _delay(self, attempt: int, resp: httpx.Response | None = None) -> float:
+        """The wait after failed attempt `attempt` (0-based): exponential, capped; a server's
+        numeric Retry-After (e.g. on 503 while it sheds load) is honoured up to the cap."""
+        delay = min(self.max_backoff, self.backoff * (2**attempt))
+        retry_after = resp.headers.get("retry-after", "") if resp is not None else ""
+        if retry_after.replace(".", "", 1).isdigit():
+            delay = max(delay, min(self.max_backoff, float(retry_after)))
+        return delay
+
+    def _note_retry(self, attempt: int, url: str, resp: httpx.Response | None, err: Exception | None) -> float:
+        """Log a failed attempt that will be retried; return the wait before the next one."""
+        delay = self._delay(attempt, resp)
+        cause = f"status {resp.status_code}" if resp is not None else f"{type(err).__name__}: {err}"
+        log.warning("retriever attempt %d/%d to %s failed (%s); retrying in %.1f s", attempt + 1, self.retries + 1,
+                    url, cause, delay)  # fmt: skip
+        return delay
 
     def _payload(self, queries: Sequence[str], topk: int | None) -> dict[str, Any]:
         return {"queries": list(queries), "topk": self.topk if topk is None else topk, "return_scores": True}
@@ -93,7 +114,7 @@ class RetrieverClient(_Base):
     """Blocking client. `search` sends one request for the whole batch of queries; a failed
     attempt is retried on the next URL after a backoff."""
 
-    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 3,
+    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 8,
                  token: str | None = None, **kw: Any) -> None:
         super().__init__(urls, topk=topk, timeout=timeout, retries=retries, token=token, **kw)
         self._http = httpx.Client(timeout=timeout, headers=self.headers)
@@ -104,7 +125,7 @@ class RetrieverClient(_Base):
         url = self.urls[0]
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self._delay(attempt - 1))
+                time.sleep(self._note_retry(attempt - 1, url, resp, err))
             url = self._pick()
             resp, err = None, None
             try:
@@ -150,7 +171,7 @@ class RetrieverClient(_Base):
 class AsyncRetrieverClient(_Base):
     """asyncio client with the same behaviour as RetrieverClient."""
 
-    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 3,
+    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 8,
                  token: str | None = None, max_connections: int = 256, **kw: Any) -> None:
         super().__init__(urls, topk=topk, timeout=timeout, retries=retries, token=token, **kw)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -162,7 +183,7 @@ class AsyncRetrieverClient(_Base):
         url = self.urls[0]
         for attempt in range(self.retries + 1):
             if attempt:
-                await asyncio.sleep(self._delay(attempt - 1))
+                await asyncio.sleep(self._note_retry(attempt - 1, url, resp, err))
             url = self._pick()
             resp, err = None, None
             try:

@@ -24,14 +24,25 @@ def train_cmd(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides, e.g. run.steps=10")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file")] = None,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="continue from the run dir's latest checkpoint")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the run dir's latest checkpoint, with the run's "
+                                         "own config.yaml (overrides: only keys safe to change, e.g. run.steps)")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="delete what the run dir holds and start over")] = False,
 ) -> None:
     """Train a search agent with PVPO (or a baseline estimator) per a YAML config."""
+    from pvpo.trainer.config import ConfigError
+    from pvpo.trainer.run_dir import resume_config
     from pvpo.trainer.train import train
 
-    cfg = _load(config, list(overrides or []))
+    if resume and overwrite:
+        typer.echo("--resume and --overwrite contradict each other: pick one", err=True)
+        raise typer.Exit(code=2)
     run_dir = run_dir or Path("runs") / (config.stem if config else "default")
-    result = train(cfg, run_dir, resume=resume)  # type: ignore[arg-type]
+    try:
+        cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
+        result = train(cfg, run_dir, resume=resume, overwrite=overwrite)  # type: ignore[arg-type]
+    except ConfigError as e:  # RunDirError included: a refused run dir or resume
+        typer.echo(str(e), err=True)
+        raise typer.Exit(code=2) from None
     last = result.metrics[-1] if result.metrics else {}
     typer.echo(f"done: {result.steps_done} steps in {run_dir}; last reward/mean={last.get('reward/mean', float('nan')):.4f}")
 

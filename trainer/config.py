@@ -79,6 +79,13 @@ class RetrieverConfig(_Section):
     index_dir: str | None = None  # reuse a built index; null = build under the run dir
     encoder: str | None = None  # sentence-transformers model; null = the packaged MiniLM
     topk: int = Field(2, ge=1)
+    token: str | None = Field(None, description="bearer token of an authenticated `url`; null = the "
+                              "PVPO_RETRIEVER_TOKEN environment variable (keeps the secret out of the run's config.yaml)")
+    timeout: float = Field(30.0, gt=0, description="seconds one /retrieve request may take before it is retried")
+    retries: int = Field(8, ge=0, description="retries after a failed request (connection error, timeout, 429/5xx), "
+                         "with backoff 0.2 s doubling up to max_backoff: the default 8 wait about 18 s in all, "
+                         "enough to ride out a server restart (~10 s to reload an index)")
+    max_backoff: float = Field(4.0, gt=0, description="the longest wait between two retries, in seconds")
 
 
 class EnvConfig(_Section):

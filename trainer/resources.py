@@ -8,6 +8,7 @@ a resumed run reuses the index) and served on loopback for the life of the run.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,8 +78,10 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
     of `corpus_path` built (or reused) under `retriever.index_dir` / `<run>/index`."""
     from pvpo.retriever.client import RetrieverClient
 
-    if cfg.retriever.url:
-        client = RetrieverClient(cfg.retriever.url, topk=cfg.retriever.topk)
+    r = cfg.retriever
+    if r.url:
+        client = RetrieverClient(r.url, topk=r.topk, timeout=r.timeout, retries=r.retries, max_backoff=r.max_backoff,
+                                 token=r.token or os.environ.get("PVPO_RETRIEVER_TOKEN") or None)  # fmt: skip
         try:
             yield client
         finally:
@@ -93,7 +96,7 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
             raise ValueError("no retriever.url, no retriever.index_dir and no corpus to index: set one of them")
         build_index(corpus_path, index_dir, model=cfg.retriever.encoder)
     with BackgroundServer(str(index_dir)) as server:
-        client = RetrieverClient(server.url, topk=cfg.retriever.topk)
+        client = RetrieverClient(server.url, topk=r.topk, timeout=r.timeout, retries=r.retries, max_backoff=r.max_backoff)
         try:
             yield client
         finally:

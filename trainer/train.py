@@ -33,6 +33,7 @@ from pvpo.trainer.evaluate import evaluate
 from pvpo.trainer.metrics_log import MetricsLogger
 from pvpo.trainer.policy import frozen_copy, save_policy
 from pvpo.trainer.resources import Data, episode_config, initial_policy, load_data, retriever_session
+from pvpo.trainer.run_dir import check_resume_config, prepare_fresh
 from pvpo.trainer.trajectory import collate, summarize
 from pvpo.trainer.update import policy_update
 
@@ -246,10 +247,17 @@ def _maybe_searcher(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searc
             yield s
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, searcher: Searcher | None = None,
-          show_progress: bool = True, after_step: Callable[[int], None] | None = None) -> TrainResult:
-    """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever."""
+def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+          searcher: Searcher | None = None, show_progress: bool = True,
+          after_step: Callable[[int], None] | None = None) -> TrainResult:
+    """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
+    A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
+    differs from the run's own config.yaml outside `run_dir.SAFE_ON_RESUME` (RunDirError)."""
     run_dir = Path(run_dir)
+    if resume:
+        check_resume_config(run_dir, cfg)
+    else:
+        prepare_fresh(run_dir, overwrite=overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     data = load_data(cfg, run_dir)
     with _maybe_searcher(cfg, run_dir, data, searcher) as s:
