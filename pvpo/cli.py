@@ -24,7 +24,7 @@ def _root() -> None:
 
 # Component CLIs, in the order they appear in --help. A component whose cli module is not there
 # yet adds nothing; one that is there but fails to import fails loudly.
-_COMPONENT_CLIS = ("pvpo.retriever.cli", "pvpo.envs.cli", "pvpo.trainer.cli")
+_COMPONENT_CLIS = ("pvpo.retriever.cli", "pvpo.envs.cli", "pvpo.trainer.cli", "pvpo.trainer.eval_cli")
 
 for _name in _COMPONENT_CLIS:
     if importlib.util.find_spec(_name) is not None:
