@@ -43,7 +43,10 @@ class EpisodeConfig:
         return get_reward(self.reward, **dict(self.reward_params))
 
     def prompt(self, example: QAExample) -> str:
-        return self.prompt_template.format(instruction=self.protocol.instruction(), question=example.question)
+        """`prompt_template`: a name in `pvpo.envs.templates` (`default`, `search_r1`) or a format string."""
+        from pvpo.envs.templates import render_prompt
+
+        return render_prompt(self.prompt_template, self.protocol, example.question)
 
 
 @dataclass
@@ -63,7 +66,10 @@ class Episode:
         self.config = config
         self._reward_fn = reward_fn
         self.prompt = config.prompt(example)
-        self.response = ""  # agent turns + env observations, what the reward judges
+        self.response = ""  # agent turns + env observations: the transcript the agent saw
+        # What the reward judges: agent turns and search results, without the env's correction
+        # messages, whose literal <search>/<answer> tags would otherwise be read as the agent's.
+        self.judged = ""
         self.turns = 0
         self.queries: list[str] = []
         self.terminated = False
@@ -85,6 +91,7 @@ class Episode:
             raise RuntimeError("begin_step on a finished episode")
         text = turn if isinstance(turn, str) else ""
         self.response += text
+        self.judged += text
         self.turns += 1
         self._action = self.config.protocol.parse_action(text)
         if self._action.kind is ActionKind.SEARCH and self.turns < self.config.max_turns:
@@ -105,6 +112,7 @@ class Episode:
         elif action.kind is ActionKind.SEARCH:
             self.queries.append(action.content)
             observation = cfg.protocol.wrap_observation(format_passages(passages or [], cfg.max_obs_chars))
+            self.judged += observation
         else:
             observation = cfg.protocol.correction_message()
         self.response += observation
@@ -119,6 +127,7 @@ class Episode:
         if self.done:
             raise RuntimeError("end on a finished episode")
         self.response += text
+        self.judged += text
         self.truncated = True
         info = self._step_info("finish")
         return StepResult("", self._score(info), self.terminated, self.truncated, info)
@@ -130,7 +139,7 @@ class Episode:
     def _score(self, info: dict[str, Any]) -> float:
         """Score the finished response; add the prediction, metrics and reward parts to `info`."""
         golds = list(self.example.golden_answers)
-        result = self._reward_fn(self.response, golds, self.config.protocol)
+        result = self._reward_fn(self.judged, golds, self.config.protocol)
         info.update(
             prediction=result.prediction,
             metrics=answer_metrics(result.prediction, golds),
@@ -138,5 +147,6 @@ class Episode:
             format_ok=bool(result.format_ok),
             golden_answers=golds,
             response=self.response,
+            judged_response=self.judged,
         )
         return float(result.total)

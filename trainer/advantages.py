@@ -39,11 +39,14 @@ _REGISTRY: dict[str, Estimator] = {}
 
 
 def register_estimator(
-    name: str, *, needs_anchors: bool = False, level: Literal["outcome", "token"] = "outcome"
+    name: str, *, needs_anchors: bool = False, level: Literal["outcome", "token"] = "outcome",
+    loss_agg: str = "token-mean",
 ) -> Callable[[Estimator], Estimator]:
     """Register an estimator under `name`. `needs_anchors` tells the trainer to build a reference
-    anchor store before training; `level` says whether it returns `[B]` or `[B, T]`. Both are
-    stored as attributes on the function (`fn.needs_anchors`, `fn.level`, `fn.name`)."""
+    anchor store before training; `level` says whether it returns `[B]` or `[B, T]`; `loss_agg` is
+    the loss aggregation the method's paper pairs it with (used unless `optim.loss_agg` is set).
+    All are stored as attributes on the function (`fn.needs_anchors`, `fn.level`, `fn.loss_agg`,
+    `fn.name`)."""
 
     def decorate(fn: Estimator) -> Estimator:
         if name in _REGISTRY:
@@ -51,6 +54,7 @@ def register_estimator(
         fn.name = name  # type: ignore[attr-defined]
         fn.needs_anchors = needs_anchors  # type: ignore[attr-defined]
         fn.level = level  # type: ignore[attr-defined]
+        fn.loss_agg = loss_agg  # type: ignore[attr-defined]
         _REGISTRY[name] = fn
         return fn
 
@@ -136,7 +140,9 @@ def grpo(
     return torch.where(count > 1, adv, torch.zeros_like(adv))
 
 
-@register_estimator("dr_grpo")
+# Dr.GRPO's loss divides each sequence's token sum by one constant (the generation budget), so
+# neither a response's length nor the batch's longest response rescales a token's gradient.
+@register_estimator("dr_grpo", loss_agg="seq-mean-token-sum-norm")
 def dr_grpo(
     rewards: torch.Tensor,
     uids: Sequence[str],

@@ -19,7 +19,7 @@ import pickle
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +77,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.random.set_rng_state(state["torch"])
 
 
+STATE_FILES_DIR = "run_state"  # copies of the run's state files (anchor, GT cache, ...) at the checkpoint's step
+
+
 def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                    extra: dict[str, Any] | None = None, keep: int = 2) -> Path:
-    """Save the state after `step` optimizer steps; keep the newest `keep` checkpoints."""
+                    extra: dict[str, Any] | None = None, keep: int = 2, state_files: Sequence[str | Path] = ()) -> Path:
+    """Save the state after `step` optimizer steps; keep the newest `keep` checkpoints. Each of
+    `state_files` that exists is copied in (`restore_state_files` puts them back on resume)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp / "policy")
         tokenizer.save_pretrained(tmp / "policy")
+        for f in map(Path, state_files):
+            if f.exists():
+                (tmp / STATE_FILES_DIR).mkdir(exist_ok=True)
+                shutil.copy2(f, tmp / STATE_FILES_DIR / f.name)
         state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": step, "extra": extra or {}}
         torch.save(state, tmp / "trainer_state.pt")
 
@@ -95,6 +103,20 @@ def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: An
     for p in old[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
     return final
+
+
+def restore_state_files(ckpt: str | Path, state_files: Sequence[str | Path]) -> None:
+    """Make each of `state_files` what it was when `ckpt` was saved: copied back from the
+    checkpoint, or removed if it did not exist then (it was written after the checkpoint)."""
+    saved = Path(ckpt) / STATE_FILES_DIR
+    for f in map(Path, state_files):
+        src = saved / f.name
+        if src.exists():
+            tmp = f.with_name(f.name + ".restore")
+            shutil.copy2(src, tmp)
+            os.replace(tmp, f)
+        else:
+            f.unlink(missing_ok=True)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -51,11 +51,13 @@ def evaluate(
     loop: LoopConfig,
     *,
     temperature: float = 0.0,
+    top_p: float = 1.0,
     seed: int = 0,
     batch_size: int = 64,
 ) -> dict[str, float]:
-    """Roll out each of `examples` once and return `eval_metrics` of the trajectories."""
-    loop = replace(loop, temperature=temperature, top_p=1.0)
+    """Roll out each of `examples` once (greedy at temperature 0, else sampled with `top_p`) and
+    return `eval_metrics` of the trajectories."""
+    loop = replace(loop, temperature=temperature, top_p=top_p)
     trajs: list[Trajectory] = []
     for start in range(0, len(examples), batch_size):
         trajs += run_agent_loop(engine, tokenizer, examples[start : start + batch_size], searcher, episode_config, loop, seed=seed + start)

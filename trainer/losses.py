@@ -210,12 +210,15 @@ def token_logprobs(
     return torch.cat(out, dim=1) if out else logits.new_zeros(token_ids.shape, dtype=torch.float32)
 
 
-def entropy_from_logits(logits: torch.Tensor, *, chunk_size: int = 1024) -> torch.Tensor:
-    """Entropy `[B, T]` (float32) of softmax(logits [B, T, V]): `logsumexp(z) - sum(softmax(z) * z)`,
-    computed in float32 `chunk_size` positions at a time."""
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, *, chunk_size: int = 1024) -> torch.Tensor:
+    """Entropy `[B, T]` (float32) of softmax(logits [B, T, V] / temperature), the distribution the
+    sampler drew from: `logsumexp(z) - sum(softmax(z) * z)`, in float32, `chunk_size` positions at
+    a time."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
     out = []
     for s in _chunks(logits.shape[1], chunk_size):
-        z = logits[:, s : s + chunk_size].float()
+        z = logits[:, s : s + chunk_size].float() / temperature
         p = torch.softmax(z, dim=-1)
         out.append(torch.logsumexp(z, dim=-1) - (p * z).sum(dim=-1))
     return torch.cat(out, dim=1) if out else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Searcher
+from pvpo.envs.vector import info_at
 from pvpo.trainer.agent_loop import prompt_ids, vector_env
 from pvpo.trainer.trajectory import Trajectory, collate, response_logits
 
@@ -30,10 +31,13 @@ def oracle_trajectories(
     episode_config: EpisodeConfig,
     *,
     chat_template: bool = False,
+    eos: bool = True,
 ) -> list[Trajectory]:
     """Replay `oracle(example)`'s turns through a `SearchVectorEnv` (one retriever call per turn
     for the batch), so the observations are exactly the env's; prompts are encoded as the agent
-    loop encodes them."""
+    loop encodes them. With `eos` the last turn is followed by EOS (SFT teaches the model to stop);
+    without it the trajectory ends at the answer's stop string, as the agent loop's do. Each
+    oracle token gets log-prob 0: the oracle is deterministic."""
     if not examples:
         return []
     turns = [oracle(ex) for ex in examples]
@@ -52,11 +56,19 @@ def oracle_trajectories(
                 actions[i] = turns[i][t]
                 ids = list(tokenizer.encode(actions[i], add_special_tokens=False))
                 trajs[i].append_model(ids, [0.0] * len(ids))
-            obs, rewards, terminated, truncated, _ = env.step(actions)
+            obs, rewards, terminated, truncated, infos = env.step(actions)
             for i in live:
+                trajs[i].num_turns += 1
+                info = info_at(infos, i)
+                trajs[i].num_tool_calls = int(info.get("num_searches", 0))
                 if terminated[i] or truncated[i]:
                     trajs[i].reward = float(rewards[i])
-                    trajs[i].append_model([tokenizer.eos_token_id], [0.0])
+                    trajs[i].accuracy = float(info.get("metrics", {}).get("em", 0.0))
+                    trajs[i].prediction = info.get("prediction")
+                    trajs[i].reward_components = dict(info.get("reward_components", {}))
+                    trajs[i].finish_reason = "answer" if terminated[i] else "max_turns"
+                    if eos:
+                        trajs[i].append_model([tokenizer.eos_token_id], [0.0])
                 else:
                     trajs[i].append_env(list(tokenizer.encode(obs[i], add_special_tokens=False)))
         return trajs
@@ -88,7 +100,7 @@ def sft_loss(model: torch.nn.Module, trajs: Sequence[Trajectory], pad_id: int) -
     """Mean negative log-likelihood of the model tokens (loss mask 1) of `trajs`."""
     from pvpo.trainer.losses import aggregate, token_logprobs
 
-    batch = collate(trajs, pad_id)
+    batch = collate(trajs, pad_id).to(next(model.parameters()).device)
     logp = token_logprobs(response_logits(model, batch), batch.response_ids)
     return -aggregate(logp, batch.loss_mask, "token-mean")
 

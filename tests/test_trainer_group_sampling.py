@@ -1,0 +1,225 @@
+"""PVPO's second half: Group Sampling's partition, GT trajectories (sources, retries, cache, pi_gt
+ratio, injection into groups), rollout-cost accounting, and the state a resume must see."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pvpo.trainer.anchor import AnchorStat
+from pvpo.trainer.config import load_config
+from pvpo.trainer.cost import CostCounter
+from pvpo.trainer.group_sampling import load_partition, partition, save_partition, savings
+from pvpo.trainer.gt import GTCache, close_open_block, fetch_gt
+from pvpo.trainer.trajectory import Trajectory, collate
+from pvpo.trainer.update import gt_ratio_stats
+
+from test_trainer_core import TINY, WORLD, OverlapSearcher
+
+
+def _stat(acc: float) -> AnchorStat:
+    return AnchorStat(mean_reward=acc, accuracy=acc, n=4)
+
+
+# ---- partition ---------------------------------------------------------------------------------
+def test_partition_drops_always_solved_keeps_mixed_and_marks_never_solved_for_gt():
+    stats = {"a": _stat(1.0), "b": _stat(0.5), "c": _stat(0.0), "d": _stat(0.25)}
+    part = partition(["a", "b", "c", "d", "a"], stats)
+    assert (part.dropped, part.kept, part.gt) == (["a"], ["b", "d"], ["c"])
+    assert part.pool == {"b", "c", "d"}
+    assert part.fractions() == {"gs/dropped_frac": 0.25, "gs/kept_frac": 0.5, "gs/gt_frac": 0.25}
+
+
+def test_partition_thresholds_are_configurable_and_a_missing_stat_is_named():
+    stats = {"a": _stat(0.75), "b": _stat(0.25), "c": _stat(0.5)}
+    part = partition(["a", "b", "c"], stats, drop_threshold=0.75, gt_threshold=0.25)
+    assert (part.dropped, part.kept, part.gt) == (["a"], ["c"], ["b"])
+    with pytest.raises(KeyError, match="'zz'"):
+        partition(["a", "zz"], stats)
+    with pytest.raises(ValueError, match="gt_threshold"):
+        partition(["a"], stats, drop_threshold=0.5, gt_threshold=0.5)
+
+
+def test_partition_survives_a_save_and_load_and_savings_count_the_dropped_groups(tmp_path):
+    part = partition(["a", "b", "c"], {"a": _stat(1.0), "b": _stat(1.0), "c": _stat(0.0)}, computed_at_step=3)
+    assert savings(part, rollouts_per_prompt=5, seconds_per_rollout=0.5) == {
+        "gs/saved_rollouts_per_epoch": 10.0, "gs/saved_s_per_epoch": 5.0}
+    save_partition(part, tmp_path / "gs.json")
+    back = load_partition(tmp_path / "gs.json")
+    assert back is not None and (back.computed_at_step, back.dropped, back.gt) == (3, ["a", "b"], ["c"])
+    assert load_partition(tmp_path / "absent.json") is None
+
+
+# ---- GT sources and cache ----------------------------------------------------------------------
+class ScriptedSource:
+    """A GT source whose attempt k succeeds for the uids listed in `wins[k]`."""
+
+    deterministic = False
+
+    def __init__(self, wins: list[set[str]]) -> None:
+        self.wins, self.calls = wins, []
+
+    def generate(self, examples, *, attempt):
+        self.calls.append([ex.uid for ex in examples])
+        out = []
+        for ex in examples:
+            t = Trajectory(ex.uid, [1, 2], [5, 6, 7], [1, 0, 1], [-0.5, 0.0, -0.25], num_tool_calls=1)
+            t.reward = 1.0 if ex.uid in self.wins[attempt] else 0.1
+            out.append(t)
+        return out
+
+    def close(self):
+        pass
+
+
+def test_fetch_gt_retries_up_to_attempts_keeps_only_correct_ones_and_remembers_failures(tmp_path):
+    exs = WORLD.questions("train")[:3]
+    a, b, c = (ex.uid for ex in exs)
+    src = ScriptedSource([{a}, {b}, set()])
+    cache = GTCache(tmp_path / "gt.json")
+    seen = []
+    counts = fetch_gt(exs, src, cache, attempts=3, min_reward=1.0, on_generated=seen.extend)
+    assert src.calls == [[a, b, c], [b, c], [c]]
+    assert len(seen) == 6
+    assert counts == {"gt/asked": 3.0, "gt/generated": 2.0, "gt/failed": 1.0, "gt/attempts": 6.0, "gt/cached": 2.0}
+    again = GTCache(tmp_path / "gt.json")  # a resumed run: nothing recomputed
+    assert a in again and b in again and c not in again and again.failed == {c: 3}
+    src2 = ScriptedSource([{c}])
+    assert fetch_gt(exs, src2, again, attempts=1, min_reward=1.0)["gt/asked"] == 0.0 and src2.calls == []
+
+
+def test_a_deterministic_source_is_asked_once_per_prompt(tmp_path):
+    exs = WORLD.questions("train")[:2]
+    src = ScriptedSource([set(), set(), set()])
+    src.deterministic = True
+    fetch_gt(exs, src, GTCache(), attempts=3, min_reward=1.0)
+    assert len(src.calls) == 1
+
+
+def test_cached_gt_trajectory_is_injected_with_pi_gt_as_its_ratio_denominator(tmp_path):
+    exs = WORLD.questions("train")[:1]
+    cache = GTCache(tmp_path / "gt.json")
+    fetch_gt(exs, ScriptedSource([{exs[0].uid}]), cache, attempts=1, min_reward=1.0)
+    t = GTCache(tmp_path / "gt.json").records[exs[0].uid].trajectory(exs[0].uid)
+    assert t.is_gt and t.old_logprobs == t.gt_logprobs == [-0.5, 0.0, -0.25]
+    batch = collate([t, Trajectory("x", [1], [5], [1], [-1.0])], pad_id=0)
+    logp = batch.old_logprobs.clone()
+    logp[0, 0] += 0.5  # pi_theta / pi_gt = e^0.5 on the first GT token, 1 on the other model token
+    stats = gt_ratio_stats(logp, batch)
+    assert stats["gt/ratio_mean"] == pytest.approx((torch.e**0.5 + 1) / 2)
+    assert stats["gt/ratio_max"] == pytest.approx(torch.e**0.5)
+    assert gt_ratio_stats(logp[1:], collate([Trajectory("x", [1], [5], [1], [-1.0])], pad_id=0)) == {}
+
+
+def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_string():
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.trainer.agent_loop import LoopConfig
+    from pvpo.trainer.gt import GTContext, build_gt_source
+    from pvpo.trainer.policy import policy_from_config
+
+    cfg = load_config(None, TINY)
+    policy = policy_from_config(cfg.model, corpus_texts=[p.contents for p in WORLD.passages], tags=("think", "search", "information", "answer"), seed=0)
+    tok = policy.tokenizer
+    ctx = GTContext(tok, OverlapSearcher(WORLD.passages), EpisodeConfig(max_turns=4, topk=2), LoopConfig(max_turns=4), WORLD)
+    src = build_gt_source("oracle", cfg.algorithm.gt, ctx)
+    exs = WORLD.questions("train")[:4]
+    trajs = src.generate(exs, attempt=0)
+    assert all(t is not None and t.reward == 1.0 and t.accuracy == 1.0 for t in trajs)
+    assert all(t.old_logprobs == [0.0] * len(t.response_ids) for t in trajs)  # the oracle is deterministic
+    assert all(tok.decode(t.response_ids).endswith("</answer>") and tok.eos_token_id not in t.response_ids for t in trajs)
+    assert [t.num_tool_calls for t in trajs] == [ex.metadata["hops"] for ex in exs]
+
+
+def test_an_endpoint_reply_gets_back_the_stop_string_the_server_stripped():
+    from pvpo.reward import SEARCH_R1
+
+    assert close_open_block("<think>x</think>\n<search>who", SEARCH_R1) == "<think>x</think>\n<search>who</search>"
+    assert close_open_block("<answer>Kelmo", SEARCH_R1) == "<answer>Kelmo</answer>"
+    assert close_open_block("<search>a</search>", SEARCH_R1) == "<search>a</search>"
+
+
+def test_model_source_needs_a_model_and_endpoint_needs_reference_logprobs():
+    from pvpo.trainer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="gt.model.path or gt.model.base_url"):
+        load_config(None, ["algorithm.group_sampling.enabled=true", "algorithm.gt.source=model"])
+    with pytest.raises(ConfigError, match="unknown GT source 'bogus'"):
+        load_config(None, ["algorithm.gt.source=bogus"])
+
+
+# ---- cost accounting ---------------------------------------------------------------------------
+def _t(tools: int, tokens: int) -> Trajectory:
+    return Trajectory("u", [1], [3] * tokens, [1] * tokens, [0.0] * tokens, num_tool_calls=tools)
+
+
+def test_cost_counter_counts_per_step_and_cumulatively_with_anchor_and_gt_included():
+    c = CostCounter()
+    c.add("anchor", [_t(2, 10)] * 4)
+    c.add("gt", [_t(3, 7)], policy_tokens=False)
+    c.add("train", [_t(1, 5), _t(0, 5)])
+    m1 = c.step_metrics()
+    assert (m1["cost/rollouts"], m1["cost/policy_tokens"], m1["cost/tool_calls"]) == (7, 50, 12)
+    assert m1["cost/pvpo"] == pytest.approx(7 * 12 / 7)
+    assert (m1["cost/cum_anchor_rollouts"], m1["cost/cum_gt_rollouts"], m1["cost/cum_gt_tokens"]) == (4, 1, 7)
+    c.add("train", [_t(2, 4)])
+    state = c.state_dict()
+    m2 = c.step_metrics()
+    assert (m2["cost/rollouts"], m2["cost/cum_rollouts"], m2["cost/cum_tool_calls"], m2["cost/cum_pvpo"]) == (1, 8, 14, 14)
+    d = CostCounter()
+    d.load_state_dict(state)
+    assert d.step_metrics() == m2
+    with pytest.raises(ValueError, match="known: train, anchor, gt"):
+        c.add("bogus", [])
+
+
+# ---- end to end on the tiny world --------------------------------------------------------------
+GS = TINY + ["algorithm.group_sampling.enabled=true", "rollout.max_turns=3", "rollout.max_response_tokens=200",
+             "rollout.n=3", "algorithm.gt.replace_per_group=2"]
+
+
+def test_training_with_group_sampling_injects_gt_and_logs_its_ratio_fractions_and_cost(tmp_path):
+    from pvpo.trainer.train import train
+
+    cfg = load_config(None, GS + ["run.steps=2"])
+    result = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    m1, m2 = result.metrics
+    # a random policy solves nothing: every prompt is given GT, 2 of each group of 3 replaced
+    assert m1["gs/gt_frac"] == 1.0 and m1["gs/dropped_frac"] == 0.0
+    assert m1["gt/fraction"] == pytest.approx(2 / 3) and m2["gt/fraction"] == pytest.approx(2 / 3)
+    assert 0.0 < m1["gt/ratio_mean"] < 1.0  # pi_theta / pi_gt with pi_gt = 1 (the deterministic oracle)
+    assert m1["cost/cum_anchor_rollouts"] == 2 * m1["gs/pool_size"]  # M=2 reference rollouts per prompt
+    sampled = 2 * 3 - 2 * 2  # 2 prompts x N=3, 2 of each group injected, not generated
+    assert m1["cost/rollouts"] == m1["cost/cum_anchor_rollouts"] + m1["cost/cum_gt_rollouts"] + sampled
+    assert m2["cost/rollouts"] == sampled and m2["cost/cum_rollouts"] == m1["cost/cum_rollouts"] + sampled
+    cache = json.loads((tmp_path / "run" / "gt_cache.json").read_text())
+    assert len(cache["records"]) == m1["gt/generated"] > 0
+
+
+@pytest.mark.slow
+def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path):
+    """Anchor refreshed every step from the current policy, checkpoints every 2 steps, a crash after
+    step 4 is logged but before its checkpoint: on resume, steps 3-4 must see the anchor computed at
+    step 2 (restored from checkpoint 2), not the step-3 anchor the crashed run left on disk."""
+    from pvpo.trainer.train import train
+
+    from test_trainer_loop import Crash
+
+    cfg = load_config(None, GS + ["run.steps=4", "run.checkpoint_every=2", "algorithm.anchor.refresh_every=1",
+                                  "algorithm.anchor.refresh_from=current", "rollout.n=2", "algorithm.gt.replace_per_group=1"])
+    searcher = OverlapSearcher(WORLD.passages)
+
+    def crash(step: int) -> None:
+        if step == 4:
+            raise Crash("after logging step 4, before its checkpoint")
+
+    with pytest.raises(Crash):
+        train(cfg, tmp_path / "run", searcher=searcher, show_progress=False, after_step=crash)
+    assert json.loads((tmp_path / "run" / "anchor.json").read_text())["computed_at_step"] == 3
+    resumed = train(cfg, tmp_path / "run", resume=True, searcher=searcher, show_progress=False)
+    straight = train(cfg, tmp_path / "straight", searcher=searcher, show_progress=False)
+    assert [m["step"] for m in resumed.metrics] == [1, 2, 3, 4]
+    for a, b in zip(resumed.metrics, straight.metrics, strict=True):
+        for k in ("anchor/mean", "reward/mean", "loss", "cost/cum_rollouts", "cost/cum_pvpo"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
