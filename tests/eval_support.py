@@ -6,13 +6,15 @@ from pathlib import Path
 
 SEARCH_TURN = "<think> look it up </think><search> capital of Germany </search>"
 ANSWER_TURN = "<think> found </think><answer> Berlin </answer>"
+JUDGE_REPLY = "Score: 4"
 
 
-def searching_policy(out: Path, questions: list[str], *, steps: int = 80, seed: int = 0) -> Path:
+def searching_policy(out: Path, questions: list[str], *, steps: int = 40, seed: int = 0) -> Path:
     """A tiny Qwen2 (hidden 64, head_dim 32 so vLLM's CPU attention takes it) trained by SFT on
-    `SEARCH_TURN` then, after the tiny retriever's passages, `ANSWER_TURN` for `questions`,
-    saved as an HF folder at `out` (reused when already there). Greedy, it searches once and
-    answers "Berlin" on any question like these."""
+    `SEARCH_TURN` then, after the tiny retriever's passages, `ANSWER_TURN` for `questions`, and
+    on `JUDGE_REPLY` after LLM-judge prompts about them; saved as an HF folder at `out` (reused
+    when already there). Greedy, it searches and then often answers "Berlin" (EM 0 on real
+    questions, some turns malformed), and grades "Score: 4"."""
     if (out / "config.json").exists():
         return out
     import torch
@@ -23,6 +25,7 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 80, seed: 
     from pvpo.retriever.testing import TINY_CORPUS, build_tiny_index
     from pvpo.reward import SEARCH_R1
     from pvpo.trainer.config import TinyModelConfig
+    from pvpo.trainer.judge import judge_prompt
     from pvpo.trainer.policy import build_tiny_policy, save_policy
     from pvpo.trainer.warmstart import oracle_trajectories, warm_start
 
@@ -30,7 +33,8 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 80, seed: 
     examples = [QAExample(f"t/{i}", q, ("Berlin",)) for i, q in enumerate(questions)]
     episode = EpisodeConfig(protocol=SEARCH_R1, reward="em", max_turns=4, topk=3, max_obs_chars=None)
     texts = [episode.prompt(e) for e in examples] + [p["title"] + " " + p["text"] for p in TINY_CORPUS]
-    texts += [SEARCH_TURN, ANSWER_TURN, SEARCH_R1.correction_message()]
+    judge_prompts = [judge_prompt(q, ["Berlin"], "Berlin") for q in questions[:8]]
+    texts += [SEARCH_TURN, ANSWER_TURN, JUDGE_REPLY, SEARCH_R1.correction_message(), *judge_prompts]
     cfg = TinyModelConfig(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128, vocab_size=768)
     policy = build_tiny_policy(texts, cfg, tags=["think", "search", "information", "answer"], seed=seed)
     retriever = load_retriever(build_tiny_index(out.parent / "retriever"), device="cpu")
@@ -38,6 +42,14 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 80, seed: 
         trajs = oracle_trajectories(examples, lambda _: [SEARCH_TURN, ANSWER_TURN], policy.tokenizer, retriever, episode)
     finally:
         retriever.close()
+    from pvpo.trainer.trajectory import Trajectory
+
+    tok = policy.tokenizer
+    for k, p in enumerate(judge_prompts):
+        t = Trajectory(f"judge/{k}", list(tok.encode(p, add_special_tokens=False)))
+        reply = [*tok.encode(JUDGE_REPLY, add_special_tokens=False), tok.eos_token_id]
+        t.append_model(reply, [0.0] * len(reply))
+        trajs.append(t)
     warm_start(policy.model, trajs, policy.tokenizer.pad_token_id, steps=steps, lr=1e-2, batch_size=4, seed=seed,
                show_progress=False)  # fmt: skip
     policy.model.eval()

@@ -3,7 +3,8 @@ answer is written in FlashRAG's item layout, resumably, with the run's metrics.
 
 `<out>/predictions.jsonl` holds one item per question, as FlashRAG's `intermediate_data.json`
 items (`id`, `question`, `golden_answers`, `output: {query, final_response, pred, metric_score:
-{em, f1, acc}}`, acc = cover-EM), plus what an agent run adds to `output`: `num_searches`,
+{em, f1, acc}}`, acc = cover-EM; question and golden answers as the loader reads them: stripped,
+duplicates dropped, which FlashRAG's normalisation makes no difference to), plus what an agent run adds to `output`: `num_searches`,
 `queries`, `num_turns`, `prompt_tokens`, `completion_tokens`, `format_ok`, `stop_reason`.
 `<out>/metrics.json` holds the means, the standard error of EM, N, the subset's seed and the
 settings; `<out>/run.json` the settings, so a restarted run refuses to mix settings.

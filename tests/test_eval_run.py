@@ -1,0 +1,215 @@
+"""`pvpo eval` on the hf engine: a tiny policy that learned to search answers the shared FlashRAG
+samples against a real loopback retriever; FlashRAG-layout outputs, resume after a kill,
+re-scoring, the report table, dataset names and the hf engine's top-p."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pvpo.cli import app
+from pvpo.envs.datasets import resolve_dataset, sample_subset
+from pvpo.envs.loaders import load_dataset
+from pvpo.trainer.eval_report import build_table, find_runs, markdown_table, rescore_file, rescore_items, write_csv
+from pvpo.trainer.eval_run import EvalError, EvalSettings, load_done, read_items
+from tests.conftest import REPO, shared_data
+from tests.eval_support import searching_policy
+
+runner = CliRunner()
+ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    questions = [e.question for e in load_dataset(shared_data("flashrag", "nq.test.jsonl"))[:32]]
+    return searching_policy(tmp_path_factory.mktemp("eval") / "policy", questions)
+
+
+@pytest.fixture(scope="module")
+def retriever_url(tiny):
+    from pvpo.retriever.server import BackgroundServer
+
+    with BackgroundServer(tiny) as server:
+        yield server.url
+
+
+def _eval_args(model: Path, dataset: str, url: str, out: Path, *extra: str) -> list[str]:
+    return ["eval", "--model", str(model), "--dataset", dataset, "--retriever-url", url, "--out", str(out),
+            "--max-new-tokens", "32", "--max-response-tokens", "512", "--max-turns", "4", "--batch-size", "4",
+            "--quiet", *extra]  # fmt: skip
+
+
+def _invoke(args: list[str]):
+    result = runner.invoke(app, args, env=ENV)
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+# ---- datasets ------------------------------------------------------------------------------------
+def test_benchmark_names_resolve_in_flashrag_and_flat_layouts(tmp_path: Path) -> None:
+    (tmp_path / "hotpotqa").mkdir()
+    (tmp_path / "hotpotqa" / "dev.jsonl").write_text('{"id": "a", "question": "q", "golden_answers": ["x"]}\n')
+    (tmp_path / "nq.test.jsonl").write_text('{"id": "b", "question": "q", "golden_answers": ["x"]}\n')
+    hp = resolve_dataset("HotpotQA", data_dir=tmp_path)
+    assert (hp.name, hp.split, hp.path) == ("hotpotqa", "dev", tmp_path / "hotpotqa" / "dev.jsonl")
+    assert resolve_dataset("nq", data_dir=tmp_path).path == tmp_path / "nq.test.jsonl"
+    as_file = resolve_dataset(str(tmp_path / "nq.test.jsonl"))
+    assert (as_file.name, as_file.split) == ("nq", "test")
+    with pytest.raises(FileNotFoundError, match="known benchmark.*'nq'"):
+        resolve_dataset("squad", data_dir=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no dev split of 'musique'"):
+        resolve_dataset("musique", data_dir=tmp_path)
+
+
+def test_sample_subset_is_a_seeded_draw_in_file_order() -> None:
+    items = list(range(100))
+    a, b = sample_subset(items, 10, 7), sample_subset(items, 10, 7)
+    assert a == b == sorted(a) and len(set(a)) == 10
+    assert sample_subset(items, 10, 8) != a
+    assert sample_subset(items, 10, None) == list(range(10))
+    assert sample_subset(items, 500, 1) == items
+
+
+def test_settings_name_the_bad_value() -> None:
+    with pytest.raises(EvalError, match="top_p=0"):
+        EvalSettings(top_p=0.0)
+    with pytest.raises(EvalError, match="unknown template 'nope'.*search_r1"):
+        EvalSettings(template="nope")
+
+
+# ---- the hf engine honours top-p at evaluation --------------------------------------------------
+def test_hf_engine_top_p_samples_only_the_nucleus(policy_dir: Path) -> None:
+    from pvpo.trainer.engine import SamplingConfig
+    from pvpo.trainer.eval_run import token_policy
+
+    pol = token_policy(policy_dir, "hf")
+    prompts = [pol.tokenizer.encode(f"Question: what is {w}?\n") for w in ("the capital", "a cat", "DNA", "Jupiter")] * 4
+    greedy = pol.engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=12))
+    nucleus = pol.engine.generate(prompts, SamplingConfig(temperature=2.0, top_p=1e-6, max_new_tokens=12, seed=3))
+    wide = pol.engine.generate(prompts, SamplingConfig(temperature=2.0, top_p=1.0, max_new_tokens=12, seed=3))
+    assert [c.token_ids for c in nucleus] == [c.token_ids for c in greedy]  # the nucleus is the argmax alone
+    assert [c.token_ids for c in wide] != [c.token_ids for c in greedy]
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
+    data = shared_data("flashrag", "bamboogle.test.jsonl")
+    out = tmp_path / "run"
+    result = _invoke(_eval_args(policy_dir, str(data), retriever_url, out, "--limit", "10", "--sample-seed", "3"))
+    assert "bamboogle (test, N=10): EM" in result.output
+    run = out / "bamboogle"
+    items = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    source = {r["id"]: r for r in map(json.loads, data.read_text().splitlines())}
+    assert [it["id"] for it in items] == [f"test_{i}" for i in sorted(int(k.split("_")[1]) for k in (it["id"] for it in items))]
+    assert len(items) == 10 and {it["id"] for it in items} <= set(source)
+    for it in items:
+        assert it["question"] == source[it["id"]]["question"].strip()
+        assert it["golden_answers"] == [g.strip() for g in source[it["id"]]["golden_answers"]]  # as the loader reads them
+        o = it["output"]
+        assert set(o["metric_score"]) == {"em", "f1", "acc"}
+        assert o["final_response"].startswith("<think>") and o["query"].endswith(it["question"] + "\n")
+        assert o["num_searches"] >= 1 and o["queries"][0] == "capital of Germany"  # a real search went out...
+        assert "Doc 1(Title: Berlin)" in o["final_response"]  # ...and the loopback retriever answered it
+        assert o["completion_tokens"] > 0 and o["num_turns"] >= 2 and isinstance(o["format_ok"], bool)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (metrics["n"], metrics["limit"], metrics["sample_seed"], metrics["split"]) == (10, 10, 3, "test")
+    assert metrics["settings"]["temperature"] == 0.0 and metrics["searches"] >= 1
+    rescored = rescore_file(run / "predictions.jsonl", extract=None)
+    assert rescored.changed_scores == 0
+    for key in ("em", "f1", "acc"):
+        assert rescored.totals[key] == pytest.approx(metrics[key], abs=1e-12)
+    assert rescore_file(run / "predictions.jsonl", extract=__import__("pvpo.reward", fromlist=["SEARCH_R1"]).SEARCH_R1).changed_preds == 0
+
+    table = _invoke(["eval", "report", str(out), "--csv", str(tmp_path / "t.csv")]).output
+    assert "| Bamboogle (N=10) | Avg (em) |" in table and f"| {policy_dir.name} | {metrics['em']:.3f} |" in table
+    assert (tmp_path / "t.csv").read_text().splitlines()[0] == "method,bamboogle,avg,n_bamboogle"
+
+    again = runner.invoke(app, _eval_args(policy_dir, str(data), retriever_url, out, "--limit", "10", "--sample-seed", "4"), env=ENV)
+    assert again.exit_code == 2 and "other settings (sample_seed: 3 there, 4 now)" in again.output
+
+
+@pytest.mark.slow
+def test_run_killed_mid_way_resumes_to_the_same_predictions(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
+    data = str(shared_data("flashrag", "popqa.test.jsonl"))
+    args = _eval_args(policy_dir, data, retriever_url, tmp_path / "whole", "--limit", "40", "--sample-seed", "1")
+    _invoke(args)
+    whole = (tmp_path / "whole" / "popqa" / "predictions.jsonl").read_bytes()
+
+    cut = tmp_path / "cut"
+    preds = cut / "popqa" / "predictions.jsonl"
+    cmd = [sys.executable, "-c", "from pvpo.cli import app; app()",
+           *_eval_args(policy_dir, data, retriever_url, cut, "--limit", "40", "--sample-seed", "1")[:]]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if preds.exists() and len(preds.read_bytes().splitlines()) >= 4:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    done = len(load_done(preds))
+    assert 4 <= done < 40
+    with preds.open("ab") as f:  # a kill in the middle of a write leaves a torn line
+        f.write(b'{"id": "test_9999", "question": "to')
+    _invoke(_eval_args(policy_dir, data, retriever_url, cut, "--limit", "40", "--sample-seed", "1"))
+    assert preds.read_bytes() == whole
+
+
+# ---- rescore and report ----------------------------------------------------------------------------
+@pytest.mark.parametrize("run", ["bamboogle_search_r1_instruct", "nq_search_r1_base"])
+def test_rescore_reproduces_flashrag_totals_of_shared_search_r1_runs(run: str) -> None:
+    path = shared_data("scored", f"{run}.json")
+    stored = dict(line.split(": ") for line in shared_data("scored", f"{run}.metric_score.txt").read_text().splitlines())
+    result = _invoke(["eval", "rescore", str(path), "--extract", "search_r1"])
+    assert result.stdout == "".join(f"{k}: {stored[k]}\n" for k in ("em", "acc", "f1"))
+    res = rescore_file(path)
+    assert res.changed_scores == 0 and res.totals["n"] == len(read_items(path))
+
+
+def test_rescore_fixes_a_wrong_stored_score() -> None:
+    items = [{"id": "1", "question": "q", "golden_answers": ["Paris"], "output": {"pred": "paris", "metric_score": {"em": 0.0, "f1": 0.0, "acc": 0.0}}},
+             {"id": "2", "question": "q", "golden_answers": ["Rome"], "output": {"pred": "", "metric_score": {"em": 0.0, "f1": 0.0, "acc": 0.0}}}]  # fmt: skip
+    res = rescore_items(items)
+    assert res.changed_scores == 1 and res.items[0]["output"]["metric_score"] == {"em": 1.0, "f1": 1.0, "acc": 1.0}
+    assert res.totals["em"] == 0.5 and items[0]["output"]["metric_score"]["em"] == 0.0  # input untouched
+
+
+def _fake_run(root: Path, method: str, dataset: str, em: float, n: int) -> None:
+    d = root / method / dataset
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps({"dataset": dataset, "em": em, "n": n}))
+
+
+def test_report_has_datasets_in_paper_order_avg_last_and_n(tmp_path: Path) -> None:
+    for ds, em in [("bamboogle", 0.2), ("nq", 0.4), ("2wikimultihopqa", 0.3)]:
+        _fake_run(tmp_path, "ours", ds, em, 125 if ds == "bamboogle" else 500)
+    for ds, em in [("nq", 0.5), ("2wikimultihopqa", 0.1)]:
+        _fake_run(tmp_path, "base", ds, em, 1000 if ds == "nq" else 500)
+    table = build_table(find_runs([tmp_path / "ours", tmp_path / "base"]))
+    md = markdown_table(table).splitlines()
+    assert md[0] == "| Method | NQ | 2Wiki (N=500) | Bamboogle (N=125) | Avg (em) |"
+    assert md[2] == "| ours | 0.400 (N=500) | 0.300 | 0.200 | 0.300 |"
+    assert md[3] == "| base | 0.500 (N=1000) | 0.100 | - | 0.300* |"
+    write_csv(table, tmp_path / "t.csv")
+    assert (tmp_path / "t.csv").read_text().splitlines()[2] == "base,0.5,0.1,,0.3,1000,500,"
+    with pytest.raises(ValueError, match="unknown metric 'bleu'"):
+        find_runs([tmp_path / "ours"], "bleu")
+
+
+def test_eval_cli_errors_are_one_line_naming_the_problem(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["eval", "--dataset", "nq", "--out", str(tmp_path)], env=ENV)
+    assert result.exit_code == 2 and "missing --retriever-url, --model" in result.output
+    result = runner.invoke(app, ["eval", "--model", str(tmp_path), "--dataset", "squad", "--retriever-url", "http://127.0.0.1:9",
+                                 "--out", str(tmp_path)], env=ENV)  # fmt: skip
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "'squad' is neither a file nor a known benchmark" in result.output
