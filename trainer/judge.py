@@ -45,10 +45,10 @@ Reply with one line: Score: <0-5>"""
 SCORES = (0, 1, 2, 3, 4, 5)
 
 _PATTERNS = (
-    re.compile(r"score\W{0,3}\s*\**\s*([0-5])(?![\d.])", re.IGNORECASE),
-    re.compile(r"\"score\"\s*:\s*\"?([0-5])(?![\d.])"),
+    re.compile(r"score\W{0,3}\s*\**\s*([0-5])(?!\d|\.\d)", re.IGNORECASE),
+    re.compile(r"\"score\"\s*:\s*\"?([0-5])(?!\d|\.\d)"),
     re.compile(r"\\boxed\{\s*([0-5])\s*\}"),
-    re.compile(r"(?<![\d.])([0-5])\s*/\s*5(?![\d.])"),
+    re.compile(r"(?<![\d.])([0-5])\s*/\s*5(?!\d|\.\d)"),
 )
 
 
