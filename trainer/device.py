@@ -1,0 +1,160 @@
+"""Where and in what precision the trainer computes: device, dtype, attention kernel, activation
+checkpointing, and the peak memory of each phase of a step.
+
+Precision (`model.dtype`): the trained policy keeps float32 parameters (the master weights) and
+float32 AdamW state; `bfloat16` / `float16` are compute dtypes, applied with `torch.autocast`
+around rollouts with the transformers engine and around the update (on one device), or by FSDP2's
+`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` (sharded; see `distributed.py`).
+Rejected alternative: bf16 parameters with bf16 AdamW state, which halves optimizer memory but
+rounds away updates smaller than ~2^-8 of a weight (lr 1e-6 on weights of ~1e-2 vanish); the
+measured log-prob gap of either choice against float32 is in README ("Precision"). The frozen
+reference holds its weights in the compute dtype (it never steps), and the vLLM engine loads
+the compute dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+ATTN_CHOICES = ("sdpa", "eager", "flash_attention_2")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_device_name(name: str) -> str:
+    """`auto`, `cpu`, `cuda` or `cuda:N`; anything else raises ValueError listing the choices."""
+    if name in DEVICE_CHOICES or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise ValueError(f"unknown device {name!r}; choose one of {list(DEVICE_CHOICES)} or cuda:N")
+
+
+def check_attn_implementation(name: str) -> str:
+    if name not in ATTN_CHOICES:
+        raise ValueError(f"unknown attn_implementation {name!r}; choose one of {list(ATTN_CHOICES)}")
+    return name
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """The device to train on. `auto` is CUDA when present, else CPU. Under torchrun a bare `cuda`
+    (or `auto` with CUDA) is this process's GPU, `cuda:$LOCAL_RANK`."""
+    check_device_name(name)
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"model.device={name!r} but CUDA is not available here; use model.device=cpu or auto")
+    if name.startswith("cuda:"):
+        return torch.device(name)
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_attn_implementation(name: str, device: torch.device) -> str:
+    """`flash_attention_2` needs the flash-attn package and CUDA; without them it falls back to
+    `sdpa` (PyTorch's fused attention), which is what most runs want anyway."""
+    check_attn_implementation(name)
+    if name == "flash_attention_2" and (device.type != "cuda" or importlib.util.find_spec("flash_attn") is None):
+        return "sdpa"
+    return name
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {list(DTYPES)}") from None
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[None]:
+    """`torch.autocast` to `dtype` on `device`, or nothing when the compute dtype is float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (transformers' own
+    checkpointing, non-reentrant so it composes with FSDP2 and frozen inputs); generation in
+    eval mode still uses the KV cache."""
+    # transformers 5 renamed it activation_checkpointing_enable (the old name warns, removal in v6)
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if getattr(model.config, "use_cache", False):
+        model.config.use_cache = False  # training forwards; the engines pass use_cache explicitly
+
+
+@dataclass
+class Placement:
+    """The resolved device / precision settings of a run."""
+
+    device: torch.device
+    dtype: torch.dtype  # compute dtype
+    attn_implementation: str
+    gradient_checkpointing: bool
+    sharded: bool = False  # FSDP2 casts to the compute dtype itself (MixedPrecisionPolicy): no autocast
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.sharded else autocast(self.device, self.dtype)
+
+
+def placement(device: str = "auto", dtype: str = "float32", attn_implementation: str = "sdpa",
+              gradient_checkpointing: bool = False) -> Placement:
+    """Resolve the `model.*` placement keys."""
+    dev = resolve_device(device)
+    return Placement(dev, compute_dtype(dtype), resolve_attn_implementation(attn_implementation, dev), gradient_checkpointing)
+
+
+def place_policy_model(model: torch.nn.Module, where: Placement) -> torch.nn.Module:
+    """Move the trained policy to its device in float32 (master weights), set its attention kernel
+    and activation checkpointing; returns the same module (moved in place)."""
+    model.to(device=where.device, dtype=torch.float32)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(where.attn_implementation)
+    elif getattr(model, "config", None) is not None:
+        model.config._attn_implementation = where.attn_implementation
+    if where.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def place_reference_model(model: torch.nn.Module, where: Placement) -> torch.nn.Module:
+    """The frozen reference in the compute dtype on the policy's device (it never steps, so it
+    needs no float32 master copy: half the memory in bf16)."""
+    return model.to(device=where.device, dtype=where.dtype)
+
+
+@dataclass
+class PhaseMemory:
+    """Peak accelerator memory of each phase of a step (`mem/<phase>_peak_gib`, from
+    `torch.cuda.max_memory_allocated` reset at each phase's start) and the device's memory in use
+    when the phase ends (`mem/<phase>_device_used_gib`); empty on CPU."""
+
+    device: torch.device
+    peaks: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.device.type != "cuda":
+            yield
+            return
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize(self.device)
+            self.peaks[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            # device-wide use at the phase's end: includes vLLM's own memory pools (KV cache, weights),
+            # which torch's allocator statistics do not see
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.peaks[f"mem/{name}_device_used_gib"] = (total - free) / 2**30
+
+    def pop(self) -> dict[str, float]:
+        out, self.peaks = self.peaks, {}
+        return out
