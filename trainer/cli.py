@@ -27,8 +27,17 @@ def train_cmd(
     resume: Annotated[bool, typer.Option("--resume", help="continue from the run dir's latest checkpoint, with the run's "
                                          "own config.yaml (overrides: only keys safe to change, e.g. run.steps)")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="delete what the run dir holds and start over")] = False,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="processes (GPUs) on this machine: runs this command "
+                                       "under `torchrun --standalone --nproc_per_node N` (FSDP2)")] = 1,
 ) -> None:
     """Train a search agent with PVPO (or a baseline estimator) per a YAML config."""
+    if nproc > 1:
+        import subprocess
+        import sys
+
+        from pvpo.trainer.distributed import torchrun_command
+
+        raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
     from pvpo.trainer.config import ConfigError
     from pvpo.trainer.run_dir import resume_config
     from pvpo.trainer.train import train

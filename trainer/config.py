@@ -36,14 +36,46 @@ class TinyModelConfig(_Section):
         return self
 
 
+class LoRAConfig(_Section):
+    """Low-rank adapters via peft (Hu et al. 2021, arXiv:2106.09685) instead of full fine-tuning:
+    only the adapters train; checkpoints hold the merged weights (`policy/`, loadable by vLLM and
+    transformers) and the adapter (`adapter/`)."""
+
+    enabled: bool = False
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
 class ModelConfig(_Section):
     path: str | None = None  # a Hugging Face causal LM (local dir or hub id); null = build tiny
     chat_template: bool = False  # wrap each prompt as a user turn with the tokenizer's chat template
     tiny: TinyModelConfig = TinyModelConfig()
+    # compute dtype: the trained policy keeps float32 master weights and AdamW state and computes
+    # in `dtype` (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded; trainer/device.py)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N; under torchrun cuda = cuda:$LOCAL_RANK
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (falls back to sdpa without flash-attn/CUDA)
+    gradient_checkpointing: bool = False  # recompute decoder-layer activations in backward
+    lora: LoRAConfig = LoRAConfig()
     warm_start_steps: int = Field(0, ge=0)  # supervised steps on oracle trajectories before RL
     warm_start_lr: float = Field(3e-3, gt=0)
     warm_start_batch_size: int = Field(16, ge=1)
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        from pvpo.trainer.device import check_device_name
+
+        return check_device_name(v)
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _known_attn(cls, v: str) -> str:
+        from pvpo.trainer.device import check_attn_implementation
+
+        return check_attn_implementation(v)
 
 
 class SyntheticConfig(_Section):
@@ -91,6 +123,18 @@ class RetrieverConfig(_Section):
 class EnvConfig(_Section):
     protocol: str = "search_r1"
     max_obs_chars: int = Field(400, ge=16)
+    prompt_template: str = "default"  # a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _known_template(cls, v: str) -> str:
+        from pvpo.envs.templates import get_template
+
+        try:
+            get_template(v)
+        except KeyError as e:
+            raise ValueError(str(e).strip("'\"")) from None
+        return v
 
     @field_validator("protocol")
     @classmethod
@@ -130,7 +174,7 @@ class RolloutConfig(_Section):
     vllm: VLLMConfig = VLLMConfig()
     importance_correction: ImportanceCorrectionConfig = ImportanceCorrectionConfig()
     temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    top_p: float = Field(1.0, gt=0, le=1, description="must be 1 for training rollouts (see _full_distribution)")
     max_turns: int = Field(4, ge=1)
     max_new_tokens: int = Field(48, ge=1)  # per turn
     max_response_tokens: int = Field(384, ge=1)  # model + env tokens of one trajectory
@@ -153,6 +197,19 @@ class RolloutConfig(_Section):
                 raise ValueError(str(e)) from None
         return v
 
+    @field_validator("top_p")
+    @classmethod
+    def _full_distribution(cls, v: float) -> float:
+        # vLLM reports top-p log-probs renormalised over the nucleus while the trainer computes them
+        # over the whole vocabulary, so every PPO ratio would be off by the nucleus mass.
+        if v < 1.0:
+            raise ValueError(
+                f"top_p={v} is not allowed for training rollouts: the sampler's log-probs would be "
+                "renormalised over the nucleus and no longer match the trainer's (PPO ratios off). "
+                "Use rollout.top_p=1; top-p belongs to evaluation: run.eval_top_p"
+            )
+        return v
+
     def engine_options(self) -> dict[str, Any]:
         """Keyword arguments for `build_engine(self.engine, ...)` beyond model and tokenizer."""
         section = getattr(self, self.engine, None)
@@ -166,11 +223,77 @@ class AnchorConfig(_Section):
     temperature: float | None = Field(None, gt=0)  # null = rollout.temperature
 
 
+class GroupSamplingConfig(_Section):
+    """PVPO's Group Sampling (arXiv:2508.21104, Sec. 3.3): from the anchor's M reference rollouts,
+    prompts the reference always solves leave the training pool, prompts it never solves get a
+    ground-truth trajectory injected into their groups. Recomputed at every anchor refresh."""
+
+    enabled: bool = False
+    drop_threshold: float = Field(1.0, gt=0, le=1, description="reference accuracy >= this: prompt dropped")
+    gt_threshold: float = Field(0.0, ge=0, lt=1, description="reference accuracy <= this: prompt gets a GT trajectory")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GroupSamplingConfig:
+        if self.gt_threshold >= self.drop_threshold:
+            raise ValueError("gt_threshold must be below drop_threshold")
+        return self
+
+
+class GTModelConfig(_Section):
+    """The `model` GT source: PVPO's larger model. A local HF path runs through our engines
+    (token-exact; its tokenizer must be the policy's), or an OpenAI-compatible chat endpoint."""
+
+    path: str | None = Field(None, description="local HF causal LM folder (same tokenizer as the policy)")
+    engine: str = Field("hf", description="rollout engine for `path`: hf | vllm")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1")
+    model: str | None = Field(None, description="model name at `base_url`")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's key")
+    temperature: float = Field(0.7, ge=0, description="sampling temperature of GT attempts (0 = greedy)")
+    timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> GTModelConfig:
+        if self.path is not None and self.base_url is not None:
+            raise ValueError("gt.model: set path (a local model) or base_url (an endpoint), not both")
+        if self.base_url is not None and not self.model:
+            raise ValueError("gt.model.base_url needs gt.model.model (the model name at that endpoint)")
+        return self
+
+
+class GTConfig(_Section):
+    """Ground-truth trajectories for the prompts the reference never solves (Group Sampling)."""
+
+    source: str = Field("oracle", description="where GT trajectories come from: oracle | model")
+    replace_per_group: int = Field(1, ge=1, description="rollouts of a GT prompt's group replaced by its GT trajectory")
+    attempts: int = Field(4, ge=1, description="tries per prompt before the source gives up on it")
+    min_reward: float = Field(1.0, ge=0, le=1, description="a GT trajectory must reach this reward (correct + well formed)")
+    logprobs: Literal["source", "reference"] = Field(
+        "source", description="pi_gt of the PPO ratio: the source's own probabilities (oracle: 1 per token), or the reference policy's")
+    model: GTModelConfig = GTModelConfig()
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, v: str) -> str:
+        from pvpo.trainer.gt import available_gt_sources
+
+        if v not in available_gt_sources():
+            raise ValueError(f"unknown GT source {v!r}; known: {available_gt_sources()}")
+        return v
+
+
 class AlgorithmConfig(_Section):
     estimator: str = "pvpo"
     reward: str = "pvpo"
     reward_params: dict[str, Any] = Field(default_factory=dict)
     anchor: AnchorConfig = AnchorConfig()
+    group_sampling: GroupSamplingConfig = GroupSamplingConfig()
+    gt: GTConfig = GTConfig()
+
+    @model_validator(mode="after")
+    def _gt_fits_group(self) -> AlgorithmConfig:
+        if self.group_sampling.enabled and self.gt.source == "model" and not (self.gt.model.path or self.gt.model.base_url):
+            raise ValueError("algorithm.gt.source=model needs gt.model.path or gt.model.base_url")
+        return self
 
     @field_validator("estimator")
     @classmethod
@@ -196,9 +319,11 @@ class AlgorithmConfig(_Section):
 
     @property
     def uses_anchor(self) -> bool:
+        """Whether the run computes reference anchors: the estimator needs them, or Group
+        Sampling reads the reference accuracy from them."""
         from pvpo.trainer.advantages import get_estimator
 
-        return bool(getattr(get_estimator(self.estimator), "needs_anchors", False))
+        return bool(getattr(get_estimator(self.estimator), "needs_anchors", False)) or self.group_sampling.enabled
 
 
 class OptimConfig(_Section):
@@ -206,7 +331,10 @@ class OptimConfig(_Section):
     weight_decay: float = Field(0.0, ge=0)
     epochs: int = Field(1, ge=1)  # PPO epochs over one rollout batch
     mini_batches: int = Field(1, ge=1)  # optimizer steps per epoch
-    grad_accum: int = Field(1, ge=1)  # micro-batches per mini-batch
+    grad_accum: int = Field(1, ge=1)  # micro-batches per mini-batch (when max_tokens_per_micro_batch is null)
+    # pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest
+    # row), longest rows first; null = `grad_accum` micro-batches by row count (trainer/micro_batch.py)
+    max_tokens_per_micro_batch: int | None = Field(None, ge=16)
     grad_clip: float | None = Field(1.0, gt=0)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0)
@@ -214,14 +342,16 @@ class OptimConfig(_Section):
     kl_coef: float = Field(0.0, ge=0)  # 0 = no reference model loaded for KL
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0)
-    loss_agg: str = "token-mean"
+    loss_agg: str | None = Field(None, description="null = the estimator's own (dr_grpo: seq-mean-token-sum-norm, others: token-mean)")
+    loss_norm_len: int | None = Field(
+        None, ge=1, description="seq-mean-token-sum-norm's constant divisor; null = rollout.max_response_tokens")
 
     @field_validator("loss_agg")
     @classmethod
-    def _known_agg(cls, v: str) -> str:
+    def _known_agg(cls, v: str | None) -> str | None:
         from pvpo.trainer.losses import AGGREGATION_MODES
 
-        if v not in AGGREGATION_MODES:
+        if v is not None and v not in AGGREGATION_MODES:
             raise ValueError(f"unknown loss aggregation {v!r}; known: {sorted(AGGREGATION_MODES)}")
         return v
 
@@ -232,6 +362,10 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(1, ge=0)  # steps; 0 = only at the end
     eval_every: int = Field(0, ge=0)  # steps; 0 = never during training
     eval_temperature: float = Field(0.0, ge=0)  # 0 = greedy
+    eval_top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling for evaluation (PVPO evaluates at T=0.6, top-p 0.95)")
+    rollout_budget: int | None = Field(
+        None, ge=1, description="stop after the step whose cumulative rollouts (anchor and GT generation included) reach this; "
+        "null = run.steps only (estimators compared at equal rollout cost)")
     tensorboard: bool = True
     threads: int | None = Field(None, ge=1)  # torch CPU threads; null = torch default
 

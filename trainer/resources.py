@@ -36,6 +36,7 @@ def episode_config(cfg: TrainConfig) -> EpisodeConfig:
     return EpisodeConfig(
         protocol=cfg.env.protocol, reward=cfg.algorithm.reward, reward_params=dict(cfg.algorithm.reward_params),
         max_turns=cfg.rollout.max_turns, topk=cfg.retriever.topk, max_obs_chars=cfg.env.max_obs_chars,
+        prompt_template=cfg.env.prompt_template,
     )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -26,18 +27,28 @@ from pvpo.trainer.advantages import advantage_stats, get_estimator
 from pvpo.trainer.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.anchor import AnchorStore, build_anchor, needs_refresh
 from pvpo.trainer.checkpoint import (atomic_write_dir, latest_checkpoint, load_trainer_state, load_weights, read_jsonl,
-                                     save_checkpoint, set_rng_state)
+                                     restore_state_files, save_checkpoint, set_rng_state)
+from pvpo.trainer.cost import CostCounter
+from pvpo.trainer import distributed as ddp
+from pvpo.trainer.device import PhaseMemory, place_policy_model, place_reference_model, placement
+from pvpo.trainer.dist_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from pvpo.trainer.config import TrainConfig, dump_config
 from pvpo.trainer.engine import RolloutEngine, build_engine
 from pvpo.trainer.evaluate import evaluate
+from pvpo.trainer.group_sampling import Partition, load_partition, partition, save_partition, savings
+from pvpo.trainer.gt import GTCache, GTContext, build_gt_source, fetch_gt
 from pvpo.trainer.metrics_log import MetricsLogger
 from pvpo.trainer.policy import frozen_copy, save_policy
 from pvpo.trainer.resources import Data, episode_config, initial_policy, load_data, retriever_session
 from pvpo.trainer.run_dir import check_resume_config, prepare_fresh
-from pvpo.trainer.trajectory import collate, summarize
-from pvpo.trainer.update import policy_update
+from pvpo.trainer.trajectory import Trajectory, collate, summarize
+from pvpo.trainer.update import batch_logprobs, policy_update
+
+log = logging.getLogger(__name__)
 
 WARM_START_FILE = "warm_start.json"  # the warm start's losses and questions, for reports and resumes
+ANCHOR_FILE, PARTITION_FILE, GT_FILE = "anchor.json", "group_sampling.json", "gt_cache.json"
+STATE_FILES = (ANCHOR_FILE, PARTITION_FILE, GT_FILE)  # checkpointed with the weights: a resume sees them as they were
 
 
 @dataclass
@@ -85,37 +96,74 @@ class Trainer:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
         policy, fresh = initial_policy(cfg, data, run_dir)
+        m = cfg.model
+        self.where = placement(m.device, m.dtype, m.attn_implementation, m.gradient_checkpointing)
+        self.where.sharded = ddp.is_distributed()
+        self.memory = PhaseMemory(self.where.device)
+        place_policy_model(policy.model, self.where)
         self.model, self.tokenizer = policy.model, policy.tokenizer
         self.engine: RolloutEngine = self._build_engine(self.model)
         if fresh:
             if cfg.model.warm_start_steps and data.world is not None:
                 self._warm_start()
-            atomic_write_dir(run_dir / "initial_policy", lambda tmp: save_policy(policy, tmp))
+            if ddp.is_main():
+                atomic_write_dir(run_dir / "initial_policy", lambda tmp: save_policy(policy, tmp))
         elif (run_dir / WARM_START_FILE).exists():
             self.result.warm_start_losses = json.loads((run_dir / WARM_START_FILE).read_text())["losses"]
-        a = cfg.algorithm.anchor
-        need_ref = cfg.optim.kl_coef > 0 or (cfg.algorithm.uses_anchor and a.refresh_every > 0 and a.refresh_from == "reference")
-        self.ref_model = frozen_copy(self.model) if need_ref else None
+        alg = cfg.algorithm
+        a, gs = alg.anchor, alg.group_sampling
+        need_ref = (cfg.optim.kl_coef > 0 or (alg.uses_anchor and a.refresh_every > 0 and a.refresh_from == "reference")
+                    or (gs.enabled and alg.gt.logprobs == "reference"))  # fmt: skip
+        self.ref_model = place_reference_model(frozen_copy(self.model), self.where) if need_ref else None
+        if ddp.is_distributed():  # FSDP2: rank 0's weights, sharded; the engine's whole copy refreshed
+            for mod in (self.model, self.ref_model):
+                if mod is not None:
+                    ddp.broadcast_from_main(mod)
+                    ddp.shard(mod, compute_dtype=self.where.dtype)
+            self.engine.sync_weights(self.model)
         self._ref_engine: RolloutEngine | None = None  # built on first use: only anchor refreshes sample from it
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        self.estimator = get_estimator(cfg.algorithm.estimator)
-        self.anchor = AnchorStore(run_dir / "anchor.json", source="reference") if cfg.algorithm.uses_anchor else None
+        self.estimator = get_estimator(alg.estimator)
         self.start_step = 0
+        self.cost = CostCounter()
+        self._report: dict[str, float] = {}  # anchor / Group Sampling figures, logged with the next step
+        self._anchor_s_per_rollout: float | None = None
         ckpt = latest_checkpoint(run_dir) if resume else None
-        if ckpt is not None:
+        if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
+            restore_state_files(ckpt, [run_dir / f for f in STATE_FILES])
+        ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
+        self.anchor = AnchorStore(run_dir / ANCHOR_FILE, source="reference") if alg.uses_anchor else None
+        self.partition: Partition | None = load_partition(run_dir / PARTITION_FILE) if gs.enabled else None
+        self.gt_cache = GTCache(run_dir / GT_FILE) if gs.enabled else None
+        if ckpt is not None and ddp.is_distributed():
+            state = load_sharded_checkpoint(ckpt, model=self.model, optimizer=self.optimizer)
+            self.engine.sync_weights(self.model)
+            self.start_step = int(state["step"])
+            if "cost" in state.get("extra", {}):
+                self.cost.load_state_dict(state["extra"]["cost"])
+        elif ckpt is not None:
             load_weights(self.model, ckpt)
             self.engine.sync_weights(self.model)
             state = load_trainer_state(ckpt)
             self.optimizer.load_state_dict(state["optimizer"])
             set_rng_state(state["rng"])
             self.start_step = int(state["step"])
-        dump_config(cfg, run_dir / "config.yaml")
-        self.logger = MetricsLogger(run_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard)
+            if "cost" in state.get("extra", {}):
+                self.cost.load_state_dict(state["extra"]["cost"])
+        if ddp.is_main():
+            dump_config(cfg, run_dir / "config.yaml")
+        # every rank logs the reduced metrics; rank 0's are the run's, the others' go under ranks/
+        log_dir = run_dir if ddp.is_main() else run_dir / "ranks" / f"rank_{ddp.rank()}"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.logger = MetricsLogger(log_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard and ddp.is_main())
 
     # ---- pieces ----------------------------------------------------------------------------
     def _build_engine(self, model: torch.nn.Module) -> RolloutEngine:
-        """The configured rollout engine over `model`, with its `rollout.<engine>` options."""
-        return build_engine(self.cfg.rollout.engine, model=model, tokenizer=self.tokenizer, **self.cfg.rollout.engine_options())
+        """The configured rollout engine over `model`, with its `rollout.<engine>` options (under
+        torchrun: over this rank's whole copy of the weights, see `distributed.engine_for`)."""
+        r = self.cfg.rollout
+        return ddp.engine_for(lambda **kw: build_engine(r.engine, tokenizer=self.tokenizer, **kw), model, engine=r.engine,
+                              dtype=self.cfg.model.dtype, options=r.engine_options())  # fmt: skip
 
     @property
     def ref_engine(self) -> RolloutEngine | None:
@@ -143,12 +191,16 @@ class Trainer:
         (self.run_dir / WARM_START_FILE).write_text(json.dumps(record))
 
     def rollout(self, examples: Sequence[QAExample], *, seed: int, engine: RolloutEngine | None = None,
-                temperature: float | None = None) -> list:
-        """Trajectories for `examples`, `rollout.batch_size` at a time."""
+                temperature: float | None = None, kind: str = "train", offset: int = 0) -> list[Trajectory]:
+        """Trajectories for `examples`, `rollout.batch_size` at a time, counted as `kind` cost.
+        `offset`: the position of `examples[0]` in the step's whole list (a rank's share), so the
+        batches' seeds are those of a single process rolling out the whole list."""
         bs, out = self.cfg.rollout.batch_size, []
         for s in range(0, len(examples), bs):
-            out += run_agent_loop(engine or self.engine, self.tokenizer, examples[s : s + bs], self.searcher, self.epcfg,
-                                  loop_config(self.cfg, temperature), seed=_seed(seed, s))  # fmt: skip
+            with self.where.autocast():
+                out += run_agent_loop(engine or self.engine, self.tokenizer, examples[s : s + bs], self.searcher, self.epcfg,
+                                      loop_config(self.cfg, temperature), seed=_seed(seed, offset + s))  # fmt: skip
+        self.cost.add(kind, out)
         return out
 
     def ensure_anchor(self, step: int) -> None:
@@ -167,51 +219,145 @@ class Trainer:
         engine = self.engine if current or is_reference or self.ref_model is None else self.ref_engine
         source = "current" if current else "reference"
 
+        counted = {"rollouts": 0}
+
         def rollout_fn(exs: list[QAExample]) -> list[tuple[str, float, float]]:
             seed = _seed("anchor", at, *[e.uid for e in exs[:4]], len(exs))
-            return [(t.uid, t.reward, t.accuracy) for t in self.rollout(exs, seed=seed, engine=engine, temperature=a.temperature)]
+            counted["rollouts"] += len(exs)
+            trajs = self.rollout(exs, seed=seed, engine=engine, temperature=a.temperature, kind="anchor")
+            return [(t.uid, t.reward, t.accuracy) for t in trajs]
 
         engine.wake_up()
+        t0 = time.perf_counter()
         try:
-            build_anchor(self.data.train, rollout_fn, num_rollouts=a.num_rollouts,
-                         batch_size=max(1, self.cfg.rollout.batch_size // a.num_rollouts), store=self.anchor, step=at,
-                         source=source, show_progress=self.show_progress)  # fmt: skip
+            ddp.build_anchor_shared(build_anchor, self.data.train, rollout_fn, num_rollouts=a.num_rollouts,
+                                    batch_size=max(1, self.cfg.rollout.batch_size // a.num_rollouts), store=self.anchor,
+                                    step=at, source=source, show_progress=self.show_progress and ddp.is_main())  # fmt: skip
         finally:
             if engine is not self.engine:
                 engine.sleep()  # the reference engine holds no memory until the next refresh
+        if counted["rollouts"]:
+            self._anchor_s_per_rollout = (time.perf_counter() - t0) / counted["rollouts"]
+            self._report["time/anchor_s"] = time.perf_counter() - t0
+
+    # ---- Group Sampling ----------------------------------------------------------------------
+    def ensure_group_sampling(self) -> None:
+        """Partition the train prompts by the current anchor's reference accuracy (once per anchor)
+        and fetch GT trajectories for the never-solved ones (cached; a resume fetches nothing)."""
+        if self.gt_cache is None or self.anchor is None:
+            return
+        at = self.anchor.computed_at_step
+        if self.partition is not None and self.partition.computed_at_step == at:
+            return
+        alg = self.cfg.algorithm
+        gs, t0 = alg.group_sampling, time.perf_counter()
+        part = partition([ex.uid for ex in self.data.train], self.anchor.stats(), drop_threshold=gs.drop_threshold,
+                         gt_threshold=gs.gt_threshold, computed_at_step=at)  # fmt: skip
+        part.report.update(part.fractions())
+        if self._anchor_s_per_rollout is not None:
+            part.report.update(savings(part, rollouts_per_prompt=self.cfg.rollout.n, seconds_per_rollout=self._anchor_s_per_rollout))
+        wanted = set(part.gt)
+        ctx = GTContext(self.tokenizer, self.searcher, self.epcfg, loop_config(self.cfg), self.data.world)
+        source = build_gt_source(alg.gt.source, alg.gt, ctx)
+        try:
+            counts = fetch_gt([ex for ex in self.data.train if ex.uid in wanted], source, self.gt_cache,
+                              attempts=alg.gt.attempts, min_reward=alg.gt.min_reward,
+                              on_generated=lambda ts: self.cost.add("gt", ts, policy_tokens=False),
+                              set_logprobs=self._reference_logprobs if alg.gt.logprobs == "reference" else None)  # fmt: skip
+        finally:
+            source.close()
+        part.report.update(counts)
+        part.report["time/group_sampling_s"] = time.perf_counter() - t0
+        save_partition(part, self.run_dir / PARTITION_FILE)
+        self.partition = part
+        self._report.update(part.report)
+
+    def _reference_logprobs(self, trajs: list[Trajectory]) -> None:
+        """Set each trajectory's `old_logprobs` (pi_gt) to the frozen reference policy's, at the
+        rollout temperature, 0 on env tokens."""
+        assert self.ref_model is not None  # built whenever gt.logprobs == "reference"
+        batch = collate(trajs, self.tokenizer.pad_token_id)
+        lp = batch_logprobs(self.ref_model, batch, self.cfg.rollout.temperature)
+        for i, t in enumerate(trajs):
+            n = len(t.response_ids)
+            t.old_logprobs = [float(x) if m else 0.0 for x, m in zip(lp[i, :n].tolist(), t.loss_mask, strict=True)]
+
+    def pool(self) -> list[QAExample]:
+        """The training prompts: all of them, or those Group Sampling keeps (all of them again if
+        it would keep none, with the reason in the log)."""
+        if self.partition is None:
+            return self.data.train
+        keep = self.partition.pool
+        kept = [ex for ex in self.data.train if ex.uid in keep]
+        if not kept:
+            log.warning("group sampling dropped every training prompt (the reference solves them all); training on all of them")
+            return self.data.train
+        return kept
+
+    def step_group(self, prompts: Sequence[QAExample]) -> tuple[list[QAExample], list[Trajectory]]:
+        """The examples to roll out for `prompts` (N each) and the GT trajectories that replace
+        `gt.replace_per_group` of them for Group Sampling's GT prompts."""
+        n, gt = self.cfg.rollout.n, self.cfg.algorithm.gt
+        todo: list[QAExample] = []
+        injected: list[Trajectory] = []
+        gt_uids = set(self.partition.gt) if self.partition is not None else set()
+        for ex in prompts:
+            record = self.gt_cache.records.get(ex.uid) if self.gt_cache is not None and ex.uid in gt_uids else None
+            r = min(gt.replace_per_group, n) if record is not None else 0
+            todo += [ex] * (n - r)
+            injected += [record.trajectory(ex.uid) for _ in range(r)] if record is not None else []
+        return todo, injected
 
     def evaluate(self, tag: str) -> dict[str, float]:
         if not self.data.eval:
             return {}
-        return evaluate(self.engine, self.tokenizer, self.data.eval, self.searcher, self.epcfg, loop_config(self.cfg),
-                        temperature=self.cfg.run.eval_temperature, seed=_seed("eval", tag),
-                        batch_size=self.cfg.rollout.batch_size)  # fmt: skip
+        r = self.cfg.run
+        share = ddp.rank_share(self.data.eval)  # each rank evaluates its share; metrics weighted by share size
+        with self.where.autocast():
+            metrics = evaluate(self.engine, self.tokenizer, share, self.searcher, self.epcfg, loop_config(self.cfg),
+                               temperature=r.eval_temperature, top_p=r.eval_top_p, seed=_seed("eval", tag),
+                               batch_size=self.cfg.rollout.batch_size) if share else {}  # fmt: skip
+        return ddp.reduce_metrics(metrics, len(share))
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
         self.ensure_anchor(step - 1)
-        prompts = step_examples(self.data.train, step, cfg.data.prompts_per_step, cfg.run.seed)
-        group = [ex for ex in prompts for _ in range(cfg.rollout.n)]
+        self.ensure_group_sampling()
+        prompts = step_examples(self.pool(), step, cfg.data.prompts_per_step, cfg.run.seed)
+        prompts = ddp.rank_share(prompts)  # whole groups per rank (distributed.py)
+        group, injected = self.step_group(prompts)
         t0 = time.perf_counter()
         self.engine.wake_up()
-        trajs = self.rollout(group, seed=_seed(cfg.run.seed, "step", step))
+        with self.memory.phase("rollout"):
+            trajs = self.rollout(group, seed=_seed(cfg.run.seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group))) + injected
         t1 = time.perf_counter()
         batch = collate(trajs, self.tokenizer.pad_token_id)
         anchors = self.anchor.values() if self.anchor is not None else None
         adv = self.estimator(batch.rewards, batch.uids, anchors=anchors)
         self.engine.sleep()  # the KV cache is free while the trainer holds activations and grads
         try:
-            stats = policy_update(self.model, self.optimizer, batch, adv, cfg.optim, temperature=cfg.rollout.temperature,
-                                  seed=_seed(cfg.run.seed, "update", step), engine=self.engine, ref_model=self.ref_model,
-                                  importance=cfg.rollout.importance_correction)  # fmt: skip
+            with self.memory.phase("train"), self.where.autocast():
+                stats = policy_update(self.model, self.optimizer, batch, adv, cfg.optim, temperature=cfg.rollout.temperature,
+                                      seed=_seed(cfg.run.seed, "update", step), engine=self.engine, ref_model=self.ref_model,
+                                      importance=cfg.rollout.importance_correction,
+                                      default_agg=getattr(self.estimator, "loss_agg", "token-mean"),
+                                      norm_len=cfg.rollout.max_response_tokens)  # fmt: skip
         finally:
             self.engine.wake_up()  # evaluation and the next rollouts sample again
         t2 = time.perf_counter()
-        metrics = {**summarize(trajs), **advantage_stats(adv, batch.uids), **stats,
+        sampled = trajs[: len(trajs) - len(injected)]
+        metrics = {**summarize(sampled), **advantage_stats(adv, batch.uids), **stats,
                    "time/rollout_s": t1 - t0, "time/train_s": t2 - t1}  # fmt: skip
-        if anchors is not None:
-            metrics["anchor/mean"] = float(np.mean([anchors[u] for u in batch.uids]))
-        return metrics
+        if anchors is not None:  # over the sampled rollouts' prompts, so reward - anchor compares like with like
+            metrics["anchor/mean"] = float(np.mean([anchors[t.uid] for t in sampled])) if sampled else 0.0
+        if self.partition is not None:
+            metrics["gt/fraction"] = len(injected) / len(trajs)
+            metrics["gs/pool_size"] = float(len(self.pool()))
+        metrics.update(self._report)
+        self._report = {}
+        metrics.update(self.cost.step_metrics())
+        metrics.update(self.memory.pop())
+        return ddp.reduce_metrics(metrics, len(trajs))
 
     def run(self) -> TrainResult:
         cfg = self.cfg
@@ -221,18 +367,25 @@ class Trainer:
                    total=cfg.run.steps, disable=not self.show_progress)  # fmt: skip
         for step in bar:
             metrics = self.train_step(step)
-            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and step < cfg.run.steps:
+            # a rollout budget (anchor and GT generation included) ends the run at the step that reaches it
+            budget = cfg.run.rollout_budget
+            last = step == cfg.run.steps or (budget is not None and metrics["cost/cum_rollouts"] >= budget)
+            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and not last:
                 metrics.update(self.evaluate(f"step{step}"))
-            if step == cfg.run.steps and self.data.eval:
+            if last and self.data.eval:
                 self.result.eval_after = self.evaluate("after")
                 metrics.update(self.result.eval_after)
             self.logger.log(step, metrics)
             if self.after_step is not None:
                 self.after_step(step)  # tests inject a crash here: logged, not yet checkpointed
-            if step == cfg.run.steps or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-                save_checkpoint(self.run_dir, step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer)
+            if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
+                (save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint)(self.run_dir, step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
+                                extra={"cost": self.cost.state_dict()},
+                                state_files=[self.run_dir / f for f in STATE_FILES])  # fmt: skip
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0):.3f}")
             self.result.steps_done = step
+            if last:
+                break
         self.logger.close()
         self.result.metrics = read_jsonl(self.run_dir / "metrics.jsonl")
         return self.result
@@ -254,12 +407,19 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
     differs from the run's own config.yaml outside `run_dir.SAFE_ON_RESUME` (RunDirError)."""
     run_dir = Path(run_dir)
-    if resume:
-        check_resume_config(run_dir, cfg)
-    else:
-        prepare_fresh(run_dir, overwrite=overwrite)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data = load_data(cfg, run_dir)
-    with _maybe_searcher(cfg, run_dir, data, searcher) as s:
-        trainer = Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress, after_step=after_step)
-        return trainer.run()
+    ddp.init_from_env(placement(cfg.model.device).device)  # under torchrun: join the process group
+    try:
+        with contextlib.ExitStack() as stack:
+            with ddp.main_first():  # rank 0 checks the run dir, writes the corpus and builds the index
+                if resume:
+                    check_resume_config(run_dir, cfg)
+                elif ddp.is_main():
+                    prepare_fresh(run_dir, overwrite=overwrite)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                data = load_data(cfg, run_dir)
+                s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))
+            trainer = Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main(),
+                              after_step=after_step)  # fmt: skip
+            return trainer.run()
+    finally:
+        ddp.shutdown()

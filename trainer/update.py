@@ -15,8 +15,8 @@ is weighted by the truncated ratio `min(exp(lp_train_old - lp_sampler), cap)` (T
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
 
 import torch
 
@@ -25,25 +25,30 @@ from pvpo.trainer.config import ImportanceCorrectionConfig, OptimConfig
 from pvpo.trainer.engine import RolloutEngine
 from pvpo.trainer.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
 from pvpo.trainer.losses import LossConfig, entropy_from_logits, token_logprobs
+from pvpo.trainer.distributed import all_reduce_min, clip_grad_norm
+from pvpo.trainer.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
 from pvpo.trainer.trajectory import Batch, response_logits
 
 
-def loss_config(optim: OptimConfig) -> LossConfig:
+def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len: int | None = None) -> LossConfig:
+    """The objective of `optim`: its `loss_agg`, or `default_agg` (the estimator's own) when unset;
+    `seq-mean-token-sum-norm` divides by `optim.loss_norm_len`, else `norm_len` (the run's
+    response budget), a constant as Dr.GRPO requires."""
     return LossConfig(
-        clip_low=optim.clip_low, clip_high=optim.clip_high, dual_clip=optim.dual_clip, agg=optim.loss_agg,
-        kl_coef=optim.kl_coef, kl_kind=optim.kl_estimator, entropy_coef=optim.entropy_coef,
+        clip_low=optim.clip_low, clip_high=optim.clip_high, dual_clip=optim.dual_clip, agg=optim.loss_agg or default_agg,
+        norm_len=optim.loss_norm_len or norm_len, kl_coef=optim.kl_coef, kl_kind=optim.kl_estimator,
+        entropy_coef=optim.entropy_coef,
     )  # fmt: skip
 
 
 @torch.no_grad()
-def batch_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, micro: int = 16) -> torch.Tensor:
+def batch_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, micro: int = 16,
+                   max_tokens: int | None = None) -> torch.Tensor:
     """Log-probs `[B, R]` of the response tokens under `model` (the frozen reference, or the
-    policy before its update), without gradient."""
-    out = []
-    for s in range(0, len(batch), micro):
-        sub = batch.select(range(s, min(s + micro, len(batch))))
-        out.append(token_logprobs(response_logits(model, sub), sub.response_ids, temperature))
-    return torch.cat(out)
+    policy before its update), without gradient, `micro` rows and at most `max_tokens` padded
+    tokens at a time (0 beyond each row's response)."""
+    return batch_forward(batch, lambda sub: token_logprobs(response_logits(model, sub), sub.response_ids, temperature),
+                         max_tokens=max_tokens, max_rows=micro)  # fmt: skip
 
 
 def micro_batch_loss(
@@ -61,11 +66,23 @@ def micro_batch_loss(
     `old_logprobs` replaces the batch's sampler log-probs as the ratio denominator."""
     logits = response_logits(model, batch)
     logp = token_logprobs(logits, batch.response_ids, temperature)
-    entropy = entropy_from_logits(logits if loss_cfg.entropy_coef else logits.detach())
+    entropy = entropy_from_logits(logits if loss_cfg.entropy_coef else logits.detach(), temperature)
     adv_tok = broadcast_to_tokens(advantages.to(logp.dtype), batch.loss_mask)
     old = batch.old_logprobs if old_logprobs is None else old_logprobs
     loss, stats = loss_cfg(logp, old, adv_tok, batch.loss_mask, ref_logprobs=ref_logprobs, entropy=entropy, is_weights=is_weights)
+    if bool(batch.is_gt.any()):
+        stats.update(gt_ratio_stats(logp.detach(), batch))
     return loss, stats, logits
+
+
+def gt_ratio_stats(logp: torch.Tensor, batch: Batch) -> dict[str, float]:
+    """PPO ratio pi_theta / pi_gt over the model tokens of the batch's injected GT trajectories
+    (PVPO: the GT source's own probabilities are the denominator); `gt/ratio_mean`, `gt/ratio_max`."""
+    m = (batch.loss_mask > 0) & batch.is_gt.unsqueeze(1)
+    if not bool(m.any()):
+        return {}
+    ratio = torch.exp((logp - batch.old_logprobs).clamp(-20.0, 20.0))[m]
+    return {"gt/ratio_mean": float(ratio.mean()), "gt/ratio_max": float(ratio.max())}
 
 
 def importance_terms(
@@ -103,38 +120,46 @@ def policy_update(
     engine: RolloutEngine | None = None,
     ref_model: torch.nn.Module | None = None,
     importance: ImportanceCorrectionConfig | None = None,
+    default_agg: str = "token-mean",
+    norm_len: int | None = None,
 ) -> dict[str, float]:
     """Run the configured epochs of updates on `batch`; returns the mean of each stat, plus the
-    sampler/trainer `mismatch/*` stats and, with `importance.enabled`, the corrected loss."""
-    loss_cfg = loss_config(optim)
-    ref_lp = batch_logprobs(ref_model, batch, temperature) if ref_model is not None and optim.kl_coef > 0 else None
+    sampler/trainer `mismatch/*` stats and, with `importance.enabled`, the corrected loss.
+    `default_agg` / `norm_len`: see `loss_config`."""
+    loss_cfg = loss_config(optim, default_agg=default_agg, norm_len=norm_len)
+    if loss_cfg.norm_len is None:  # micro-batches are trimmed: keep the batch's width as the constant divisor
+        loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
+    device = next(model.parameters()).device
+    batch, advantages, max_tokens = batch.to(device), advantages.to(device), optim.max_tokens_per_micro_batch
+    ref_lp = batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens) if ref_model is not None and optim.kl_coef > 0 else None
     model.train()
-    lp_train_old = batch_logprobs(model, batch, temperature)  # the weights that sampled the batch
+    lp_train_old = batch_logprobs(model, batch, temperature, max_tokens=max_tokens)  # the weights that sampled the batch
     old_lp, is_w, mismatch = importance_terms(lp_train_old, batch, importance)
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, list[float]] = defaultdict(list)
     for _ in range(optim.epochs):
         order = torch.randperm(len(batch), generator=gen)
-        for mini in _split(order, optim.mini_batches):
+        # every rank takes the same number of optimizer steps (FSDP's collectives)
+        for mini in _split(order, min(optim.mini_batches, all_reduce_min(len(batch)))):
             optimizer.zero_grad(set_to_none=True)
-            micros = _split(mini, optim.grad_accum)
-            for micro in micros:
-                ids: Sequence[int] = micro.tolist()
-                sub = batch.select(ids)
+            micros = micro_batches(batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum)
+
+            def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+                ix, r = mb.rows, mb.r
                 loss, stats, _ = micro_batch_loss(
-                    model, sub, advantages[micro], loss_cfg, temperature=temperature,
-                    ref_logprobs=ref_lp[micro] if ref_lp is not None else None,
-                    old_logprobs=old_lp[micro] if old_lp is not None else None,
-                    is_weights=is_w[micro] if is_w is not None else None,
+                    model, mb.batch, advantages[ix], loss_cfg, temperature=temperature,
+                    ref_logprobs=ref_lp[ix, :r] if ref_lp is not None else None,
+                    old_logprobs=old_lp[ix, :r] if old_lp is not None else None,
+                    is_weights=is_w[ix, :r] if is_w is not None else None,
                 )  # fmt: skip
-                (loss / len(micros)).backward()
+                return loss, stats
+
+            mini_loss, micro_stats = accumulate(micros, run)
+            for stats in micro_stats:
                 for k, v in stats.items():
                     sums[k].append(v)
-            if optim.grad_clip is not None:
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
-            else:
-                norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
-            sums["grad_norm"].append(float(norm))
+            sums["loss/mini_batch"].append(mini_loss)  # the loss over the whole mini-batch, all ranks
+            sums["grad_norm"].append(clip_grad_norm(list(model.parameters()), optim.grad_clip))
             optimizer.step()
             if engine is not None:
                 engine.sync_weights(model)
