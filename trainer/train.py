@@ -32,6 +32,7 @@ from pvpo.trainer.cost import CostCounter
 from pvpo.trainer import distributed as ddp
 from pvpo.trainer.device import PhaseMemory, place_policy_model, place_reference_model, placement
 from pvpo.trainer.dist_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from pvpo.trainer.lora import apply_lora, checkpoint_view, is_lora, load_lora_weights
 from pvpo.trainer.config import TrainConfig, dump_config
 from pvpo.trainer.engine import RolloutEngine, build_engine
 from pvpo.trainer.evaluate import evaluate
@@ -110,6 +111,8 @@ class Trainer:
                 atomic_write_dir(run_dir / "initial_policy", lambda tmp: save_policy(policy, tmp))
         elif (run_dir / WARM_START_FILE).exists():
             self.result.warm_start_losses = json.loads((run_dir / WARM_START_FILE).read_text())["losses"]
+        if m.lora.enabled:  # after the warm start and the saved initial policy: those are the base model
+            self.model, self.engine = apply_lora(self.model, self.engine, m.lora)
         alg = cfg.algorithm
         a, gs = alg.anchor, alg.group_sampling
         need_ref = (cfg.optim.kl_coef > 0 or (alg.uses_anchor and a.refresh_every > 0 and a.refresh_from == "reference")
@@ -142,7 +145,7 @@ class Trainer:
             if "cost" in state.get("extra", {}):
                 self.cost.load_state_dict(state["extra"]["cost"])
         elif ckpt is not None:
-            load_weights(self.model, ckpt)
+            load_lora_weights(self.model, ckpt) if is_lora(self.model) else load_weights(self.model, ckpt)
             self.engine.sync_weights(self.model)
             state = load_trainer_state(ckpt)
             self.optimizer.load_state_dict(state["optimizer"])
@@ -379,9 +382,9 @@ class Trainer:
             if self.after_step is not None:
                 self.after_step(step)  # tests inject a crash here: logged, not yet checkpointed
             if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
-                (save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint)(self.run_dir, step, model=self.model, tokenizer=self.tokenizer, optimizer=self.optimizer,
-                                extra={"cost": self.cost.state_dict()},
-                                state_files=[self.run_dir / f for f in STATE_FILES])  # fmt: skip
+                save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
+                save(self.run_dir, step, model=checkpoint_view(self.model), tokenizer=self.tokenizer, optimizer=self.optimizer,
+                     extra={"cost": self.cost.state_dict()}, state_files=[self.run_dir / f for f in STATE_FILES])  # fmt: skip
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0):.3f}")
             self.result.steps_done = step
             if last:
