@@ -275,3 +275,12 @@ def test_merged_lora_weights_load_into_the_plain_model_and_give_the_adapted_outp
         assert not torch.allclose(_model(tok)(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-3)
     with pytest.raises(ValueError, match="not modules"):
         add_lora(_model(tok), r=4, alpha=8, dropout=0.0, target_modules=["qkv"])
+
+
+def test_the_search_r1_recipe_loads_with_search_r1s_limits():
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "search_r1_nq_hotpotqa_qwen2.5_3b.yaml"
+    cfg = load_config(recipe, ["rollout.engine=hf"])  # the vllm engine needs vLLM installed to validate
+    assert (cfg.rollout.n, cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.retriever.topk) == (5, 4, 500, 3)
+    assert (cfg.env.prompt_template, cfg.model.dtype, cfg.algorithm.estimator) == ("search_r1", "bfloat16", "pvpo")
