@@ -51,6 +51,12 @@ def link(
     typer.echo(f"linked {index_file} + {corpus} as {path}")
 
 
+def _non_empty_token(value: Optional[str]) -> Optional[str]:
+    if value is not None and not value.strip():
+        raise typer.BadParameter("the token is empty: an empty bearer would let every request in; give a secret or leave it out")
+    return value
+
+
 @retriever_app.command()
 def serve(
     index: Path = typer.Option(..., "--index", exists=True, file_okay=False, help="Index directory."),
@@ -64,24 +70,40 @@ def serve(
                                        help="...or this long after its first request, whichever comes first."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                           help="torch CPU threads (default: cores - 1, leaving one to HTTP)."),
+    max_batch_chars: int = typer.Option(8192, "--max-batch-chars", min=1,
+                                        help="Characters per batch (a query counts at most 1536 + 32): bounds how "
+                                             "long one batch, and so a small request stuck behind it, can take."),
     no_batching: bool = typer.Option(False, "--no-batching", help="Serve each request on its own."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="PVPO_RETRIEVER_TOKEN",
-                                        help="Require 'Authorization: Bearer TOKEN'."),
+    token: Optional[str] = typer.Option(None, "--token", envvar="PVPO_RETRIEVER_TOKEN", callback=_non_empty_token,
+                                        help="Require 'Authorization: Bearer TOKEN' on /retrieve and /info."),
+    header_timeout: Optional[float] = typer.Option(None, "--header-timeout", min=0.1,
+                                                   help="Close a connection whose request headers are not complete "
+                                                        "in this many seconds (default 10)."),
+    keep_alive: Optional[float] = typer.Option(None, "--keep-alive", min=0.1,
+                                               help="Close a connection idle this long between requests (default 5)."),
+    max_connections: Optional[int] = typer.Option(None, "--max-connections", min=16,
+                                                  help="Open connections kept (the longest-idle is closed past it); "
+                                                       "default 4096, capped by the open-file limit."),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve an index over HTTP (Search-R1 /retrieve, /health, /info)."""
     import uvicorn
 
+    from pvpo.retriever.connections import open_file_limit, uvicorn_config
     from pvpo.retriever.index import load_retriever
     from pvpo.retriever.server import create_app, set_torch_threads
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     set_torch_threads(threads)
+    open_file_limit(raise_soft=True)
     retriever = load_retriever(index, device=device)
-    app = create_app(retriever, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_delay_ms=max_delay_ms,
-                     batching=not no_batching, token=token)
-    typer.echo(f"serving {json.dumps(retriever.info())} on http://{host}:{port}")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    app = create_app(retriever, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
+                     max_delay_ms=max_delay_ms, batching=not no_batching, token=token)  # fmt: skip
+    config = uvicorn_config(app, host=host, port=port, log_level=log_level, header_timeout=header_timeout,
+                            keep_alive=keep_alive, max_connections=max_connections)  # fmt: skip
+    typer.echo(f"serving {json.dumps(retriever.info())} on http://{host}:{port} "
+               f"(max {config.http.max_connections} connections)")  # fmt: skip
+    uvicorn.Server(config).run()
 
 
 @retriever_app.command()

@@ -1,11 +1,12 @@
 """The retrieval HTTP service: FastAPI app speaking Search-R1's `/retrieve` JSON, with
-cross-request batching, input limits, optional bearer token, and a background-thread server for
-tests and demos."""
+cross-request batching in bounded batches, input limits published in its OpenAPI schema, an
+optional bearer token checked before the body is read, and a background-thread server for tests,
+demos and benchmarks served with the same connection settings as `pvpo retriever serve`."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -14,55 +15,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from pvpo.retriever.batching import DynamicBatcher, Overloaded
+from pvpo.retriever.connections import HEADER_TIMEOUT_S, KEEP_ALIVE_S, uvicorn_config
+from pvpo.retriever.guard import RequestGuard
 from pvpo.retriever.index import Retriever
+from pvpo.retriever.schema import (ErrorBody, Health, Limits, RetrieveRequestBase, RetrieveResponse, error_messages,
+                                   request_model)
 
 log = logging.getLogger(__name__)
-
-
-class RetrieveRequest(BaseModel):
-    """Search-R1's request body. Unknown fields are ignored, as Search-R1's server does."""
-
-    model_config = ConfigDict(extra="ignore")
-    queries: list[StrictStr]
-    topk: StrictInt | None = None
-    return_scores: StrictBool = False
-
-
-class Limits(BaseModel):
-    """What one request may ask for."""
-
-    max_queries: int = 1024
-    max_query_chars: int = 8192
-    max_topk: int = 100
-
-
-def _check(req: RetrieveRequest, limits: Limits) -> None:
-    """Raises a 422 that names what is wrong with the request."""
-
-    def bad(msg: str) -> HTTPException:
-        return HTTPException(status_code=422, detail=msg)
-
-    if not req.queries:
-        raise bad("queries must be a non-empty list of strings")
-    if len(req.queries) > limits.max_queries:
-        raise bad(f"too many queries: {len(req.queries)} (at most {limits.max_queries} per request)")
-    for i, q in enumerate(req.queries):
-        if not q.strip():
-            raise bad(f"queries[{i}] is empty")
-        if len(q) > limits.max_query_chars:
-            raise bad(f"queries[{i}] is {len(q)} characters long (at most {limits.max_query_chars})")
-        try:
-            q.encode("utf-8")
-        except UnicodeEncodeError:
-            raise bad(f"queries[{i}] is not valid Unicode (lone surrogate)") from None
-    if req.topk is not None and not 1 <= req.topk <= limits.max_topk:
-        raise bad(f"topk must be between 1 and {limits.max_topk}, got {req.topk}")
 
 
 def _json(content: Any, status_code: int = 200) -> Response:
@@ -92,30 +56,40 @@ def set_torch_threads(threads: int | None) -> int:
     return n
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts)
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (after the body, the server's receive only yields
+    the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(
     retriever: Retriever,
     *,
     max_batch_size: int = 64,
+    max_batch_chars: int = 8192,
     max_wait_ms: float = 5.0,
     max_delay_ms: float = 20.0,
     batching: bool = True,
     token: str | None = None,
     limits: Limits | None = None,
     max_pending: int = 16384,
+    body_timeout: float = 30.0,
 ) -> FastAPI:
-    """The FastAPI app serving one retriever: POST /retrieve, GET /health, GET /info."""
+    """The app serving one retriever: POST /retrieve, GET /health, GET /info, behind a
+    RequestGuard (token, content type, streamed body limit). `token=""` is refused: an empty
+    bearer would let everyone in."""
+    if token is not None and not token.strip():
+        raise ValueError("token is empty: give a non-empty bearer token, or none to serve without one")
     limits = limits or Limits()
-    batcher = DynamicBatcher(retriever.search_varying, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-                             max_delay_ms=max_delay_ms, coalesce=batching, max_pending=max_pending)
-    max_body = limits.max_queries * (limits.max_query_chars * 6 + 8) + 4096  # worst case: every char a 6-char JSON escape
+    batcher = DynamicBatcher(retriever.search_varying, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars,
+                             max_wait_ms=max_wait_ms, max_delay_ms=max_delay_ms, coalesce=batching,
+                             max_pending=max_pending)  # fmt: skip
+    RetrieveRequest = request_model(limits)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -123,41 +97,44 @@ def create_app(
         yield
         await batcher.stop()
 
-    app = FastAPI(title="pvpo retriever", lifespan=lifespan)
+    app = FastAPI(title="pvpo retriever", lifespan=lifespan,
+                  description="Search-R1 `/retrieve` over a dense or BM25 index. Every error body is `{\"detail\": str}`.")
     app.state.batcher = batcher
     app.state.retriever = retriever
-
-    async def authorize(request: Request) -> None:  # async: a sync dependency costs a threadpool hop
-        if token is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
-            raise HTTPException(status_code=401, detail="missing or wrong bearer token",
-                                headers={"WWW-Authenticate": "Bearer"})
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > max_body):
-            return _json({"detail": f"request body too large (at most {max_body} bytes)"}, status_code=413)
-        return await call_next(request)
+    auth = {401: _error("missing or wrong bearer token")} if token is not None else {}
+    security = [{"bearer": []}] if token is not None else None
 
     @app.exception_handler(RequestValidationError)
-    async def on_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _json({"detail": _validation_message(exc)}, status_code=422)
+    async def on_invalid(_: Request, exc: RequestValidationError) -> Response:
+        return _json({"detail": error_messages(list(exc.errors()), limits)}, status_code=422)
 
-    @app.post("/retrieve", dependencies=[Depends(authorize)])
-    async def retrieve(req: RetrieveRequest) -> Response:
-        _check(req, limits)
-        topk = req.topk if req.topk is not None else retriever.default_topk
+    @app.exception_handler(Exception)
+    async def on_crash(_: Request, exc: Exception) -> Response:  # the text stays in the server log
+        log.error("unhandled error", exc_info=exc)
+        return _json({"detail": "internal error (logged on the server)"}, status_code=500)
+
+    async def retrieve(req: RetrieveRequestBase, request: Request) -> Response:
+        """Top passages of each query (Search-R1 shape). A request larger than one batch is
+        searched in several, interleaved with other clients' requests; work for a client that
+        disconnects is dropped."""
+        queries, topk = req.resolved(retriever.default_topk)
+        work = asyncio.ensure_future(batcher.submit(queries, topk))
+        gone = asyncio.ensure_future(_client_gone(request))
         try:
-            results = await batcher.submit(req.queries, topk)
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # the client went away (or the server stops): drop its queries
+        if work.cancelled():
+            return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        try:
+            results = work.result()
         except Overloaded as e:
             raise HTTPException(status_code=503, detail=f"overloaded: {e}", headers={"Retry-After": "1"}) from e
-        except Exception as e:  # noqa: BLE001 - one failed search must not take the server down
+        except Exception:  # noqa: BLE001 - one failed search must not take the server down
             log.exception("retrieval failed")
-            raise HTTPException(status_code=500, detail=f"retrieval failed: {type(e).__name__}: {e}") from e
+            raise HTTPException(status_code=500, detail="retrieval failed (logged on the server)") from None
         if req.return_scores:
             body = [[{"document": {"id": p.id, "contents": p.contents}, "score": p.score} for p in r] for r in results]
         else:
@@ -165,20 +142,45 @@ def create_app(
             body = [[{"document": {"id": p.id, "contents": p.contents}} for p in r] for r in results]
         return _json({"result": body})
 
-    @app.get("/health")
+    retrieve.__annotations__["req"] = RetrieveRequest  # built from `limits` at run time: no name to annotate with
+    app.post("/retrieve", response_model=RetrieveResponse, openapi_extra={"security": security} if security else None,
+             responses={**auth, 408: _error("body not received in time"), 413: _error("body larger than the limits allow"),
+                        415: _error("body is not JSON"), 422: _error("invalid request; the detail names the field"),
+                        500: _error("the search failed"), 503: _error("overloaded; retry after Retry-After seconds")},
+             )(retrieve)  # fmt: skip
+
+    @app.get("/health", response_model=Health)
     async def health() -> dict[str, Any]:
+        """Liveness and corpus size; never needs the token."""
         return {"status": "ok", "size": len(retriever)}
 
-    @app.get("/info", dependencies=[Depends(authorize)])
+    @app.get("/info", responses=auth, openapi_extra={"security": security} if security else None)
     async def info() -> dict[str, Any]:
+        """Model, index type, size, dim, device, batching settings and counters, limits."""
         return retriever.info() | {
             "default_topk": retriever.default_topk,
-            "batching": {"enabled": batching, "max_batch_size": max_batch_size, "max_wait_ms": max_wait_ms,
-                         "max_delay_ms": max_delay_ms, "batches": batcher.batches, "queries": batcher.queries},
+            "batching": {"enabled": batching, "max_batch_size": max_batch_size, "max_batch_chars": max_batch_chars,
+                         "max_wait_ms": max_wait_ms, "max_delay_ms": max_delay_ms, "batches": batcher.batches,
+                         "queries": batcher.queries, "dropped": batcher.dropped, "pending": batcher.pending},
             "limits": limits.model_dump(),
-        }
+        }  # fmt: skip
 
+    if token is not None:
+        _add_bearer_scheme(app)
+    app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout)
     return app
+
+
+def _add_bearer_scheme(app: FastAPI) -> None:
+    """Declare the bearer scheme the `security` of /retrieve and /info refers to."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = base()
+        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class BackgroundServer:
@@ -192,6 +194,7 @@ class BackgroundServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_batch_size: int = 64,
+        max_batch_chars: int = 8192,
         max_wait_ms: float = 5.0,
         max_delay_ms: float = 20.0,
         token: str | None = None,
@@ -199,12 +202,18 @@ class BackgroundServer:
         device: str | None = None,
         limits: Limits | None = None,
         startup_timeout: float = 60.0,
+        header_timeout: float = HEADER_TIMEOUT_S,
+        keep_alive: float = KEEP_ALIVE_S,
+        max_connections: int | None = None,
+        body_timeout: float = 30.0,
     ) -> None:
         self._source = retriever_or_index_dir
         self.host = host
         self.port = port
-        self._app_kw = dict(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_delay_ms=max_delay_ms,
-                            token=token, batching=batching, limits=limits)
+        self._app_kw = dict(max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
+                            max_delay_ms=max_delay_ms, token=token, batching=batching, limits=limits,
+                            body_timeout=body_timeout)  # fmt: skip
+        self._conn_kw = dict(header_timeout=header_timeout, keep_alive=keep_alive, max_connections=max_connections)
         self.device = device
         self.startup_timeout = startup_timeout
         self.retriever: Retriever | None = None
@@ -237,9 +246,7 @@ class BackgroundServer:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((self.host, self.port))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=5, backlog=4096)
-        self._server = uvicorn.Server(config)
+        self._server = uvicorn.Server(uvicorn_config(app, **self._conn_kw))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name=f"retriever-server-{self.port}", daemon=True)
         self._thread.start()

@@ -60,7 +60,7 @@ def test_retrieve_without_scores_keeps_the_document_nesting_search_r1_clients_re
 
 
 def test_omitted_topk_and_return_scores_use_the_defaults(server: BackgroundServer, tiny) -> None:
-    r = post(server, {"queries": ["chess"], "extra_field": 1})
+    r = post(server, {"queries": ["chess"]})
     assert r.status_code == 200 and len(r.json()["result"][0]) == tiny.default_topk
     assert "score" not in r.json()["result"][0][0]
 
@@ -77,9 +77,9 @@ def test_omitted_topk_and_return_scores_use_the_defaults(server: BackgroundServe
         ({"queries": ["q"], "topk": "3"}, "topk: Input should be a valid integer"),
         ({"queries": ["q"], "topk": 2.5}, "topk: Input should be a valid integer"),
         ({"queries": "just a string"}, "queries: Input should be a valid list"),
-        ({"queries": [1, 2]}, "queries.0: Input should be a valid string"),
+        ({"queries": [1, 2]}, "queries[0]: Input should be a valid string"),
         ({"queries": ["q"], "return_scores": "yes"}, "return_scores: Input should be a valid boolean"),
-        ({"topk": 3}, "queries: Field required"),
+        ({"topk": 3}, "give exactly one of `queries` (a list of strings) or `query` (one string)"),
         (["q"], "Input should be a valid dictionary"),
     ],
 )
@@ -91,7 +91,7 @@ def test_bad_input_gets_422_that_says_what_is_wrong(server: BackgroundServer, bo
 
 def test_malformed_json_and_oversized_bodies_are_refused(server: BackgroundServer) -> None:
     r = httpx.post(server.url + "/retrieve", content=b'{"queries": [', headers={"content-type": "application/json"})
-    assert r.status_code == 422 and "JSON" in r.json()["detail"]
+    assert r.status_code == 422 and r.json()["detail"] == "body is not valid JSON at character 13: Expecting value"
     r = httpx.post(server.url + "/retrieve", content=b"x" * 200_000, headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert httpx.get(server.url + "/health").status_code == 200
@@ -180,7 +180,7 @@ def test_without_batching_each_request_is_its_own_search(tiny) -> None:
 def test_a_failing_search_is_a_500_and_the_server_keeps_serving(tiny) -> None:
     with BackgroundServer(FailingRetriever(tiny, failures=1)) as s:
         r = httpx.post(s.url + "/retrieve", json={"queries": ["chess"]})
-        assert r.status_code == 500 and "index shard unavailable" in r.json()["detail"]
+        assert r.status_code == 500 and r.json()["detail"] == "retrieval failed (logged on the server)"  # no internals
         assert httpx.post(s.url + "/retrieve", json={"queries": ["chess"]}).status_code == 200
 
 
