@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SEARCH_TURN = "<think> look it up </think><search> capital of Germany </search>"
-ANSWER_TURN = "<think> found </think><answer> Berlin </answer>"
+# No think blocks: every token of these turns then has one possible successor, which a one-layer
+# model learns in a few dozen steps (with "<think> look it up </think>" it wrote "up </search>").
+SEARCH_TURN = "<search> capital of Germany </search>"
+ANSWER_TURN = "<answer> Berlin </answer>"
 JUDGE_REPLY = "Score: 4"
 
 
-def searching_policy(out: Path, questions: list[str], *, steps: int = 40, seed: int = 0) -> Path:
+def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: int = 0) -> Path:
     """A tiny Qwen2 (hidden 64, head_dim 32 so vLLM's CPU attention takes it) trained by SFT on
     `SEARCH_TURN` then, after the tiny retriever's passages, `ANSWER_TURN` for `questions`, and
     on `JUDGE_REPLY` after LLM-judge prompts about them; saved as an HF folder at `out` (reused
@@ -45,7 +47,7 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 40, seed: 
     from pvpo.trainer.trajectory import Trajectory
 
     tok = policy.tokenizer
-    for k, p in enumerate(judge_prompts):
+    for k, p in enumerate(judge_prompts * 2):  # weighted up: at 1 in 5 samples it wrote "Score: </answer>"
         t = Trajectory(f"judge/{k}", list(tok.encode(p, add_special_tokens=False)))
         reply = [*tok.encode(JUDGE_REPLY, add_special_tokens=False), tok.eos_token_id]
         t.append_model(reply, [0.0] * len(reply))
