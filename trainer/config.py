@@ -86,6 +86,7 @@ class SyntheticConfig(_Section):
     n_relations: int = Field(4, ge=1, le=6)
     max_hops: int = Field(4, ge=1, le=4)
     questions_per_hop: int = Field(150, ge=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each hop's questions held out as the test split")
 
 
 class DataConfig(_Section):

@@ -8,6 +8,7 @@ held-out accuracy, trains with PVPO, measures again, and writes `metrics.jsonl`,
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -20,10 +21,24 @@ from pvpo.trainer.resources import load_data, retriever_session
 from pvpo.trainer.train import TrainResult, Trainer
 
 
+def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:
+    """A second x-axis on top of `ax`: the cumulative rollout cost at each step."""
+    import numpy as np
+
+    if len(steps) < 2:
+        return
+    # from step 1 on: the anchor's rollouts all land on step 1, so a (0, 0) point would crowd the ticks
+    xs, cs = np.asarray(steps, dtype=float), np.asarray(cost, dtype=float)
+    top = ax.secondary_xaxis("top", functions=(lambda x: np.interp(x, xs, cs), lambda c: np.interp(c, cs, xs)))
+    top.set_xlabel("cumulative rollouts (anchor and GT generation included)", fontsize=8)
+    top.tick_params(labelsize=7)
+
+
 def plot_curves(metrics: Sequence[dict[str, Any]], path: str | Path, *, eval_before: dict[str, float] | None = None,
                 eval_after: dict[str, float] | None = None, smooth: int = 5) -> Path:
-    """Train reward per step (raw and a `smooth`-step moving average, with the PVPO anchor) and
-    held-out EM / reward before and after RL (with any evaluations in between), as a PNG."""
+    """Train reward per step (raw and a `smooth`-step moving average), the PVPO anchor on the same
+    prompts and their difference, and held-out EM (with s.e.) at every evaluation, against RL steps
+    (bottom axis) and cumulative rollout cost (top axis), as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,44 +46,71 @@ def plot_curves(metrics: Sequence[dict[str, Any]], path: str | Path, *, eval_bef
     import numpy as np
 
     steps = [m["step"] for m in metrics]
-    fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+    cost = [m.get("cost/cum_rollouts", 0.0) for m in metrics]
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.4))
     reward = np.array([m["reward/mean"] for m in metrics], dtype=float)
-    ax[0].plot(steps, reward, color="C0", alpha=0.35, lw=1, label="train reward (per step)")
+    ax[0].plot(steps, reward, color="C0", alpha=0.3, lw=1, label="train reward (per step)")
     if len(reward) >= smooth:
         ma = np.convolve(reward, np.ones(smooth) / smooth, mode="valid")
         ax[0].plot(steps[smooth - 1 :], ma, color="C0", lw=2.2, label=f"train reward ({smooth}-step mean)")
     lo = -0.02
     if metrics and "anchor/mean" in metrics[0]:
         anchor = np.array([m["anchor/mean"] for m in metrics], dtype=float)
-        ax[0].plot(steps, anchor, color="C1", ls="--", lw=1.2, label="PVPO anchor: reference policy's mean on the same prompts")
+        ax[0].plot(steps, anchor, color="C1", ls="--", lw=1.2, label="PVPO anchor (reference policy, same prompts)")
         if len(reward) >= smooth:
             gain = np.convolve(reward - anchor, np.ones(smooth) / smooth, mode="valid")
             ax[0].plot(steps[smooth - 1 :], gain, color="C4", lw=2, label=f"reward - anchor ({smooth}-step mean)")
             ax[0].axhline(0, color="0.6", lw=0.8)
             lo = min(lo, float(gain.min()) - 0.05)
     ax[0].set_xlabel("RL step")
-    ax[0].set_title("RL training prompts (unseen in warm start)")
+    ax[0].set_title("RL training prompts (unseen in warm start)", fontsize=10)
     ax[0].set_ylim(lo, 1.02)
-    ax[0].legend(loc="upper left", fontsize=8, framealpha=0.8)
+    ax[0].legend(loc="upper left", fontsize=7.5, framealpha=0.8)
+    _cost_axis(ax[0], steps, cost)
     pts = [(0, eval_before or {})] + [(m["step"], m) for m in metrics if "eval/accuracy" in m and m is not metrics[-1]]
     if metrics:
         pts.append((steps[-1], eval_after or {}))
-    pts = [(s, e) for s, e in pts if "eval/accuracy" in e]
+    pts = [(s_, e) for s_, e in pts if "eval/accuracy" in e]
     if pts:
-        xs = [s for s, _ in pts]
+        xs = [s_ for s_, _ in pts]
         em = np.array([e["eval/accuracy"] for _, e in pts])
         se = np.array([e.get("eval/accuracy_se", 0.0) for _, e in pts])
-        ax[1].errorbar(xs, em, yerr=se, marker="s", capsize=3, color="C2", label="held-out EM (± s.e.)")
-        ax[1].plot(xs, [e["eval/reward"] for _, e in pts], marker="o", ls=":", color="C3", label="held-out reward")
-        ax[1].plot(xs, [e["eval/format_ok"] for _, e in pts], marker="^", ls=":", color="C7", label="held-out format ok")
+        ax[1].errorbar(xs, em, yerr=se, marker="s", capsize=3, color="C2", lw=2, label="held-out EM (+- s.e.)")
+        for h, mk in ((1, "v"), (2, "^"), (3, "<"), (4, ">")):
+            key = f"eval/accuracy_{h}hop"
+            if all(key in e for _, e in pts):
+                ax[1].plot(xs, [e[key] for _, e in pts], marker=mk, ls=":", color=f"C{4 + h}", label=f"held-out EM, {h}-hop")
+        ax[1].plot(xs, [e["eval/format_ok"] for _, e in pts], marker=".", ls=":", color="C7", label="held-out format ok")
     ax[1].set_xlabel("RL step")
-    ax[1].set_title(f"held-out test questions (n={int((eval_before or {}).get('eval/n', 0))}, greedy)")
+    ax[1].set_title(f"held-out test questions (n={int((eval_before or {}).get('eval/n', 0))}, greedy)", fontsize=10)
     ax[1].set_ylim(-0.02, 1.19)
-    ax[1].legend(loc="upper center", ncol=3, fontsize=8, framealpha=0.8)
+    ax[1].legend(loc="upper center", ncol=3, fontsize=7.5, framealpha=0.8)
+    _cost_axis(ax[1], steps, cost)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def learning_check(before: dict[str, float], after: dict[str, float], *, em_before: Sequence[float] = (),
+                   em_after: Sequence[float] = (), min_gain: float = 0.15, min_se: float = 3.0) -> tuple[bool, str]:
+    """Whether held-out EM rose by at least `min_gain` and by `min_se` standard errors of the gain,
+    with the sentence that says so. Given each question's EM before and after (the same questions),
+    the s.e. is the paired one, sd(after_i - before_i) / sqrt(n); otherwise sqrt(se_b^2 + se_a^2)."""
+    b, a = before.get("eval/accuracy"), after.get("eval/accuracy")
+    if b is None or a is None:
+        return False, "no held-out evaluation"
+    n = len(em_before)
+    if n > 1 and len(em_after) == n:
+        d = [y - x for x, y in zip(em_before, em_after, strict=True)]
+        mean = sum(d) / n
+        se, kind = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n), "paired"
+    else:
+        se, kind = math.sqrt(before.get("eval/accuracy_se", 0.0) ** 2 + after.get("eval/accuracy_se", 0.0) ** 2), "unpaired"
+    z = (a - b) / se if se > 0 else (float("inf") if a > b else 0.0)
+    ok = a - b >= min_gain and z >= min_se
+    return ok, (f"held-out EM {b:.3f} -> {a:.3f}: {a - b:+.3f}, {z:.1f} {kind} s.e. of the gain "
+                f"({'meets' if ok else 'misses'} the demo's bar of {min_gain:+.2f} and {min_se:.0f} s.e.)")
 
 
 def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -95,22 +137,31 @@ def summary_table(cfg: TrainConfig, result: TrainResult, timings: dict[str, floa
             ("searches per answer", "eval/searches_per_traj")]  # fmt: skip
     held += [(f"EM, {h}-hop", f"eval/accuracy_{h}hop") for h in range(1, 5) if f"eval/accuracy_{h}hop" in b]
     lines = [f"Held-out: {int(b.get('eval/n', 0))} test questions, greedy, never trained on "
-             f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).", "",
+             f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
+             "", learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[1] + ".", "",
              "| held-out | before RL | after RL | change |", "|---|---|---|---|"]  # fmt: skip
     lines += [f"| {name} | {' | '.join(ba(key))} |" for name, key in held]
     rows = [
         ("warm start", f"{len(ws)} SFT steps on {n_sft} oracle trajectories ("
                        + ("disjoint from RL and test" if cfg.data.warm_start_examples else "the RL prompts'") + "), loss "
                        + (f"{ws[0]:.3f} -> {ws[-1]:.3f}" if ws else "n/a")),  # fmt: skip
-        ("RL", f"{cfg.algorithm.estimator}, {len(m)} steps x {cfg.data.prompts_per_step} prompts x {cfg.rollout.n} rollouts, "
-               f"{n_rl} distinct train prompts"),  # fmt: skip
+        ("RL", f"{cfg.algorithm.estimator}{' + Group Sampling with GT trajectories' if cfg.algorithm.group_sampling.enabled else ''}, "
+               f"{len(m)} steps x {cfg.data.prompts_per_step} prompts x {cfg.rollout.n} rollouts, {n_rl} distinct train prompts"),  # fmt: skip
         (f"train reward, first -> last {k} steps", f"{f(_mean(m[:k], 'reward/mean'))} -> {f(_mean(m[-k:], 'reward/mean'))}"),
         (f"train reward - PVPO anchor, first -> last {k} steps",
          f"{f(_mean([{'g': r['reward/mean'] - r['anchor/mean']} for r in m[:k] if 'anchor/mean' in r], 'g'), '+.3f')} -> "
          f"{f(_mean([{'g': r['reward/mean'] - r['anchor/mean']} for r in m[-k:] if 'anchor/mean' in r], 'g'), '+.3f')}"),
         (f"train EM, first -> last {k} steps", f"{f(_mean(m[:k], 'accuracy'))} -> {f(_mean(m[-k:], 'accuracy'))}"),
+        ("rollout cost: rollouts / policy tokens / tool calls (anchor and GT included)",
+         " / ".join(f"{m[-1].get(f'cost/cum_{x}', 0):.0f}" for x in ("rollouts", "policy_tokens", "tool_calls")) if m else "n/a"),
         ("wall time (s): total / index+serve / warm start / RL+eval", " / ".join(f"{timings.get(x, 0):.0f}" for x in ("total", "setup", "warm_start", "train"))),
     ]
+    gs = m[0] if m and "gs/gt_frac" in m[0] else None
+    if gs is not None:
+        rows.insert(2, ("Group Sampling (reference accuracy over the anchor's rollouts)",
+                        f"dropped {gs['gs/dropped_frac']:.1%} / kept {gs['gs/kept_frac']:.1%} / given a GT trajectory "
+                        f"{gs['gs/gt_frac']:.1%} of {n_rl} prompts ({gs.get('gt/generated', 0):.0f} GT trajectories, "
+                        f"{gs.get('gt/failed', 0):.0f} failed)"))  # fmt: skip
     if load:
         rows.append(("load average at start / end", load))
     lines += ["", "| run | value |", "|---|---|"] + [f"| {k_} | {v} |" for k_, v in rows]

@@ -54,11 +54,14 @@ def evaluate(
     top_p: float = 1.0,
     seed: int = 0,
     batch_size: int = 64,
+    per_question: list[float] | None = None,
 ) -> dict[str, float]:
     """Roll out each of `examples` once (greedy at temperature 0, else sampled with `top_p`) and
-    return `eval_metrics` of the trajectories."""
+    return `eval_metrics` of the trajectories; `per_question`, if given, receives each one's EM."""
     loop = replace(loop, temperature=temperature, top_p=top_p)
     trajs: list[Trajectory] = []
     for start in range(0, len(examples), batch_size):
         trajs += run_agent_loop(engine, tokenizer, examples[start : start + batch_size], searcher, episode_config, loop, seed=seed + start)
+    if per_question is not None:  # each question's EM, in order: paired comparisons of two evaluations
+        per_question[:] = [t.accuracy for t in trajs]
     return eval_metrics(trajs, examples)

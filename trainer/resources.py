@@ -54,7 +54,7 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
 
         s = d.synthetic
         world = SyntheticWorld.generate(s.seed, s.n_entities, n_relations=s.n_relations, max_hops=s.max_hops,
-                                        questions_per_hop=s.questions_per_hop)  # fmt: skip
+                                        questions_per_hop=s.questions_per_hop, test_fraction=s.test_fraction)  # fmt: skip
         train, evals = world.questions("train"), world.questions("test")
         corpus_path = world.write_corpus(run_dir / "corpus.jsonl")
         protocol = episode_config(cfg).protocol

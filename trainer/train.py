@@ -61,6 +61,7 @@ class TrainResult:
     eval_after: dict[str, float] = field(default_factory=dict)
     warm_start_losses: list[float] = field(default_factory=list)
     warm_start_seconds: float = 0.0
+    eval_em: dict[str, list[float]] = field(default_factory=dict)  # evaluation tag -> each question's EM (one process)
 
 
 def step_examples(train: Sequence[QAExample], step: int, k: int, seed: int) -> list[QAExample]:
@@ -316,10 +317,13 @@ class Trainer:
             return {}
         r = self.cfg.run
         share = ddp.rank_share(self.data.eval)  # each rank evaluates its share; metrics weighted by share size
+        per_question: list[float] = []
         with self.where.autocast():
             metrics = evaluate(self.engine, self.tokenizer, share, self.searcher, self.epcfg, loop_config(self.cfg),
                                temperature=r.eval_temperature, top_p=r.eval_top_p, seed=_seed("eval", tag),
-                               batch_size=self.cfg.rollout.batch_size) if share else {}  # fmt: skip
+                               batch_size=self.cfg.rollout.batch_size, per_question=per_question) if share else {}  # fmt: skip
+        if not ddp.is_distributed():
+            self.result.eval_em[tag] = per_question
         return ddp.reduce_metrics(metrics, len(share))
 
     def train_step(self, step: int) -> dict[str, float]:
