@@ -115,7 +115,7 @@ def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(policy_dir: 
         assert it["golden_answers"] == [g.strip() for g in source[it["id"]]["golden_answers"]]  # as the loader reads them
         o = it["output"]
         assert set(o["metric_score"]) == {"em", "f1", "acc"}
-        assert o["final_response"].startswith("<think>") and o["query"].endswith(it["question"] + "\n")
+        assert o["final_response"].startswith("<search>") and o["query"].endswith(it["question"] + "\n")
         assert o["num_searches"] >= 1 and o["queries"][0] == "capital of Germany"  # a real search went out...
         assert "Doc 1(Title: Berlin)" in o["final_response"]  # ...and the loopback retriever answered it
         assert o["completion_tokens"] > 0 and o["num_turns"] >= 2 and isinstance(o["format_ok"], bool)
@@ -213,3 +213,25 @@ def test_eval_cli_errors_are_one_line_naming_the_problem(tmp_path: Path) -> None
     result = runner.invoke(app, ["eval", "--model", str(tmp_path), "--dataset", "squad", "--retriever-url", "http://127.0.0.1:9",
                                  "--out", str(tmp_path)], env=ENV)  # fmt: skip
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "'squad' is neither a file nor a known benchmark" in result.output
+
+
+@pytest.mark.slow
+def test_all_script_evaluates_the_seven_benchmarks_and_writes_the_table(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
+    from pvpo.envs.datasets import BENCHMARKS
+
+    lines = shared_data("flashrag", "bamboogle.test.jsonl").read_text().splitlines()
+    data = tmp_path / "data"
+    data.mkdir()
+    for k, b in enumerate(BENCHMARKS):  # two real questions under each benchmark's name and split
+        (data / f"{b.name}.{b.split}.jsonl").write_text("\n".join(lines[2 * k : 2 * k + 2]) + "\n")
+    out = tmp_path / "out" / "tiny"
+    env = {**os.environ, **ENV, "PVPO_DATA_DIR": str(data), "RETRIEVER_URL": retriever_url, "ENGINE": "hf",
+           "PVPO": str(Path(sys.executable).parent / "pvpo")}  # fmt: skip
+    subprocess.run([str(REPO / "scripts" / "eval" / "all.sh"), str(policy_dir), str(out), "--", "--max-new-tokens", "32",
+                    "--max-response-tokens", "512", "--max-turns", "4", "--quiet"], env=env, check=True, capture_output=True)  # fmt: skip
+    md = (out / "table.md").read_text().splitlines()
+    assert md[0] == "| Method | NQ (N=2) | TriviaQA (N=2) | PopQA (N=2) | HotpotQA (N=2) | 2Wiki (N=2) | MuSiQue (N=2) | Bamboogle (N=2) | Avg (em) |"
+    assert md[2].startswith(f"| {policy_dir.name} | ")
+    splits = {json.loads((out / b.name / "metrics.json").read_text())["split"] for b in BENCHMARKS}
+    assert splits == {"test", "dev"}
+    assert (out / "table.csv").read_text().startswith("method,nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,avg,")
