@@ -70,9 +70,10 @@ def serve(
                                        help="...or this long after its first request, whichever comes first."),
     threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                           help="torch CPU threads (default: cores - 1, leaving one to HTTP)."),
-    max_batch_chars: int = typer.Option(8192, "--max-batch-chars", min=1,
-                                        help="Characters per batch (a query counts at most 1536 + 32): bounds how "
-                                             "long one batch, and so a small request stuck behind it, can take."),
+    max_batch_chars: int = typer.Option(4096, "--max-batch-chars", min=1,
+                                        help="Padded characters per batch: queries x the widest query's length "
+                                             "(capped at 1536, +32 each). Bounds how long one batch, and so a small "
+                                             "request waiting behind it, can take."),
     no_batching: bool = typer.Option(False, "--no-batching", help="Serve each request on its own."),
     token: Optional[str] = typer.Option(None, "--token", envvar="PVPO_RETRIEVER_TOKEN", callback=_non_empty_token,
                                         help="Require 'Authorization: Bearer TOKEN' on /retrieve and /info."),

@@ -116,3 +116,55 @@ def test_server_torch_threads_default_leaves_one_core_to_the_event_loop() -> Non
 def test_batch_size_must_be_positive(bad: int) -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
         DynamicBatcher(Recorder(), max_batch_size=bad)
+
+
+class BatchLog:
+    """A search function that records each batch's queries and takes `per_batch_s`."""
+
+    def __init__(self, per_batch_s: float = 0.0) -> None:
+        self.batches: list[list[str]] = []
+        self.per_batch_s = per_batch_s
+
+    def __call__(self, queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        self.batches.append(list(queries))
+        time.sleep(self.per_batch_s)
+        return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
+
+
+def test_a_large_request_is_cut_into_batches_and_a_later_small_one_goes_first() -> None:
+    log = BatchLog(per_batch_s=0.02)
+
+    async def run() -> tuple[list, list]:
+        b = DynamicBatcher(log, max_batch_size=16, max_wait_ms=1, max_delay_ms=2)
+        await b.start()
+        big = asyncio.ensure_future(b.submit([f"big{i}" for i in range(100)], 1))
+        await asyncio.sleep(0.03)  # the large request is under way
+        small = await b.submit(["small"], 1)
+        out = await big
+        await b.stop()
+        return out, small
+
+    big, small = asyncio.run(run())
+    assert [r[0].id for r in big] == [f"big{i}" for i in range(100)] and small[0][0].id == "small"
+    assert max(len(x) for x in log.batches) <= 16
+    at = next(i for i, x in enumerate(log.batches) if "small" in x)
+    assert at <= 3 < len(log.batches) - 1  # served within a batch or two of arriving, long before the big one ends
+
+
+def test_short_and_long_queries_do_not_share_a_padded_batch() -> None:
+    from pvpo.retriever.batching import QUERY_CHAR_CAP, QUERY_OVERHEAD_CHARS
+
+    log = BatchLog()
+    longs = [f"{i}" + "x" * 3000 for i in range(12)]
+
+    async def run() -> None:
+        b = DynamicBatcher(log, max_batch_size=64, max_batch_chars=8192, max_wait_ms=50, max_delay_ms=100)
+        await b.start()
+        await asyncio.gather(b.submit([f"s{i}" for i in range(20)], 1), b.submit(longs, 1))
+        await b.stop()
+
+    asyncio.run(run())
+    kinds = [{len(q) > 100 for q in x} for x in log.batches]
+    assert all(len(k) == 1 for k in kinds), [len(x) for x in log.batches]  # never mixed
+    per_long_batch = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)
+    assert [len(x) for x in log.batches if len(x[0]) > 100] == [per_long_batch, per_long_batch, 12 - 2 * per_long_batch]
