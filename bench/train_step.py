@@ -1,0 +1,211 @@
+"""Our policy-update step against a bare transformers forward/backward on the same batch.
+
+Both sides train the same randomly initialised model (a Qwen2 built from a config dict, no
+download) on the same padded multi-turn batch (prompt + model turns + env turns, env tokens masked)
+with AdamW, and report trained tokens per second (non-padding tokens of the batch / step time):
+
+- `bare`: one `model(input_ids, attention_mask).logits`, masked mean of the response tokens'
+  log-probs as the loss, `backward`, `optimizer.step()`: the least any trainer must do;
+- `ours (loss pass)`: `micro_batches` + `accumulate` over `micro_batch_loss` (clipped surrogate,
+  entropy, KL to a reference's log-probs), grad clipping, `optimizer.step()`: the part of
+  `policy_update` that a bare step also does;
+- `ours (policy_update)`: the whole `update.policy_update`, which also recomputes the trainer's
+  log-probs of the sampled tokens before updating and the reference's for the KL term (two more
+  forwards, no gradient: the sampler / trainer mismatch statistics, the PPO denominator under
+  importance correction, and KL).
+
+Target: ours (loss pass) / bare >= 0.9. Prints one table.
+
+    python bench/train_step.py                         # CPU, a small Qwen2 shape
+    python bench/train_step.py --device cuda --dtype bfloat16 --shape qwen2.5-3b --rows 16 --gradient-checkpointing
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPES = {
+    # Qwen2.5-3B's published architecture (config.json of Qwen/Qwen2.5-3B), built with random weights
+    "qwen2.5-3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # small enough for a 2-core CPU, still a real decoder stack
+    "small": dict(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
+}
+
+
+def build_model(shape: str) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape]))
+
+
+def make_batch(rows: int, vocab: int, prompt_len: int, response_len: int, seed: int = 0):
+    """Multi-turn trajectories of varied lengths: model turns (trained) and env turns (masked)."""
+    from pvpo.trainer.trajectory import Trajectory, collate
+
+    rng = random.Random(seed)
+    trajs = []
+    for i in range(rows):
+        t = Trajectory(uid=f"q{i // 4}", prompt_ids=[rng.randrange(1, vocab) for _ in range(rng.randint(prompt_len // 2, prompt_len))])
+        budget = rng.randint(response_len // 2, response_len)
+        while len(t.response_ids) < budget:
+            k = rng.randint(16, 96)
+            t.append_model([rng.randrange(1, vocab) for _ in range(k)], [-2.0] * k)
+            t.append_env([rng.randrange(1, vocab) for _ in range(rng.randint(8, 64))])
+        t.reward = rng.random()
+        trajs.append(t)
+    return collate(trajs, 0)
+
+
+def bare_step(model, opt, batch, autocast) -> None:
+    from pvpo.trainer.losses import token_logprobs
+
+    opt.zero_grad(set_to_none=True)
+    with autocast():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, batch.prompt_len - 1 : -1]
+        lp = token_logprobs(logits, batch.response_ids)
+        loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
+    loss.backward()
+    opt.step()
+
+
+def loss_pass_step(model, opt, batch, adv, ref_lp, optim, autocast) -> None:
+    from pvpo.trainer.distributed import clip_grad_norm
+    from pvpo.trainer.micro_batch import accumulate, micro_batches
+    from pvpo.trainer.update import loss_config, micro_batch_loss
+
+    loss_cfg = loss_config(optim, norm_len=batch.loss_mask.shape[-1])
+    opt.zero_grad(set_to_none=True)
+    with autocast():
+        micros = micro_batches(batch, list(range(len(batch))), agg=loss_cfg.agg, max_tokens=optim.max_tokens_per_micro_batch,
+                               parts=optim.grad_accum)  # fmt: skip
+
+        def run(mb):
+            loss, stats, _ = micro_batch_loss(model, mb.batch, adv[mb.rows], loss_cfg, temperature=1.0,
+                                              ref_logprobs=ref_lp[mb.rows, : mb.r])  # fmt: skip
+            return loss, stats
+
+        accumulate(micros, run)
+    clip_grad_norm(list(model.parameters()), optim.grad_clip)
+    opt.step()
+
+
+def precision_report(base: torch.nn.Module, batch, where) -> None:
+    """Why float32 master weights: the log-prob gap of bf16 compute (autocast) and of bf16 weights
+    against float32, and how much of the model one AdamW step at lr 1e-6 moves in each."""
+    from pvpo.trainer.update import batch_logprobs
+
+    fp32 = copy.deepcopy(base).to(where.device).eval()
+    bf16_w = copy.deepcopy(base).to(where.device, torch.bfloat16).eval()
+    m = batch.loss_mask > 0
+    with torch.no_grad():
+        ref = batch_logprobs(fp32, batch, 1.0)
+        with torch.autocast(where.device.type, dtype=torch.bfloat16):
+            auto = batch_logprobs(fp32, batch, 1.0)
+        pure = batch_logprobs(bf16_w, batch, 1.0)
+    print(f"log-prob gap vs float32 (max / mean |d| over {int(m.sum())} model tokens): "
+          f"bf16 autocast {float((auto - ref)[m].abs().max()):.4f} / {float((auto - ref)[m].abs().mean()):.4f}, "
+          f"bf16 weights {float((pure - ref)[m].abs().max()):.4f} / {float((pure - ref)[m].abs().mean()):.4f}")  # fmt: skip
+    for name, model in (("float32", fp32), ("bfloat16", bf16_w)):
+        model.train()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+        moved = sum(int((p.detach() != b).sum()) for p, b in zip(model.parameters(), before))
+        total = sum(b.numel() for b in before)
+        print(f"one AdamW step at lr 1e-6, {name} weights: {moved / total:.1%} of {total} weights change")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=96)
+    ap.add_argument("--response-len", type=int, default=384)
+    ap.add_argument("--max-tokens-per-micro-batch", type=int, default=None)
+    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--precision", action="store_true", help="print the float32 / bf16 comparison and exit")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from pvpo.trainer.config import load_config
+    from pvpo.trainer.device import place_policy_model, place_reference_model, placement
+    from pvpo.trainer.update import batch_logprobs, policy_update
+
+    where = placement(args.device, args.dtype, "sdpa", args.gradient_checkpointing)
+    sync = (lambda: torch.cuda.synchronize(where.device)) if where.device.type == "cuda" else (lambda: None)
+    base = build_model(args.shape)
+    batch = make_batch(args.rows, SHAPES[args.shape]["vocab_size"], args.prompt_len, args.response_len).to(where.device)
+    tokens = int(batch.attention_mask.sum())
+    if args.precision:
+        precision_report(base, batch, where)
+        return
+    cfg = load_config(None, ["optim.kl_coef=0.001", "optim.mini_batches=1", "optim.grad_clip=1.0",
+                             f"optim.max_tokens_per_micro_batch={args.max_tokens_per_micro_batch or 'null'}"])  # fmt: skip
+    adv = torch.linspace(-1, 1, len(batch), device=where.device)
+    ref = place_reference_model(copy.deepcopy(base), where).eval()
+    with torch.no_grad(), where.autocast():
+        ref_lp = batch_logprobs(ref, batch, 1.0, max_tokens=args.max_tokens_per_micro_batch)
+
+    steps = {}
+    for name in ("bare", "ours (loss pass)", "ours (policy_update)"):
+        model = place_policy_model(copy.deepcopy(base), where).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        if name == "bare":
+            steps[name] = lambda m=model, o=opt: bare_step(m, o, batch, where.autocast)
+        elif name == "ours (loss pass)":
+            steps[name] = lambda m=model, o=opt: loss_pass_step(m, o, batch, adv, ref_lp, cfg.optim, where.autocast)
+        else:
+
+            def update(m=model, o=opt) -> None:
+                with where.autocast():
+                    policy_update(m, o, batch, adv, cfg.optim, temperature=1.0, seed=0, ref_model=ref)
+
+            steps[name] = update
+    # rounds interleave the three steps, so a load change on a shared machine hits them alike
+    secs: dict[str, list[float]] = {name: [] for name in steps}
+    peaks: dict[str, float] = {}
+    for r in range(args.repeats + 1):  # round 0 warms up (allocator, kernels)
+        for name, fn in steps.items():
+            if where.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(where.device)
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            if r:
+                secs[name].append(time.perf_counter() - t0)
+            peaks[name] = torch.cuda.max_memory_allocated(where.device) / 2**30 if where.device.type == "cuda" else float("nan")
+    rows = [(name, statistics.median(secs[name]), peaks[name]) for name in steps]
+
+    bare = rows[0][1]
+    print(f"shape={args.shape} device={where.device} dtype={args.dtype} rows={len(batch)} tokens={tokens} "
+          f"padded={batch.input_ids.numel()} checkpointing={args.gradient_checkpointing} "
+          f"max_tokens_per_micro_batch={args.max_tokens_per_micro_batch} threads={torch.get_num_threads()}")  # fmt: skip
+    print(f"{'step':<24}{'median s':>10}{'tokens/s':>12}{'vs bare':>9}{'peak GiB':>10}")
+    for name, s, peak in rows:
+        print(f"{name:<24}{s:>10.3f}{tokens / s:>12.0f}{bare / s:>9.2f}{peak:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
