@@ -33,7 +33,7 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: 
 
     torch.manual_seed(seed)
     examples = [QAExample(f"t/{i}", q, ("Berlin",)) for i, q in enumerate(questions)]
-    episode = EpisodeConfig(protocol=SEARCH_R1, reward="em", max_turns=4, topk=3, max_obs_chars=None)
+    episode = EpisodeConfig(protocol=SEARCH_R1, reward="em", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1")
     texts = [episode.prompt(e) for e in examples] + [p["title"] + " " + p["text"] for p in TINY_CORPUS]
     judge_prompts = [judge_prompt(q, ["Berlin"], "Berlin") for q in questions[:8]]
     texts += [SEARCH_TURN, ANSWER_TURN, JUDGE_REPLY, SEARCH_R1.correction_message(), *judge_prompts]

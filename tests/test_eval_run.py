@@ -115,7 +115,7 @@ def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(policy_dir: 
         assert it["golden_answers"] == [g.strip() for g in source[it["id"]]["golden_answers"]]  # as the loader reads them
         o = it["output"]
         assert set(o["metric_score"]) == {"em", "f1", "acc"}
-        assert o["final_response"].startswith("<search>") and o["query"].endswith(it["question"] + "\n")
+        assert o["final_response"].startswith("<search>") and o["query"].endswith(it["question"].rstrip("?") + "?\n")  # Search-R1's prompt
         assert o["num_searches"] >= 1 and o["queries"][0] == "capital of Germany"  # a real search went out...
         assert "Doc 1(Title: Berlin)" in o["final_response"]  # ...and the loopback retriever answered it
         assert o["completion_tokens"] > 0 and o["num_turns"] >= 2 and isinstance(o["format_ok"], bool)
@@ -183,6 +183,15 @@ def test_rescore_fixes_a_wrong_stored_score() -> None:
     res = rescore_items(items)
     assert res.changed_scores == 1 and res.items[0]["output"]["metric_score"] == {"em": 1.0, "f1": 1.0, "acc": 1.0}
     assert res.totals["em"] == 0.5 and items[0]["output"]["metric_score"]["em"] == 0.0  # input untouched
+
+
+def test_rescore_extract_ignores_the_envs_correction_messages() -> None:
+    from pvpo.reward import SEARCH_R1
+
+    response = "<think> hm </think>" + SEARCH_R1.correction_message() + "<think> still unsure"
+    item = {"id": "1", "question": "q", "golden_answers": ["and"], "output": {"pred": "", "final_response": response}}
+    res = rescore_items([item], extract=SEARCH_R1)
+    assert res.items[0]["output"]["pred"] == "" and res.totals["em"] == 0.0  # not the message's "<answer> and </answer>"
 
 
 def _fake_run(root: Path, method: str, dataset: str, em: float, n: int) -> None:

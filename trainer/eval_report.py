@@ -19,7 +19,7 @@ from typing import Any
 
 from pvpo.envs.datasets import BENCHMARKS, benchmark
 from pvpo.reward import TagProtocol, answer_metrics
-from pvpo.trainer.eval_run import METRICS, read_items, summarize_items
+from pvpo.trainer.eval_run import METRICS, read_items, summarize_items, without_corrections
 
 METRIC_KEYS = {"em": "em", "f1": "f1", "acc": "acc", "lasj": "lasj", "format_ok": "format_ok", "searches": "searches"}
 
@@ -38,14 +38,15 @@ class Rescored:
 
 def rescore_items(items: Sequence[Mapping[str, Any]], *, extract: TagProtocol | None = None) -> Rescored:
     """Recompute each item's `output.metric_score` from `output.pred` and `golden_answers`; with
-    `extract`, first re-read `pred` from `output.final_response` with that protocol."""
+    `extract`, first re-read `pred` from `output.final_response` with that protocol (without the
+    env's correction messages, as the env judges it)."""
     out, changed_scores, changed_preds = [], 0, 0
     for it in items:
         item = json.loads(json.dumps(it))  # a deep copy that stays plain JSON
         o = item.setdefault("output", {})
         pred = o.get("pred")
         if extract is not None:
-            new = extract.extract_answer(str(o.get("final_response", ""))) or ""
+            new = extract.extract_answer(without_corrections(str(o.get("final_response", "")), extract)) or ""
             changed_preds += new != (pred or "")
             pred = o["pred"] = new
         m = answer_metrics(pred if pred is not None else None, list(item.get("golden_answers", [])))

@@ -74,29 +74,18 @@ class EvalSettings:
 
 
 def resolve_template(name: str) -> tuple[TagProtocol, str]:
-    """(tag protocol, prompt template) of a named template: a template of `pvpo.envs.templates`
-    when that registry has it, else a tag protocol's name with the default prompt (the protocol's
-    Search-R1-worded instruction, then `Question: ...`)."""
-    import importlib.util
+    """(tag protocol, prompt template) of a name: a template of `pvpo.envs.templates` (e.g.
+    `search_r1`, Search-R1's exact training prompt, with its protocol), else a tag protocol (e.g.
+    `research`) with the default prompt (the protocol's instruction, then `Question: ...`)."""
+    from pvpo.envs.templates import available_templates, get_template
+    from pvpo.reward import available_protocols
 
-    if importlib.util.find_spec("pvpo.envs.templates") is not None:
-        from pvpo.envs import templates
-
-        getter = getattr(templates, "get_template", None)
-        if getter is not None:
-            try:
-                tpl = getter(name)
-            except KeyError:
-                tpl = None
-            if tpl is not None:
-                protocol = getattr(tpl, "protocol", None)
-                text = getattr(tpl, "prompt_template", getattr(tpl, "template", None))
-                if protocol is not None and isinstance(text, str):
-                    return (get_protocol(protocol) if isinstance(protocol, str) else protocol), text
-    try:
+    if name in available_templates():
+        tpl = get_template(name)
+        return get_protocol(tpl.protocol), tpl.prompt_template
+    if name in available_protocols():
         return get_protocol(name), DEFAULT_PROMPT
-    except KeyError as e:
-        raise EvalError(f"unknown template {name!r}: {e.args[0]}") from None
+    raise EvalError(f"unknown template {name!r}; known templates: {available_templates()}, tag protocols: {available_protocols()}")
 
 
 def episode_config(settings: EvalSettings) -> EpisodeConfig:
@@ -119,6 +108,7 @@ class Outcome:
     prompt_tokens: int
     completion_tokens: int
     stop_reason: str
+    format_ok: bool = False
     queries: list[str] = field(default_factory=list)
 
 
@@ -130,9 +120,16 @@ class EvalPolicy(Protocol):
                 settings: EvalSettings, *, seed: int) -> list[Outcome]: ...  # fmt: skip
 
 
+def without_corrections(response: str, protocol: TagProtocol) -> str:
+    """A response without the env's correction messages (whose literal tags are not the agent's):
+    the text the env judges."""
+    return response.replace(protocol.correction_message(), "")
+
+
 def search_queries(response: str, protocol: TagProtocol, n: int) -> list[str]:
     """The first `n` search queries of a response (the ones the env ran)."""
-    found = [s.content.strip() for s in protocol.segments(response) if s.tag == protocol.search and s.closed]
+    text = without_corrections(response, protocol)
+    found = [s.content.strip() for s in protocol.segments(text) if s.tag == protocol.search and s.closed]
     return found[:n]
 
 
@@ -154,13 +151,14 @@ class TokenPolicy:
                           chat_template=chat)  # fmt: skip
         trajs = run_agent_loop(self.engine, self.tokenizer, examples, searcher, episode, loop, seed=seed)
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
-        # The prediction is read from the response written out (not the env's, which also holds
-        # an observation the budget cut off), so `rescore --extract` finds the same answer.
+        # Prediction and format are the env's (it judges the response without its correction
+        # messages, as in training).
         return [
             Outcome(
                 prompt=self.tokenizer.decode(t.prompt_ids, skip_special_tokens=False),
                 response=t.response_text,
-                prediction=protocol.extract_answer(t.response_text),
+                prediction=t.prediction,
+                format_ok=bool(t.reward_components.get("format", 0.0)),
                 num_searches=t.num_tool_calls,
                 num_turns=t.num_turns,
                 prompt_tokens=len(t.prompt_ids),
@@ -206,7 +204,7 @@ def item_id(example: QAExample) -> str:
     return example.uid.split("/", 1)[1] if "/" in example.uid else example.uid
 
 
-def prediction_item(example: QAExample, outcome: Outcome, protocol: TagProtocol) -> dict[str, Any]:
+def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
     """One FlashRAG-layout item (see the module docstring)."""
     golds = list(example.golden_answers)
     m = answer_metrics(outcome.prediction, golds)
@@ -224,7 +222,7 @@ def prediction_item(example: QAExample, outcome: Outcome, protocol: TagProtocol)
             "num_turns": outcome.num_turns,
             "prompt_tokens": outcome.prompt_tokens,
             "completion_tokens": outcome.completion_tokens,
-            "format_ok": bool(protocol.check_format(outcome.response).ok),
+            "format_ok": outcome.format_ok,
             "stop_reason": outcome.stop_reason,
         },
     }
@@ -342,7 +340,6 @@ def run_eval(
     run = {**dict(meta), "n": len(examples), "settings": asdict(settings)}
     _check_same_run(out, run)
     episode = episode_config(settings)
-    protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
     pred_path = out / PREDICTIONS
     done = {str(it["id"]) for it in load_done(pred_path)}
     wanted = {item_id(ex) for ex in examples}
@@ -360,7 +357,7 @@ def run_eval(
             if not todo:
                 continue
             outcomes = policy.rollout(todo, searcher, episode, settings, seed=settings.seed + start)
-            _append(pred_path, [prediction_item(ex, o, protocol) for ex, o in zip(todo, outcomes, strict=True)])
+            _append(pred_path, [prediction_item(ex, o) for ex, o in zip(todo, outcomes, strict=True)])
             bar.update(len(todo))
     finally:
         bar.close()

@@ -160,6 +160,7 @@ class OpenAIPolicy:
             first_prompt_tokens = [0] * n
             stop = [""] * n
             searches = [0] * n
+            final: list[dict[str, Any]] = [{} for _ in range(n)]  # the env's verdict when each ended
             active = list(range(n))
             pool = ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, n)))
             try:
@@ -181,11 +182,11 @@ class OpenAIPolicy:
                         used[i] += r.completion_tokens
                         if r.finish == "length" and used[i] >= settings.max_response_tokens:
                             turns[i].append((r.text, ""))
-                            env.finish(i, r.text)
+                            final[i] = env.finish(i, r.text)[1]
                             stop[i] = "budget"
                         elif r.finish == "eos" and protocol.parse_action(r.text).kind is not ActionKind.ANSWER:
                             turns[i].append((r.text, ""))
-                            env.finish(i, r.text)
+                            final[i] = env.finish(i, r.text)[1]
                             stop[i] = "eos"
                         else:
                             actions[i] = r.text
@@ -193,15 +194,17 @@ class OpenAIPolicy:
                     obs, _, terminated, truncated, infos = env.step(actions)
                     active = []
                     for i in stepped:
-                        searches[i] = int(info_at(infos, i).get("num_searches", 0))
+                        info = info_at(infos, i)
+                        searches[i] = int(info.get("num_searches", 0))
                         if terminated[i] or truncated[i]:
+                            final[i] = info
                             turns[i].append((actions[i], ""))
                             stop[i] = "answer" if terminated[i] else "max_turns"
                             continue
                         turns[i].append((actions[i], obs[i]))
                         active.append(i)
                 for i in active:  # only when settings.max_turns < the episode's max_turns
-                    env.finish(i, "")
+                    final[i] = env.finish(i, "")[1]
                     stop[i] = "max_turns"
             finally:
                 pool.shutdown(wait=True)
@@ -209,8 +212,9 @@ class OpenAIPolicy:
             for i in range(n):
                 response = "".join(t + o for t, o in turns[i])
                 outcomes.append(Outcome(
-                    prompt=prompts[i], response=response, prediction=protocol.extract_answer(response),
-                    num_searches=searches[i], num_turns=len(turns[i]), prompt_tokens=first_prompt_tokens[i],
+                    prompt=prompts[i], response=response, prediction=final[i].get("prediction"),
+                    format_ok=bool(final[i].get("format_ok", False)), num_searches=searches[i],
+                    num_turns=len(turns[i]), prompt_tokens=first_prompt_tokens[i],
                     completion_tokens=used[i], stop_reason=stop[i],
                     queries=search_queries(response, protocol, searches[i]),
                 ))  # fmt: skip
