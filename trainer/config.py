@@ -108,7 +108,9 @@ class DataConfig(_Section):
 
 
 class RetrieverConfig(_Section):
-    url: str | None = None  # an existing /retrieve server; null = index the corpus and serve on loopback
+    # an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g.
+    # one per node of a multi-node run); null = index the corpus and serve on loopback
+    url: str | list[str] | None = None
     index_dir: str | None = None  # reuse a built index; null = build under the run dir
     encoder: str | None = None  # sentence-transformers model; null = the packaged MiniLM
     topk: int = Field(2, ge=1)
