@@ -284,3 +284,28 @@ def test_the_search_r1_recipe_loads_with_search_r1s_limits():
     cfg = load_config(recipe, ["rollout.engine=hf"])  # the vllm engine needs vLLM installed to validate
     assert (cfg.rollout.n, cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.retriever.topk) == (5, 4, 500, 3)
     assert (cfg.env.prompt_template, cfg.model.dtype, cfg.algorithm.estimator) == ("search_r1", "bfloat16", "pvpo")
+
+
+def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template(tmp_path):
+    from test_trainer_core import TINY as TINY_RUN
+    from test_trainer_core import WORLD, OverlapSearcher
+    from transformers import AutoModelForCausalLM
+
+    from pvpo.trainer.policy import build_tiny_policy, save_policy
+    from pvpo.trainer.resources import episode_config
+    from pvpo.trainer.train import train
+
+    texts = [p.contents for p in WORLD.passages] + [q.question for q in WORLD.questions("train")]
+    policy = build_tiny_policy(texts, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                                                      intermediate_size=64, vocab_size=400),
+                               tags=("think", "search", "information", "answer"))  # fmt: skip
+    policy.tokenizer.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
+    folder = tmp_path / "hf_model"
+    save_policy(policy, folder)
+    over = [*TINY_RUN, f"model.path={folder}", "model.chat_template=true", "env.prompt_template=search_r1", "run.steps=1"]
+    cfg = load_config(None, over)
+    ex = WORLD.questions("train")[0]
+    assert episode_config(cfg).prompt(ex).startswith("Answer the given question. You must conduct reasoning inside <think>")
+    train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    saved = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "checkpoints" / "step_000001" / "policy"))
+    assert saved.config.num_hidden_layers == 1

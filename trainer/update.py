@@ -47,6 +47,7 @@ def batch_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, mic
     """Log-probs `[B, R]` of the response tokens under `model` (the frozen reference, or the
     policy before its update), without gradient, `micro` rows and at most `max_tokens` padded
     tokens at a time (0 beyond each row's response)."""
+    batch = batch.to(next(model.parameters()).device)
     return batch_forward(batch, lambda sub: token_logprobs(response_logits(model, sub), sub.response_ids, temperature),
                          max_tokens=max_tokens, max_rows=micro)  # fmt: skip
 
