@@ -47,11 +47,11 @@ def _rows(run: Path) -> list[dict]:
 def test_two_gloo_ranks_match_one_process_and_resume_from_a_sharded_checkpoint(tmp_path):
     single, dist = tmp_path / "single", tmp_path / "dist"
     _run(["--config", SMOKE, "--run-dir", str(single), *OVERRIDES], nproc=None)
-    # stopped after step 1 (its checkpoint written), then resumed to step 2 under torchrun again
+    # stopped after step 1 (its checkpoint written), then resumed to step 2 on 2 ranks again
     _run(["--config", SMOKE, "--run-dir", str(dist), *OVERRIDES, "run.steps=1"], nproc=2)
     ckpt = dist / "checkpoints" / "step_000001"
     assert {p.name for p in ckpt.iterdir()} >= {"dcp", "policy", "rank_0", "rank_1", "trainer_state.pt"}
-    _run(["--run-dir", str(dist), "--resume", "run.steps=2"], nproc=2)
+    _run(["--run-dir", str(dist), "--resume", "run.steps=2", "--nproc", "2"], nproc=None)  # the `pvpo train --nproc` shortcut
 
     one, two = _rows(single), _rows(dist)
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
