@@ -8,15 +8,15 @@ from pathlib import Path
 # model learns in a few dozen steps (with "<think> look it up </think>" it wrote "up </search>").
 SEARCH_TURN = "<search> capital of Germany </search>"
 ANSWER_TURN = "<answer> Berlin </answer>"
-JUDGE_REPLY = "Score: 4"
+JUDGE_REPLY = "4"  # a bare digit right after the prompt: "Score: 4" sometimes came out "Score: </answer>"
 
 
 def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: int = 0) -> Path:
     """A tiny Qwen2 (hidden 64, head_dim 32 so vLLM's CPU attention takes it) trained by SFT on
     `SEARCH_TURN` then, after the tiny retriever's passages, `ANSWER_TURN` for `questions`, and
     on `JUDGE_REPLY` after LLM-judge prompts about them; saved as an HF folder at `out` (reused
-    when already there). Greedy, it searches and then often answers "Berlin" (EM 0 on real
-    questions, some turns malformed), and grades "Score: 4"."""
+    when already there). Greedy, on questions like these it searches once, then answers
+    "Berlin" (EM 0 on real questions), and as a judge replies "4"."""
     if (out / "config.json").exists():
         return out
     import torch

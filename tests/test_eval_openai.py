@@ -125,7 +125,7 @@ def test_llm_judge_over_vllm_server_scores_caches_and_reports(policy_dir: Path, 
     for it in items:  # a verdict is the parsed reply of the server; no answer scores 0 without a request
         o = it["output"]
         assert o["metric_score"]["lasj"] == (parse_score(o["judge_reply"]) if o["pred"] else 0)
-        assert o["judge_reply"] == (JUDGE_REPLY if o["pred"] else "")  # the tiny judge learned "Score: 4"
+        assert o["judge_reply"] == (JUDGE_REPLY if o["pred"] else "")  # the tiny judge learned to reply "4"
     parsed = [it for it in answered if it["output"]["metric_score"]["lasj"] is not None]
     run = tmp_path / "run" / "bamboogle"
     metrics = json.loads((run / "metrics.json").read_text())
@@ -147,3 +147,12 @@ def test_openai_errors_name_the_endpoint_and_status(server: str) -> None:
     client = OpenAIClient(server, "no-such-model", retries=1, backoff=0.01)
     with pytest.raises(OpenAIError, match=r"completions failed after 1 attempt\(s\): HTTP 404"):
         client.post("completions", {"prompt": "x", "max_tokens": 1})
+
+
+def test_vllm_engine_evaluates_with_top_p_below_one(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
+    # Training refuses top_p < 1; evaluation takes PVPO's T = 0.6, top-p = 0.95, seeded per request.
+    items = _eval(tmp_path / "v", retriever_url, "--model", str(policy_dir), "--engine", "vllm",
+                  "--temperature", "0.6", "--top-p", "0.95", "--seed", "3")  # fmt: skip
+    metrics = json.loads((tmp_path / "v" / "bamboogle" / "metrics.json").read_text())
+    assert (metrics["engine"], metrics["settings"]["temperature"], metrics["settings"]["top_p"]) == ("vllm", 0.6, 0.95)
+    assert len(items) == 12 and sum(it["output"]["num_searches"] >= 1 for it in items) >= 6
