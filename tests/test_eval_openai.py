@@ -138,7 +138,7 @@ def test_llm_judge_over_vllm_server_scores_caches_and_reports(policy_dir: Path, 
     again = judge_run(run, Judge(client, api="chat", concurrency=4), show_progress=False)
     assert client.requests == 0 and again["lasj_cached"] == len(items)  # every reply came from the cache
     table = runner.invoke(app, ["eval", "report", str(tmp_path / "run"), "--metric", "lasj"], env=ENV).output
-    assert f"| {policy_dir.name} | {metrics['lasj']:.3f} |" in table
+    assert f"| {policy_dir.parent.name}/policy | {metrics['lasj']:.3f} |" in table
 
 
 def test_openai_errors_name_the_endpoint_and_status(server: str) -> None:

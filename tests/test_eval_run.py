@@ -129,7 +129,7 @@ def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(policy_dir: 
     assert rescore_file(run / "predictions.jsonl", extract=__import__("pvpo.reward", fromlist=["SEARCH_R1"]).SEARCH_R1).changed_preds == 0
 
     table = _invoke(["eval", "report", str(out), "--csv", str(tmp_path / "t.csv")]).output
-    assert "| Bamboogle (N=10) | Avg (em) |" in table and f"| {policy_dir.name} | {metrics['em']:.3f} |" in table
+    assert "| Bamboogle (N=10) | Avg (em) |" in table and f"| {policy_dir.parent.name}/policy | {metrics['em']:.3f} |" in table  # a checkpoint's policy folder
     assert (tmp_path / "t.csv").read_text().splitlines()[0] == "method,bamboogle,avg,n_bamboogle"
 
     again = runner.invoke(app, _eval_args(policy_dir, str(data), retriever_url, out, "--limit", "10", "--sample-seed", "4"), env=ENV)
@@ -237,10 +237,10 @@ def test_all_script_evaluates_the_seven_benchmarks_and_writes_the_table(policy_d
     env = {**os.environ, **ENV, "PVPO_DATA_DIR": str(data), "RETRIEVER_URL": retriever_url, "ENGINE": "hf",
            "PVPO": str(Path(sys.executable).parent / "pvpo")}  # fmt: skip
     subprocess.run([str(REPO / "scripts" / "eval" / "all.sh"), str(policy_dir), str(out), "--", "--max-new-tokens", "32",
-                    "--max-response-tokens", "512", "--max-turns", "4", "--quiet"], env=env, check=True, capture_output=True)  # fmt: skip
+                    "--max-response-tokens", "512", "--max-turns", "4", "--quiet", "--label", "tiny-sft"], env=env, check=True, capture_output=True)  # fmt: skip
     md = (out / "table.md").read_text().splitlines()
     assert md[0] == "| Method | NQ (N=2) | TriviaQA (N=2) | PopQA (N=2) | HotpotQA (N=2) | 2Wiki (N=2) | MuSiQue (N=2) | Bamboogle (N=2) | Avg (em) |"
-    assert md[2].startswith(f"| {policy_dir.name} | ")
+    assert md[2].startswith("| tiny-sft | ")
     splits = {json.loads((out / b.name / "metrics.json").read_text())["split"] for b in BENCHMARKS}
     assert splits == {"test", "dev"}
     assert (out / "table.csv").read_text().startswith("method,nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,avg,")

@@ -130,7 +130,7 @@ def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], o
     else:
         policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)  # type: ignore[arg-type]
         model_id = str(Path(model).resolve())  # type: ignore[arg-type]
-    name = label or (model_name if engine == "openai" else Path(model).name)  # type: ignore[arg-type]
+    name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
     with RetrieverClient(retriever_urls, topk=settings.topk) as searcher:
         for ds in resolved:
             examples = sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed)
@@ -144,6 +144,13 @@ def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], o
                 s = judge_run(run_dir, judge, show_progress=not quiet)
                 line += f"  LasJ {s['lasj_mean']:.3f}/5 {s['lasj_distribution']}"
             typer.echo(f"{line}  -> {run_dir}")
+
+
+def _model_label(path: Path) -> str:
+    """A table row name for a model folder: its name, with its parent's for a checkpoint's
+    `policy` folder (`step_001005/policy`)."""
+    path = path.resolve()
+    return f"{path.parent.name}/{path.name}" if path.name in ("policy", "hf", "model") else path.name
 
 
 @eval_app.command("report")
