@@ -78,3 +78,19 @@ def test_restore_stop_puts_back_the_stripped_stop_string(text: str, finish: str,
 
 def test_restore_stop_uses_the_protocols_tags() -> None:
     assert restore_stop("<answer> \\boxed{B}", "stop", None, RESEARCH) == ("<answer> \\boxed{B}</answer>", "stop")
+
+
+def test_openai_client_retries_an_unreachable_endpoint_then_names_it() -> None:
+    import socket
+    import time
+
+    from pvpo.trainer.openai_engine import OpenAIClient, OpenAIError
+
+    with socket.socket() as s:  # a loopback port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = OpenAIClient(f"http://127.0.0.1:{port}/v1", "m", retries=2, backoff=0.05)
+    start = time.perf_counter()
+    with pytest.raises(OpenAIError, match=rf"127.0.0.1:{port}/v1/chat/completions failed after 3 attempt\(s\): ConnectError"):
+        client.post("chat/completions", {"messages": []})
+    assert client.requests == 3 and time.perf_counter() - start >= 0.05 + 0.1  # backoff 0.05, then 0.1 (x 1-2 jitter)
