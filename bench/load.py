@@ -9,7 +9,7 @@ on a 2-core machine is taken from the server. All traffic goes to 127.0.0.1 and 
 `--seconds` per phase.
 
     .venv/bin/python bench/load.py [--clients 256] [--seconds 30] [--index DIR]
-        [--large-clients 2] [--large-queries 256] [--large-chars 2048]
+        [--large-clients 2] [--large-queries 32] [--large-chars 2048]
 """
 
 from __future__ import annotations
@@ -115,14 +115,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(index: Path, port: int) -> subprocess.Popen:
+def _serve(index: Path, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--port", str(port),
            "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    # stderr to a file, not a pipe: an unread pipe fills up and blocks the server's logging
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, HF_HUB_OFFLINE="1"))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc
@@ -146,7 +148,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
     ap.add_argument("--index", type=Path, help="index directory (default: the tiny test index, built in a temp dir)")
     ap.add_argument("--large-clients", type=int, default=2)
-    ap.add_argument("--large-queries", type=int, default=256, help="queries per large request")
+    ap.add_argument("--large-queries", type=int, default=32, help="queries per large request")
     ap.add_argument("--large-chars", type=int, default=2048, help="characters per query of a large request")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -159,7 +161,7 @@ def main() -> None:
 
             index = build_tiny_index(Path(tmp) / "tiny")
         port = _free_port()
-        server = _serve(index, port)
+        server = _serve(index, port, Path(tmp) / "server.log")
         try:
             rng = random.Random(0)
             small = [(json.dumps({"queries": [q], "topk": 3}).encode(), 1) for q in SMALL_QUERIES]
@@ -174,8 +176,9 @@ def main() -> None:
                 s, l = asyncio.run(_phase(port, args.clients, args.seconds, n_large, large if n_large else None, small))
                 rows.append(_row(name, args.seconds, s, l, sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0))
                 time.sleep(1.0)
-            info = httpx.get(f"http://127.0.0.1:{port}/info").json()["batching"]
+            info = httpx.get(f"http://127.0.0.1:{port}/info", timeout=30).json()["batching"]
             rss1 = _rss_mb(server.pid)
+            errors = [line for line in (Path(tmp) / "server.log").read_text().splitlines() if "Error" in line]
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -185,7 +188,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
     print(f"\nserver RSS {rss0:.0f} MB before, {rss1:.0f} MB after; batches {info['batches']}, queries searched "
-          f"{info['queries']}, dropped (client gone) {info['dropped']}, pending at the end {info['pending']}")
+          f"{info['queries']}, dropped (client gone) {info['dropped']}, pending at the end {info['pending']}; "
+          f"error lines in the server log: {len(errors)}" + "".join(f"\n  {e}" for e in errors[:5]))
 
 
 if __name__ == "__main__":

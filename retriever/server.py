@@ -126,7 +126,7 @@ def create_app(
             gone.cancel()
             if not work.done():
                 work.cancel()  # the client went away (or the server stops): drop its queries
-        if work.cancelled():
+        if not work.done() or work.cancelled():
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         try:
             results = work.result()

@@ -168,3 +168,31 @@ def test_short_and_long_queries_do_not_share_a_padded_batch() -> None:
     assert all(len(k) == 1 for k in kinds), [len(x) for x in log.batches]  # never mixed
     per_long_batch = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)
     assert [len(x) for x in log.batches if len(x[0]) > 100] == [per_long_batch, per_long_batch, 12 - 2 * per_long_batch]
+
+
+def test_a_large_request_still_advances_under_a_steady_stream_of_small_ones() -> None:
+    log = BatchLog(per_batch_s=0.005)
+
+    async def run() -> int:
+        b = DynamicBatcher(log, max_batch_size=8, max_wait_ms=1, max_delay_ms=2)
+        await b.start()
+        big = asyncio.ensure_future(b.submit([f"big{i}" for i in range(24)], 1))
+        stop = False
+
+        async def small_client(c: int) -> None:
+            i = 0
+            while not stop:
+                await b.submit([f"s{c}-{i}"], 1)
+                i += 1
+
+        clients = [asyncio.ensure_future(small_client(c)) for c in range(16)]  # always more than a batch waiting
+        await asyncio.wait_for(big, timeout=20)
+        stop = True
+        await asyncio.gather(*clients)
+        await b.stop()
+        return len(log.batches)
+
+    batches = asyncio.run(run())
+    big_batches = [x for x in log.batches if any(q.startswith("big") for q in x)]
+    assert len(big_batches) == 3  # 24 queries in batches of 8
+    assert batches < 3 * 3 + 8  # at least every third batch served the large request
