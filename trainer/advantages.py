@@ -9,8 +9,12 @@ Groups are formed by `uid` (the prompt id), never by position: members of one gr
 anywhere in the batch. Extra keyword arguments are accepted and ignored by estimators that do not
 use them, so later estimators (GDPO's per-component rewards, prior fusion's priors, GT-injection
 flags) add keywords without changing the call site. The group helpers below reduce over dim 0 and
-work on `[B]` as well as `[B, K]` (K reward components), which GDPO will reuse.
+work on `[B]` as well as `[B, K]` (K reward components), which GDPO reuses.
 Token-level estimators (PPO with GAE) register with `level="token"` and return `[B, T]`.
+
+Registered here: `grpo`, `dr_grpo`, `rloo`, `pvpo`; in their own modules (imported at the end of
+this one, so the registry is complete whichever is imported first): `gdpo` (gdpo.py), `v05` and
+`v05_value` (prior_fusion.py), `ppo` (gae.py).
 """
 
 from __future__ import annotations
@@ -210,26 +214,36 @@ def pvpo(
 
 def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token advantages `[B, T]`: each trajectory's advantage on its model tokens (mask 1),
-    0 on environment and padding tokens (mask 0)."""
+    0 on environment and padding tokens (mask 0). Token-level advantages (`[B, T]` already, e.g.
+    PPO's GAE) are masked the same way."""
+    if adv.dim() == 2 and adv.shape == mask.shape:
+        return adv * mask.to(adv.dtype)
     if adv.dim() != 1 or mask.dim() != 2 or adv.shape[0] != mask.shape[0]:
-        raise ValueError(f"expected adv [B] and mask [B, T], got {tuple(adv.shape)} and {tuple(mask.shape)}")
+        raise ValueError(f"expected adv [B] or [B, T] and mask [B, T], got {tuple(adv.shape)} and {tuple(mask.shape)}")
     return adv.unsqueeze(1) * mask.to(adv.dtype)
 
 
-def advantage_stats(adv: torch.Tensor, uids: Sequence[str], *, atol: float = 1e-8) -> dict[str, float]:
+def advantage_stats(adv: torch.Tensor, uids: Sequence[str], *, atol: float = 1e-8,
+                    mask: torch.Tensor | None = None) -> dict[str, float]:
     """Batch metrics for logging: mean/std/min/max of the per-trajectory advantages and the
     fraction of groups whose advantages are all (numerically) zero, i.e. groups that give no
-    learning signal."""
+    learning signal. Token-level advantages `[B, T]` with their loss `mask` are summarised over
+    the model tokens only (padding and env tokens are not advantages)."""
     _check(adv, uids)
     flat = adv.detach().double().reshape(adv.shape[0], -1)
     idx, groups = group_index(uids, adv.device)
     nonzero = torch.zeros(len(groups), dtype=torch.float64, device=adv.device)
     nonzero.index_add_(0, idx, (flat.abs() > atol).any(dim=1).double())
+    vals = flat[mask.to(adv.device) > 0] if mask is not None and adv.dim() == 2 and bool((mask > 0).any()) else flat.reshape(-1)
     return {
-        "adv/mean": float(flat.mean()),
-        "adv/std": float(flat.std()) if flat.numel() > 1 else 0.0,
-        "adv/min": float(flat.min()),
-        "adv/max": float(flat.max()),
+        "adv/mean": float(vals.mean()),
+        "adv/std": float(vals.std()) if vals.numel() > 1 else 0.0,
+        "adv/min": float(vals.min()),
+        "adv/max": float(vals.max()),
         "adv/zero_group_frac": float((nonzero == 0).double().mean()),
         "adv/num_groups": float(len(groups)),
     }
+
+
+# The estimators of their own modules register on import (they import the helpers above).
+from pvpo.trainer import gae, gdpo, prior_fusion  # noqa: E402,F401

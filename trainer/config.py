@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pvpo.trainer.estimator_config import GDPOConfig, PPOConfig, PriorFusionConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -291,6 +293,10 @@ class AlgorithmConfig(_Section):
     anchor: AnchorConfig = AnchorConfig()
     group_sampling: GroupSamplingConfig = GroupSamplingConfig()
     gt: GTConfig = GTConfig()
+    # settings of the gdpo / v05, v05_value / ppo estimators (trainer/estimator_config.py)
+    gdpo: GDPOConfig = GDPOConfig()
+    prior_fusion: PriorFusionConfig = PriorFusionConfig()
+    ppo: PPOConfig = PPOConfig()
 
     @model_validator(mode="after")
     def _gt_fits_group(self) -> AlgorithmConfig:

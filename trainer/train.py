@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from pvpo.envs.data import QAExample
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.advantages import advantage_stats, get_estimator
+from pvpo.trainer.advantage_inputs import VALUE_MODEL_FILE, AdvantageInputs
 from pvpo.trainer.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.anchor import AnchorStore, build_anchor, needs_refresh
 from pvpo.trainer.checkpoint import (atomic_write_dir, latest_checkpoint, load_trainer_state, load_weights, read_jsonl,
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 WARM_START_FILE = "warm_start.json"  # the warm start's losses and questions, for reports and resumes
 ANCHOR_FILE, PARTITION_FILE, GT_FILE = "anchor.json", "group_sampling.json", "gt_cache.json"
-STATE_FILES = (ANCHOR_FILE, PARTITION_FILE, GT_FILE)  # checkpointed with the weights: a resume sees them as they were
+STATE_FILES = (ANCHOR_FILE, PARTITION_FILE, GT_FILE, VALUE_MODEL_FILE)  # checkpointed with the weights: a resume sees them as they were
 
 
 @dataclass
@@ -101,6 +102,7 @@ class Trainer:
         m = cfg.model
         self.where = placement(m.device, m.dtype, m.attn_implementation, m.gradient_checkpointing)
         self.where.sharded = ddp.is_distributed()
+        ddp.check_supported(cfg)
         self.memory = PhaseMemory(self.where.device)
         place_policy_model(policy.model, self.where)
         self.model, self.tokenizer = policy.model, policy.tokenizer
@@ -139,6 +141,8 @@ class Trainer:
         self.anchor = AnchorStore(run_dir / ANCHOR_FILE, source="reference") if alg.uses_anchor else None
         self.partition: Partition | None = load_partition(run_dir / PARTITION_FILE) if gs.enabled else None
         self.gt_cache = GTCache(run_dir / GT_FILE) if gs.enabled else None
+        # gdpo's components, v05's prior and budget, ppo's critic (trainer/advantage_inputs.py)
+        self.adv_inputs = AdvantageInputs(cfg, self.model, device=self.where.device, run_dir=run_dir)
         if ckpt is not None and ddp.is_distributed():
             state = load_sharded_checkpoint(ckpt, model=self.model, optimizer=self.optimizer)
             self.engine.sync_weights(self.model)
@@ -154,6 +158,7 @@ class Trainer:
             self.start_step = int(state["step"])
             if "cost" in state.get("extra", {}):
                 self.cost.load_state_dict(state["extra"]["cost"])
+            self.adv_inputs.load_state_dict(state.get("extra", {}))
         if ddp.is_main():
             dump_config(cfg, run_dir / "config.yaml")
         # every rank logs the reduced metrics; rank 0's are the run's, the others' go under ranks/
@@ -336,11 +341,16 @@ class Trainer:
         t0 = time.perf_counter()
         self.engine.wake_up()
         with self.memory.phase("rollout"):
-            trajs = self.rollout(group, seed=_seed(cfg.run.seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group))) + injected
+            trajs = self.rollout(group, seed=_seed(cfg.run.seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group)))
+            trajs += self.adv_inputs.extra_rollouts(  # V0.5's adaptive budget: more rollouts for some prompts, counted
+                prompts, trajs, lambda exs, rnd: self.rollout(exs, seed=_seed(cfg.run.seed, "v05", step, rnd, ddp.rank())),
+                self.anchor.values() if self.anchor is not None else None)  # fmt: skip
+            trajs += injected
         t1 = time.perf_counter()
         batch = collate(trajs, self.tokenizer.pad_token_id)
         anchors = self.anchor.values() if self.anchor is not None else None
-        adv = self.estimator(batch.rewards, batch.uids, anchors=anchors)
+        adv_kwargs = self.adv_inputs.kwargs(trajs, batch)
+        adv = self.estimator(batch.rewards, batch.uids, anchors=anchors, **adv_kwargs)
         self.engine.sleep()  # the KV cache is free while the trainer holds activations and grads
         try:
             with self.memory.phase("train"), self.where.autocast():
@@ -348,12 +358,13 @@ class Trainer:
                                       seed=_seed(cfg.run.seed, "update", step), engine=self.engine, ref_model=self.ref_model,
                                       importance=cfg.rollout.importance_correction,
                                       default_agg=getattr(self.estimator, "loss_agg", "token-mean"),
-                                      norm_len=cfg.rollout.max_response_tokens)  # fmt: skip
+                                      norm_len=cfg.rollout.max_response_tokens) if self.adv_inputs.trains_policy(step) else {}  # fmt: skip
+                stats.update(self.adv_inputs.after_step(batch, adv_kwargs, seed=_seed(cfg.run.seed, "critic", step)))
         finally:
             self.engine.wake_up()  # evaluation and the next rollouts sample again
         t2 = time.perf_counter()
         sampled = trajs[: len(trajs) - len(injected)]
-        metrics = {**summarize(sampled), **advantage_stats(adv, batch.uids), **stats,
+        metrics = {**summarize(sampled), **advantage_stats(adv, batch.uids, mask=batch.loss_mask), **stats,
                    "time/rollout_s": t1 - t0, "time/train_s": t2 - t1}  # fmt: skip
         if anchors is not None:  # over the sampled rollouts' prompts, so reward - anchor compares like with like
             metrics["anchor/mean"] = float(np.mean([anchors[t.uid] for t in sampled])) if sampled else 0.0
@@ -388,7 +399,7 @@ class Trainer:
             if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                 save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
                 save(self.run_dir, step, model=checkpoint_view(self.model), tokenizer=self.tokenizer, optimizer=self.optimizer,
-                     extra={"cost": self.cost.state_dict()}, state_files=[self.run_dir / f for f in STATE_FILES])  # fmt: skip
+                     extra={"cost": self.cost.state_dict(), **self.adv_inputs.state_dict()}, state_files=[self.run_dir / f for f in STATE_FILES])  # fmt: skip
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0):.3f}")
             self.result.steps_done = step
             if last:

@@ -63,7 +63,8 @@ def micro_batch_loss(
     old_logprobs: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-    """(loss, stats, logits) of one micro-batch; `advantages` is `[B]` per trajectory.
+    """(loss, stats, logits) of one micro-batch; `advantages` is `[B]` per trajectory, or `[B, T]`
+    per token (PPO's GAE), masked to the model tokens either way.
     `old_logprobs` replaces the batch's sampler log-probs as the ratio denominator."""
     logits = response_logits(model, batch)
     logp = token_logprobs(logits, batch.response_ids, temperature)
@@ -148,7 +149,7 @@ def policy_update(
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r
                 loss, stats, _ = micro_batch_loss(
-                    model, mb.batch, advantages[ix], loss_cfg, temperature=temperature,
+                    model, mb.batch, advantages[ix] if advantages.dim() == 1 else advantages[ix, :r], loss_cfg, temperature=temperature,
                     ref_logprobs=ref_lp[ix, :r] if ref_lp is not None else None,
                     old_logprobs=old_lp[ix, :r] if old_lp is not None else None,
                     is_weights=is_w[ix, :r] if is_w is not None else None,

@@ -1,0 +1,108 @@
+"""V0.5 (arXiv:2603.10848): shrinkage of a value prior towards the group mean, the adaptive
+rollout budget's look-ahead, and the prompt-embedding value model. Hand-computed cases."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from pvpo.trainer.adaptive_budget import extend_groups, objective, wants_more
+from pvpo.trainer.advantages import get_estimator
+from pvpo.trainer.prior_fusion import fuse, fused_baselines
+from pvpo.trainer.value_model import PromptValueModel
+
+
+def test_shrinkage_trusts_a_prior_the_rollouts_cannot_reject():
+    # rewards 1,0,1,1: mean 0.75, unbiased s^2 = 0.25, noise s^2/k = 0.0625
+    f = fuse(0.75, 0.25, 4, 0.7)  # (0.05)^2 - 0.0625 < 0 -> D^2 = 0 (positive part) -> w = 0
+    assert (f.d2, f.w, f.mu, f.mse) == (0.0, 0.0, 0.7, 0.0)
+
+
+def test_shrinkage_moves_to_the_group_mean_when_the_prior_is_off():
+    f = fuse(0.75, 0.25, 4, 0.1)  # D^2 = 0.65^2 - 0.0625 = 0.36, w = 0.36 / 0.4225
+    assert f.d2 == pytest.approx(0.36) and f.w == pytest.approx(0.852071, abs=1e-6)
+    assert f.mu == pytest.approx(0.852071 * 0.75 + 0.147929 * 0.1, abs=1e-6)  # 0.653846
+    assert f.mse == pytest.approx(0.36 * 0.0625 / 0.4225)  # D^2 (s^2/k) / (D^2 + s^2/k) = 0.053254
+    assert fuse(0.75, 0.25, 4, None).w == 1.0  # no prior: the group mean
+
+
+def test_noise_term_is_the_empirical_variance_of_rewards_in_0_1():
+    # PVPO rewards 0.1 (format only) and 1.0: s^2 = 0.2025 * 4/3 = 0.27, not a {-1, 1} Bernoulli's
+    rewards = torch.tensor([0.1, 1.0, 0.1, 1.0])
+    _, per = fused_baselines(rewards, ["p"] * 4, {"p": 0.0})
+    assert per["p"].noise == pytest.approx(0.27 / 4)
+    assert per["p"].d2 == pytest.approx(0.55**2 - 0.0675)
+
+
+def test_v05_advantage_is_reward_minus_the_fused_baseline_with_anchor_or_given_prior():
+    r, uids = torch.tensor([1.0, 0.0, 1.0, 1.0]), ["p"] * 4
+    torch.testing.assert_close(get_estimator("v05")(r, uids, anchors={"p": 0.7}), r - 0.7)
+    est = get_estimator("v05_value")
+    assert get_estimator("v05").needs_anchors and not est.needs_anchors
+    torch.testing.assert_close(est(r, uids, prior={"p": None}), r - 0.75)  # no prior yet: group mean
+    torch.testing.assert_close(est(r, uids, prior={"p": 0.1}), r - 0.653846, atol=1e-6, rtol=0)
+
+
+def test_budget_look_ahead_hand_case():
+    # rewards 1,0,1,0 against prior 0: mean 0.5, s^2 = 1/3, D^2 = 0.25 - 1/12 = 1/6
+    # J(4) = (1/6)(1/12)/(1/4) + 4/256 = 0.071181; J(5) = (1/6)(1/15)/(7/30) + 5/256 = 0.067150
+    assert objective([1, 0, 1, 0], 0.0, 4, 1 / 256) == pytest.approx(0.071181, abs=1e-6)
+    assert objective([1, 0, 1, 0], 0.0, 5, 1 / 256) == pytest.approx(0.067150, abs=1e-6)
+    assert wants_more([1, 0, 1, 0], 0.0, k_max=16, cost=1 / 256)
+    assert not wants_more([1, 0, 1, 0], 0.5, k_max=16, cost=1 / 256)  # prior agrees: D^2 = 0, MSE 0
+    assert not wants_more([1, 0, 1, 0], 0.0, k_max=4, cost=1 / 256)  # at k_max
+
+
+def _rollout(pattern: dict[str, list[float]], log: list[int]):
+    pos = {u: 4 for u in pattern}
+
+    def rollout(examples, rnd):
+        log.append(len(examples))
+        out = []
+        for ex in examples:
+            out.append(SimpleNamespace(uid=ex.uid, reward=pattern[ex.uid][pos[ex.uid] % len(pattern[ex.uid])]))
+            pos[ex.uid] += 1
+        return out
+
+    return rollout
+
+
+def test_budget_stops_at_k_init_when_the_prior_agrees_and_spends_more_when_it_is_off():
+    exs = [SimpleNamespace(uid="agree"), SimpleNamespace(uid="off")]
+    pattern = {"agree": [1.0, 0.0], "off": [1.0, 0.0]}
+    first = [SimpleNamespace(uid=u, reward=r) for u in pattern for r in (1.0, 0.0, 1.0, 0.0)]
+    log: list[int] = []
+    new, report = extend_groups(exs, first, {"agree": 0.5, "off": 0.0}, _rollout(pattern, log), k_max=16, cost=1 / 256)
+    assert all(t.uid == "off" for t in new) and len(new) > 0  # only the prompt whose prior is off
+    assert set(log) == {1}  # one prompt a round
+    assert 4 < report["v05/k_max"] <= 16 and report["v05/extra_rollouts"] == len(new)
+    # the same rewards with no prior at all: the group mean alone, s^2 / (k (k+1)) must beat c
+    new2, _ = extend_groups(exs[:1], first[:4], {}, _rollout(pattern, []), k_max=16, cost=1 / 256)
+    # k=8 (four 1s, four 0s): s^2 = 2/7, gain s^2/(8*9) = 0.003968 > 1/256 = 0.003906 -> one more;
+    # k=9 (five 1s): s^2 = 0.277778, gain s^2/(9*10) = 0.003086 < 1/256 -> stop at 9
+    assert 4 + len(new2) == 9
+    none, rep = extend_groups(exs, first, {"agree": 0.5, "off": 0.0}, _rollout(pattern, []), k_max=16, cost=1.0)
+    assert none == [] and rep["v05/rounds"] == 0  # c too high: never worth a rollout
+
+
+def test_value_model_knn_and_ridge_over_embeddings():
+    vecs = {"q1": [1.0, 0.0], "q2": [0.0, 1.0], "q3": [0.8, 0.6]}
+    vm = PromptValueModel(lambda texts: np.asarray([vecs[t] for t in texts], dtype=np.float32), k=2)
+    assert vm.predict(["q3"], ["q3"]) == {"q3": None}  # nothing stored yet
+    vm.update(["q1", "q2"], ["q1", "q2"], [1.0, 0.0])
+    # q3's cosines: 0.8 to q1, 0.6 to q2 -> (0.8 * 1 + 0.6 * 0) / 1.4
+    assert vm.predict(["q3"], ["q3"])["q3"] == pytest.approx(0.8 / 1.4)
+    ridge = PromptValueModel(vm.embed, kind="ridge", alpha=1e-6)
+    ridge.update(["q1", "q2"], ["q1", "q2"], [1.0, 0.0])
+    assert ridge.predict(["q1"], ["q1"])["q1"] == pytest.approx(1.0, abs=1e-3)
+    with pytest.raises(ValueError, match="knn, ridge"):
+        PromptValueModel(vm.embed, kind="mlp")
+
+
+def test_value_model_store_survives_a_reload(tmp_path):
+    embed = lambda texts: np.asarray([[1.0, 0.0] for _ in texts], dtype=np.float32)  # noqa: E731
+    PromptValueModel(embed, path=tmp_path / "vm.json").update(["a"], ["x"], [0.25])
+    assert PromptValueModel(embed, path=tmp_path / "vm.json").predict(["b"], ["y"]) == {"b": 0.25}

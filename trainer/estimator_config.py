@@ -1,0 +1,73 @@
+"""Config sections of the estimators beyond the group baselines: GDPO's reward components, V0.5's
+prior fusion and adaptive rollout budget, PPO's critic and GAE (issue 15).
+
+Kept apart from `config.py` (which nests them under `algorithm`) so the estimators' settings
+live with their owner; this module imports nothing of ours, so `config.py` can import it at load.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class GDPOCondition(_Section):
+    """GDPO's conditioned reward (arXiv:2601.05242, Sec. 3.2): `component` counts only where the
+    reward component `when` reaches `threshold` (e.g. a length reward only for correct answers).
+    (Not `on`: YAML reads a bare `on` key as the boolean true.)"""
+
+    component: str
+    when: str
+    threshold: float = 1.0
+
+
+class GDPOConfig(_Section):
+    """GDPO (arXiv:2601.05242): each named reward component normalised in its group, weighted sum,
+    then normalised over the batch. Components are the reward's own (`pvpo`: format, accuracy)."""
+
+    components: list[str] | None = Field(
+        None, description="reward component names, one column each; null = every component the reward returns, sorted")
+    weights: dict[str, float] = Field(default_factory=dict, description="component -> weight; a component not named weighs 1")
+    conditions: list[GDPOCondition] = Field(default_factory=list)
+    batch_norm: bool = Field(True, description="normalise the summed advantages over the whole batch (the paper's last step)")
+
+
+class PriorFusionConfig(_Section):
+    """V0.5 (arXiv:2603.10848): baseline = w * group mean + (1 - w) * prior V, with the shrinkage
+    weight w* = D^2 / (D^2 + s^2/k); rollouts added per prompt by one-step look-ahead on
+    MSE(k) + c k, from `rollout.n` (k_init) up to `k_max`. The prior is the PVPO anchor
+    (estimator `v05`) or a value model over prompt embeddings (estimator `v05_value`)."""
+
+    k_max: int = Field(16, ge=1, description="most rollouts a prompt may get in one step (paper: 16; k_init = rollout.n, paper: 4)")
+    cost: float = Field(1 / 256, ge=0, description="c, the price of one more rollout in MSE units (paper: 1/256)")
+    adaptive: bool = Field(True, description="false: fixed rollout.n per prompt, fusion only")
+    value_model: Literal["knn", "ridge"] = Field("knn", description="v05_value's regressor over prompt embeddings")
+    knn_k: int = Field(8, ge=1, description="neighbours of the kNN value model")
+    ridge_alpha: float = Field(1.0, gt=0, description="L2 penalty of the ridge value model")
+    encoder: str | None = Field(None, description="sentence-transformers model of the prompt embeddings; null = the packaged MiniLM")
+
+
+class CriticConfig(_Section):
+    """PPO's learned critic: a copy of the policy's backbone with a scalar value head."""
+
+    lr: float = Field(1e-4, gt=0)
+    value_clip: float | None = Field(0.2, gt=0, description="PPO's clipped value loss range; null = unclipped")
+    warmup_steps: int = Field(0, ge=0, description="first steps train only the critic (the policy is not updated)")
+    epochs: int = Field(1, ge=1, description="critic passes over one rollout batch")
+    micro_batch_rows: int = Field(16, ge=1)
+    grad_clip: float | None = Field(1.0, gt=0)
+
+
+class PPOConfig(_Section):
+    """PPO with GAE (Schulman et al. 2016, arXiv:1506.02438) over the model tokens of multi-turn
+    trajectories; the outcome reward sits on each trajectory's last model token."""
+
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    whiten: bool = Field(True, description="whiten the advantages over the batch's model tokens")
+    critic: CriticConfig = CriticConfig()
