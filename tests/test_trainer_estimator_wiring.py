@@ -55,3 +55,17 @@ def test_v05_extra_rollouts_go_through_the_trainer_and_are_counted(tmp_path, mon
     sampled = 2 * 3 + m["v05/extra_rollouts"]  # 2 prompts x k_init=3, plus the budget's extra ones
     assert m["cost/rollouts"] == m["cost/cum_anchor_rollouts"] + sampled
     assert 3 < m["v05/k_mean"] <= 6 and 0.0 < m["v05/w_mean"] <= 1.0
+
+
+def test_v05_value_learns_its_prior_from_the_prompts_it_has_seen(tmp_path):
+    import json
+
+    res = _train(tmp_path, "algorithm.estimator=v05_value", "algorithm.prior_fusion.adaptive=false", "run.steps=2")
+    m1, m2 = res.metrics
+    assert m1["v05/w_mean"] == 1.0  # step 1: an empty value model, the group mean alone
+    # step 2: MiniLM kNN over step 1's prompts predicts their mean reward (0 for a random policy),
+    # which the rollouts (all 0) cannot reject: the prior is trusted
+    assert m2["v05/w_mean"] == 0.0 and m2["v05/prior_rejected_frac"] == 0.0
+    entries = json.loads((res.run_dir / "value_model.json").read_text())["entries"]
+    assert len(entries) == 4 and all(len(vec) == 384 for vec, _ in entries.values())
+    assert "anchor/mean" not in m1 and m1["cost/cum_anchor_rollouts"] == 0  # no reference rollouts
