@@ -262,3 +262,41 @@ def test_schemathesis_finds_no_contract_violation(tiny, tmp_path) -> None:
     # ~5 s here (60 examples per operation, small limits so positive cases stay cheap to search)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "No issues found" in proc.stdout
+
+
+@pytest.mark.slow
+def test_under_a_low_open_file_limit_520_idle_sockets_do_not_starve_real_requests(tmp_path) -> None:
+    import resource
+
+    from pvpo.retriever.testing import build_tiny_index
+
+    index = build_tiny_index(tmp_path / "idx")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--port", str(port), "--log-level", "warning"]
+    # the hard limit too, so `serve` cannot raise it: 256 files, of which 192 for connections
+    server = subprocess.Popen(cmd, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, HF_HUB_OFFLINE="1"))  # fmt: skip
+    idle: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert server.poll() is None and time.monotonic() < deadline, "server did not start"
+                time.sleep(0.3)
+        for _ in range(520):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)
+        for q in ("chess", "who wrote Hamlet", "capital of Japan"):
+            r = httpx.post(url + "/retrieve", json={"query": q, "k": 1}, timeout=10)
+            assert r.status_code == 200
+    finally:
+        for s in idle:
+            s.close()
+        server.terminate()
+        server.wait(timeout=30)
