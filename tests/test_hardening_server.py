@@ -135,6 +135,14 @@ def test_a_declared_length_past_the_limit_is_refused_before_the_body(guarded: Ba
         assert s.recv(65536).startswith(b"HTTP/1.1 413")
 
 
+def test_a_body_that_trickles_in_past_the_body_timeout_gets_408(tiny) -> None:
+    with BackgroundServer(tiny, body_timeout=0.5) as server, _connect(server) as s:
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                  b'{"queries": ')
+        s.settimeout(5)
+        assert s.recv(65536).startswith(b"HTTP/1.1 408")
+
+
 def test_text_plain_is_415_and_a_body_that_is_not_utf8_is_422(guarded: BackgroundServer) -> None:
     auth = {"Authorization": "Bearer s3cret"}
     r = httpx.post(guarded.url + "/retrieve", content=b'{"queries": ["chess"]}', headers={**auth, "content-type": "text/plain"})
