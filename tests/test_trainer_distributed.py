@@ -1,5 +1,5 @@
 """torchrun + FSDP2 on CPU (gloo): two ranks train the smoke config and match one process on the
-same global batch, step for step; a run stopped after its first checkpoint resumes from the
+same global batch, step for step; a run killed after its first checkpoint resumes from the
 sharded (DCP) checkpoint and lands on the same second step; the checkpoint's `policy/` folder
 loads with transformers."""
 
@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,24 @@ def _run(args: list[str], *, nproc: int | None) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
+def _run_and_kill_after_first_checkpoint(args: list[str], run: Path) -> None:
+    """Start a 2-rank run and SIGKILL its whole process group as soon as `latest` names step 1."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pvpo.cli", "train", *args]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    latest = run / "checkpoints" / "latest"
+    deadline = time.monotonic() + 600
+    try:
+        while not (latest.exists() and latest.read_text().strip() == "step_000001"):
+            assert proc.poll() is None, f"the run ended before its first checkpoint: {proc.stderr.read()[-4000:]}"
+            assert time.monotonic() < deadline, "no checkpoint within 600 s"
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # killed during step 2: its checkpoint never became `latest`
+    assert latest.read_text().strip() == "step_000001"
+
+
 def _rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
@@ -47,8 +67,8 @@ def _rows(run: Path) -> list[dict]:
 def test_two_gloo_ranks_match_one_process_and_resume_from_a_sharded_checkpoint(tmp_path):
     single, dist = tmp_path / "single", tmp_path / "dist"
     _run(["--config", SMOKE, "--run-dir", str(single), *OVERRIDES], nproc=None)
-    # stopped after step 1 (its checkpoint written), then resumed to step 2 on 2 ranks again
-    _run(["--config", SMOKE, "--run-dir", str(dist), *OVERRIDES, "run.steps=1"], nproc=2)
+    # killed (SIGKILL, launcher and both ranks) once step 1's checkpoint is in place, then resumed on 2 ranks
+    _run_and_kill_after_first_checkpoint(["--config", SMOKE, "--run-dir", str(dist), *OVERRIDES], dist)
     ckpt = dist / "checkpoints" / "step_000001"
     assert {p.name for p in ckpt.iterdir()} >= {"dcp", "policy", "rank_0", "rank_1", "trainer_state.pt"}
     _run(["--run-dir", str(dist), "--resume", "run.steps=2", "--nproc", "2"], nproc=None)  # the `pvpo train --nproc` shortcut
