@@ -77,12 +77,15 @@ def fused_baselines(rewards: torch.Tensor, uids: Sequence[str], prior: Mapping[s
 
 def fusion_stats(per: Mapping[str, Fusion]) -> dict[str, float]:
     """Logged figures: mean weight of the group mean, share of prompts whose prior was rejected
-    (D^2 > 0), mean MSE of the baselines."""
+    (D^2 > 0), mean MSE of the baselines, and share of prompts whose rewards were all equal
+    (s^2 = 0: any deviation from the prior rejects it and the budget adds nothing; on the demo's
+    warm start at k=4 most rejections are these, see the issue-15 report)."""
     if not per:
         return {}
     fs = list(per.values())
     return {"v05/w_mean": sum(f.w for f in fs) / len(fs), "v05/prior_rejected_frac": sum(f.d2 > 0 for f in fs) / len(fs),
-            "v05/baseline_mse": sum(f.mse for f in fs) / len(fs)}  # fmt: skip
+            "v05/baseline_mse": sum(f.mse for f in fs) / len(fs),
+            "v05/zero_variance_frac": sum(f.noise == 0 for f in fs) / len(fs)}  # fmt: skip
 
 
 def _advantages(rewards: torch.Tensor, uids: Sequence[str], prior: Mapping[str, float | None] | None) -> torch.Tensor:
