@@ -68,13 +68,25 @@ def micro_batch_loss(
     `old_logprobs` replaces the batch's sampler log-probs as the ratio denominator."""
     logits = response_logits(model, batch)
     logp = token_logprobs(logits, batch.response_ids, temperature)
-    entropy = entropy_from_logits(logits if loss_cfg.entropy_coef else logits.detach(), temperature)
+    entropy = entropy_from_logits(logits, temperature) if loss_cfg.entropy_coef else logged_entropy(logits, batch.loss_mask, temperature)
     adv_tok = broadcast_to_tokens(advantages.to(logp.dtype), batch.loss_mask)
     old = batch.old_logprobs if old_logprobs is None else old_logprobs
     loss, stats = loss_cfg(logp, old, adv_tok, batch.loss_mask, ref_logprobs=ref_logprobs, entropy=entropy, is_weights=is_weights)
     if bool(batch.is_gt.any()):
         stats.update(gt_ratio_stats(logp.detach(), batch))
     return loss, stats, logits
+
+
+@torch.no_grad()
+def logged_entropy(logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy `[B, T]` for the logs only (no bonus in the loss): computed on the model tokens
+    alone, without gradient, 0 elsewhere: no softmax over the vocabulary at padded and env
+    positions, and no autograd graph kept for it."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
+    m = mask > 0
+    if bool(m.any()):
+        out[m] = entropy_from_logits(logits[m].unsqueeze(0), temperature).squeeze(0)
+    return out
 
 
 def gt_ratio_stats(logp: torch.Tensor, batch: Batch) -> dict[str, float]:
