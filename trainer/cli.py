@@ -46,6 +46,10 @@ def train_cmd(
         typer.echo("--resume and --overwrite contradict each other: pick one", err=True)
         raise typer.Exit(code=2)
     run_dir = run_dir or Path("runs") / (config.stem if config else "default")
+    if config is None and not resume:
+        typer.echo(f"no --config: training on the built-in defaults (synthetic world, tiny policy, no warm start, "
+                   f"run.steps=2) plus the overrides given, into {run_dir}. "
+                   "A preset: --config configs/demo.yaml (or smoke.yaml)", err=True)
     try:
         cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
         result = train(cfg, run_dir, resume=resume, overwrite=overwrite)  # type: ignore[arg-type]

@@ -389,6 +389,16 @@ class TrainConfig(_Section):
     optim: OptimConfig = OptimConfig()
     run: RunConfig = RunConfig()
 
+    @model_validator(mode="after")
+    def _warm_start_needs_oracle(self) -> TrainConfig:
+        # the warm start is SFT on the synthetic world's oracle trajectories; a QA file has none
+        if self.model.warm_start_steps and self.data.source != "synthetic":
+            raise ValueError(
+                f"model.warm_start_steps={self.model.warm_start_steps} needs oracle trajectories, which only "
+                f"data.source=synthetic has (got data.source={self.data.source!r}): set model.warm_start_steps=0, "
+                "or warm-start the model elsewhere and give its folder as model.path")
+        return self
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be loaded; the message names the offending key."""
