@@ -8,17 +8,22 @@ import importlib.util
 
 import typer
 
+from pvpo.user_errors import UserErrorGroup
+
 app = typer.Typer(
     name="pvpo",
     help="Train and evaluate search agents for multi-hop QA: retriever, environment, rewards, PVPO trainer.",
     no_args_is_help=True,
     add_completion=False,
+    cls=UserErrorGroup,
 )
 
 
-
 @app.callback()
-def _root() -> None:
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error (by default a user mistake "
+                               "such as a bad path or an unreachable server prints one line: the cause and the fix)."),
+) -> None:
     """Train and evaluate search agents for multi-hop QA: retriever, environment, rewards, PVPO trainer."""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ STOPWORDS = "en"
 
 def build_bm25(corpus: CorpusStore, out_dir: Path, *, show_progress: bool = True) -> None:
     """Indexes every passage of the corpus (title and text) with BM25 into out_dir/bm25."""
+    show_progress = show_progress and sys.stderr.isatty()  # bm25s draws tqdm bars: none off a terminal
     import bm25s
 
     tokens = bm25s.tokenize([contents for _, contents in corpus], stopwords=STOPWORDS, show_progress=show_progress)

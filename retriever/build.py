@@ -56,7 +56,7 @@ def _encode_chunks(store: CorpusStore, emb_dir: Path, encoder: Any, *, chunk_siz
                    show_progress: bool) -> list[Path]:
     """Encodes the corpus chunk by chunk into emb_dir, skipping chunks already there from an
     interrupted run of the same model and corpus."""
-    from tqdm.auto import tqdm
+    from pvpo.progress import Progress
 
     n = len(store)
     manifest = {"model": encoder.name, "passage_prefix": encoder.prefixes.passage, "n": n,
@@ -70,7 +70,7 @@ def _encode_chunks(store: CorpusStore, emb_dir: Path, encoder: Any, *, chunk_siz
     paths = [emb_dir / f"chunk_{c:06d}.npy" for c in range((n + chunk_size - 1) // chunk_size)]
     done = [p.exists() for p in paths]
     initial = sum(min(chunk_size, n - c * chunk_size) for c, d in enumerate(done) if d)
-    with tqdm(total=n, initial=initial, desc="encoding passages", unit="psg", disable=not show_progress) as bar:
+    with Progress(total=n, initial=initial, desc="encoding passages", unit="psg", enabled=show_progress) as bar:
         for c, path in enumerate(paths):
             if done[c]:
                 continue

@@ -113,11 +113,12 @@ def query(
     url: list[str] = typer.Option(["http://127.0.0.1:8000"], "--url", help="Server URL (repeat for several)."),
     topk: int = typer.Option(3, "--topk", min=1),
     token: Optional[str] = typer.Option(None, "--token", envvar="PVPO_RETRIEVER_TOKEN"),
+    retries: int = typer.Option(8, "--retries", min=0, help="Retries of a failed request, with backoff (8: about 18 s)."),
 ) -> None:
     """Ask a running server and print the passages."""
     from pvpo.retriever.client import RetrieverClient
 
-    with RetrieverClient(url, topk=topk, token=token) as client:
+    with RetrieverClient(url, topk=topk, token=token, retries=retries) as client:
         for q, passages in zip(queries, client.search(queries)):
             typer.echo(f"# {q}")
             for p in passages:

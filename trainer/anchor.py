@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
+from pvpo.progress import Progress
 
 FORMAT_VERSION = 1
 
@@ -221,7 +221,7 @@ def build_anchor(
         if not store.is_complete(ex.uid, num_rollouts):
             pending.append(ex)
 
-    bar = tqdm(total=len(seen), initial=len(seen) - len(pending), disable=not show_progress,
+    bar = Progress(total=len(seen), initial=len(seen) - len(pending), enabled=show_progress,
                desc=f"reference anchor (M={num_rollouts})", unit="prompt")  # fmt: skip
     try:
         for start in range(0, len(pending), batch_size):

@@ -70,7 +70,7 @@ def demo_cmd(
     PVPO training, held-out accuracy before/after, metrics + reward-curve plot + summary table."""
     from pvpo.trainer.demo import run_demo
 
-    cfg = _load(config if config.exists() else None, list(overrides or []))
+    cfg = _load(config, list(overrides or []))  # a missing preset is an error, never the built-in defaults
     summary = run_demo(cfg, run_dir, fresh=fresh)  # type: ignore[arg-type]
     typer.echo(summary)
 

@@ -25,10 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tqdm.auto import tqdm
-
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
+from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol, answer_metrics, get_protocol
 
@@ -349,8 +348,8 @@ def run_eval(
     if stray:
         raise EvalError(f"{pred_path} has {len(stray)} ids not in this run's questions (e.g. {sorted(stray)[0]!r}); use another --out")
     started = time.perf_counter()
-    bar = tqdm(total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q",
-               disable=not show_progress, dynamic_ncols=True)  # fmt: skip
+    bar = Progress(total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q",
+                   enabled=show_progress)  # fmt: skip
     try:
         for start in range(0, len(examples), settings.batch_size):
             todo = [ex for ex in examples[start : start + settings.batch_size] if item_id(ex) not in done]

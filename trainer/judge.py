@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
+from pvpo.progress import Progress
 from pvpo.trainer.openai_engine import OpenAIClient
 
 JUDGE_PROMPT = """You are grading an answer to a question against the reference answers. Judge semantic equivalence only: the answer is correct if it refers to the same entity, value or fact as any reference answer, even if worded differently (aliases, abbreviations, extra but consistent detail). Ignore style and length.
@@ -140,7 +139,7 @@ class Judge:
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
             futures = {pool.submit(self.grade, str(it["question"]), [str(g) for g in it.get("golden_answers", [])],
                                    str(it.get("output", {}).get("pred") or "")): k for k, it in enumerate(items)}  # fmt: skip
-            for f in tqdm(as_completed(futures), total=len(futures), desc="judge", unit="q", disable=not show_progress):
+            for f in Progress(as_completed(futures), total=len(futures), desc="judge", unit="q", enabled=show_progress):
                 out[futures[f]] = f.result()
         return out  # type: ignore[return-value]
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from pvpo.envs.data import QAExample
+from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.advantages import advantage_stats, get_estimator
 from pvpo.trainer.advantage_inputs import VALUE_MODEL_FILE, AdvantageInputs
@@ -381,9 +381,8 @@ class Trainer:
         cfg = self.cfg
         if self.start_step == 0 and self.data.eval:
             self.result.eval_before = self.evaluate("before")
-        bar = tqdm(range(self.start_step + 1, cfg.run.steps + 1), desc="train", initial=self.start_step,
-                   total=cfg.run.steps, disable=not self.show_progress)  # fmt: skip
-        for step in bar:
+        bar = Progress(desc="train", unit="step", initial=self.start_step, total=cfg.run.steps, enabled=self.show_progress)
+        for step in range(self.start_step + 1, cfg.run.steps + 1):
             metrics = self.train_step(step)
             # a rollout budget (anchor and GT generation included) ends the run at the step that reaches it
             budget = cfg.run.rollout_budget
@@ -401,9 +400,11 @@ class Trainer:
                 save(self.run_dir, step, model=checkpoint_view(self.model), tokenizer=self.tokenizer, optimizer=self.optimizer,
                      extra={"cost": self.cost.state_dict(), **self.adv_inputs.state_dict()}, state_files=[self.run_dir / f for f in STATE_FILES])  # fmt: skip
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0):.3f}")
+            bar.update(1)
             self.result.steps_done = step
             if last:
                 break
+        bar.close()
         self.logger.close()
         self.result.metrics = read_jsonl(self.run_dir / "metrics.jsonl")
         return self.result

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
+from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.envs.vector import info_at
 from pvpo.trainer.agent_loop import prompt_ids, vector_env
@@ -114,7 +114,7 @@ def warm_start(model: torch.nn.Module, trajs: Sequence[Trajectory], pad_id: int,
     model.train()
     order: list[int] = []
     losses = []
-    bar = tqdm(range(steps), desc="warm start (oracle SFT)", disable=not show_progress)
+    bar = Progress(range(steps), desc="warm start (oracle SFT)", unit="step", enabled=show_progress)
     for _ in bar:
         if len(order) < batch_size:
             fresh = list(range(len(trajs)))
