@@ -186,9 +186,9 @@ def run_demo(cfg: TrainConfig, run_dir: str | Path, *, fresh: bool = True, show_
     data = load_data(cfg, run_dir)
     with retriever_session(cfg, run_dir, data.corpus_path) as searcher:
         timings["setup"] = time.perf_counter() - t0
-        trainer = Trainer(cfg, run_dir, data, searcher, resume=not fresh, show_progress=show_progress)
-        timings["warm_start"] = trainer.result.warm_start_seconds
-        result = trainer.run()
+        with Trainer(cfg, run_dir, data, searcher, resume=not fresh, show_progress=show_progress) as trainer:
+            timings["warm_start"] = trainer.result.warm_start_seconds
+            result = trainer.run()
     timings["total"] = time.perf_counter() - t0
     timings["train"] = timings["total"] - timings["setup"] - timings["warm_start"]
     plot_curves(result.metrics, run_dir / "curves.png", eval_before=result.eval_before, eval_after=result.eval_after)

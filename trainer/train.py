@@ -166,6 +166,20 @@ class Trainer:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.logger = MetricsLogger(log_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard and ddp.is_main())
 
+    def close(self) -> None:
+        """Shut the rollout engines down (vLLM: its engine process and its temporary copy of the
+        model); `with Trainer(...) as trainer:` does it on leaving."""
+        for engine in (self.engine, self._ref_engine):
+            if engine is not None:
+                engine.close()
+        self._ref_engine = None
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ---- pieces ----------------------------------------------------------------------------
     def _build_engine(self, model: torch.nn.Module) -> RolloutEngine:
         """The configured rollout engine over `model`, with its `rollout.<engine>` options (under
@@ -437,8 +451,8 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                 run_dir.mkdir(parents=True, exist_ok=True)
                 data = load_data(cfg, run_dir)
                 s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))
-            trainer = Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main(),
-                              after_step=after_step)  # fmt: skip
+            trainer = stack.enter_context(Trainer(cfg, run_dir, data, s, resume=resume, after_step=after_step,
+                                                  show_progress=show_progress and ddp.is_main()))  # fmt: skip
             return trainer.run()
     finally:
         ddp.shutdown()

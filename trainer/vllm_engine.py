@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,6 +122,8 @@ class VLLMEngine(RolloutEngine):
             if tokenizer is None:
                 raise ValueError("a tokenizer is needed to hand an in-memory model to vLLM")
             self._tmpdir = tempfile.mkdtemp(prefix="pvpo-vllm-")
+            # removed by close(), or when the engine is collected or the interpreter exits unclosed
+            self._remove_tmpdir = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
             model.save_pretrained(self._tmpdir)
             tokenizer.save_pretrained(self._tmpdir)
             path = self._tmpdir
@@ -246,7 +249,7 @@ class VLLMEngine(RolloutEngine):
                 log.debug("vLLM shutdown: %s", e)
             self.llm = None
         if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._remove_tmpdir()
             self._tmpdir = None
 
 

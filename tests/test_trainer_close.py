@@ -1,0 +1,35 @@
+"""Issue 17 item 7: a training run shuts its rollout engines down (vLLM: its engine process and
+its temporary `pvpo-vllm-*` copy of the model), also when the run fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pvpo.trainer.config import load_config
+from pvpo.trainer.hf_engine import HFEngine
+
+from test_trainer_core import TINY, WORLD, OverlapSearcher
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def test_train_closes_its_engine_when_done_and_when_a_step_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pvpo.trainer.train import train
+
+    closed: list[HFEngine] = []
+    monkeypatch.setattr(HFEngine, "close", lambda self: closed.append(self))
+    cfg = load_config(None, TINY + ["run.steps=1", "run.checkpoint_every=0", "algorithm.estimator=grpo"])
+    searcher = OverlapSearcher(WORLD.passages)
+    train(cfg, tmp_path / "ok", searcher=searcher, show_progress=False)
+    assert len(closed) == 1
+
+    def fail(step: int) -> None:
+        raise Boom("after step 1")
+
+    with pytest.raises(Boom):
+        train(cfg, tmp_path / "failed", searcher=searcher, show_progress=False, after_step=fail)
+    assert len(closed) == 2
