@@ -223,3 +223,64 @@ def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path):
     for a, b in zip(resumed.metrics, straight.metrics, strict=True):
         for k in ("anchor/mean", "reward/mean", "loss", "cost/cum_rollouts", "cost/cum_pvpo"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
+
+
+# ---- learning from GT: the prompts the reference never solves -----------------------------------
+def _recording_trainer(*args, **kwargs):
+    """A Trainer that keeps each step's sampled (kind="train") trajectories in `.sampled`."""
+    from pvpo.trainer.train import Trainer
+
+    class RecordingTrainer(Trainer):
+        def __init__(self, *a, **kw) -> None:
+            self.sampled: list[list[Trajectory]] = []
+            super().__init__(*a, **kw)
+
+        def rollout(self, examples, *, kind="train", **kw):
+            out = super().rollout(examples, kind=kind, **kw)
+            if kind == "train":
+                self.sampled.append(out)
+            return out
+
+    return RecordingTrainer(*args, **kwargs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group_sampling", [True, False])
+def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp_path, group_sampling):
+    """A policy warm-started on 1-hop questions never solves the 2-hop RL prompts (reference
+    accuracy 0 over its anchor rollouts). With Group Sampling their GT trajectories are injected and
+    the policy's own sampled rollouts of those prompts start to succeed within 30 steps; without
+    it, no rollout of those prompts ever succeeds."""
+    from pvpo.reward import SEARCH_R1
+    from pvpo.trainer.resources import Data
+
+    train = WORLD.questions("train")
+    one = [q for q in train if q.metadata["hops"] == 1]
+    two = [q for q in train if q.metadata["hops"] == 2]
+    texts = [p.contents for p in WORLD.passages] + [SEARCH_R1.instruction()] + [q.question for q in train]
+    texts += ["".join(WORLD.oracle_trajectory(q)) for q in train]
+    cfg = load_config(None, [
+        "model.tiny.vocab_size=400", "model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.intermediate_size=128",
+        "model.warm_start_steps=80", "model.warm_start_batch_size=8", f"algorithm.group_sampling.enabled={str(group_sampling).lower()}",
+        "rollout.max_turns=3", "rollout.max_new_tokens=40", "rollout.max_response_tokens=240", "rollout.n=4",
+        f"data.prompts_per_step={len(two)}", "algorithm.anchor.num_rollouts=2", "optim.lr=3e-3", "run.steps=30",
+        "run.checkpoint_every=0", "run.tensorboard=false", "run.threads=1"])  # fmt: skip
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    trainer = _recording_trainer(cfg, run_dir, Data(two, [], None, texts, WORLD, one), OverlapSearcher(WORLD.passages),
+                                 show_progress=False)
+    trainer.run()
+    anchor = json.loads((run_dir / "anchor.json").read_text())["stats"]
+    never = {u for u, s in anchor.items() if s["accuracy"] == 0.0}
+    assert len(never) >= 3, "the 1-hop warm start should leave most 2-hop prompts unsolved"
+
+    def acc(steps) -> float:
+        ts = [t for step in steps for t in step if t.uid in never]
+        return sum(t.accuracy for t in ts) / len(ts)
+
+    late = acc(trainer.sampled[-8:])
+    if group_sampling:
+        assert late >= 0.1, f"GT injection did not teach the never-solved prompts: accuracy {late:.2f} in the last 8 steps"
+        assert late > acc(trainer.sampled[:8])
+    else:
+        assert late == 0.0 and acc(trainer.sampled) == 0.0
