@@ -22,7 +22,8 @@ from pvpo.envs.loaders import (
     register_format,
 )
 from pvpo.envs.retrieval import format_passages, resolve_retriever
-from pvpo.envs.search_env import SearchEnv, UnicodeText
+from pvpo.envs.search_env import SearchEnv
+from pvpo.envs.spaces import UnicodeText
 from pvpo.envs.synthetic import SyntheticWorld, synthetic_world
 from pvpo.envs.vector import SearchVectorEnv, info_at
 

@@ -7,39 +7,22 @@ after it: the passages in the protocol's result block, a correction message, or 
 
 from __future__ import annotations
 
-import string
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
-from gymnasium import spaces
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, Episode, EpisodeConfig
 from pvpo.envs.loaders import load_dataset
 from pvpo.envs.retrieval import close_retriever, resolve_retriever
+from pvpo.envs.spaces import UnicodeText
 from pvpo.retriever.types import Searcher
 from pvpo.reward import SEARCH_R1, TagProtocol
 
 MAX_ACTION_CHARS = 1 << 16
 MAX_OBSERVATION_CHARS = 1 << 20
-
-
-class UnicodeText(spaces.Text):
-    """A `Text` space holding any Unicode string within the length bounds. `Text` only admits its
-    charset; real questions and passages use all of Unicode, so membership ignores the charset,
-    which only serves `sample()` (printable ASCII, tags' angle brackets included)."""
-
-    def __init__(self, max_length: int, *, min_length: int = 0, seed: int | np.random.Generator | None = None) -> None:
-        super().__init__(max_length, min_length=min_length, charset=string.printable, seed=seed)
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
-
-    def __repr__(self) -> str:
-        return f"UnicodeText({self.min_length}, {self.max_length})"
 
 
 def examples_from(dataset: str | Path | Sequence[QAExample] | None, dataset_kwargs: Mapping[str, Any] | None) -> list[QAExample]:

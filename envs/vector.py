@@ -26,7 +26,8 @@ from gymnasium.vector.utils import batch_space
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, Episode, EpisodeConfig
 from pvpo.envs.retrieval import close_retriever, resolve_retriever
-from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, UnicodeText, examples_from
+from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, examples_from
+from pvpo.envs.spaces import UnicodeText
 from pvpo.retriever.types import Passage, Searcher
 from pvpo.reward import SEARCH_R1, TagProtocol
 
@@ -41,8 +42,10 @@ class SearchVectorEnv(VectorEnv):
         question, golden_answers) to start that episode on, or None to draw one from the dataset
         with that episode's random generator. Entries outside the mask are ignored.
     `step(turns)` takes one turn per episode. A finished episode ignores its turn: it returns "",
-    reward 0 and keeps its end flags, and adds nothing to infos, so `infos["_prediction"]` marks
-    exactly the episodes that ended at this step. `finish(i, text)` ends episode i from the
+    reward 0, `terminated` and `truncated` False and adds nothing to infos, so the end flags and
+    `infos["_prediction"]` mark exactly the episodes that ended at this step (each episode ends
+    once, as Gymnasium's vector wrappers such as `RecordEpisodeStatistics` count them; `done`
+    tells which episodes have ended). `finish(i, text)` ends episode i from the
     agent's side (EOS without an answer, a token budget) and scores it as it stands.
     """
 
@@ -131,8 +134,8 @@ class SearchVectorEnv(VectorEnv):
         found = self._search_once([q for q in queries.values() if q is not None])
 
         rewards = np.zeros(self.num_envs, dtype=np.float64)
-        terminated = np.array([ep.terminated for ep in episodes], dtype=bool)
-        truncated = np.array([ep.truncated for ep in episodes], dtype=bool)
+        terminated = np.zeros(self.num_envs, dtype=bool)
+        truncated = np.zeros(self.num_envs, dtype=bool)
         infos: dict[str, Any] = {}
         for i, ep in enumerate(episodes):
             if i not in queries:

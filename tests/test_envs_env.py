@@ -173,7 +173,7 @@ def test_vector_env_dedupes_queries_and_leaves_finished_episodes_alone(world, se
     assert searcher.calls == [["the rival of Zaro"]] and obs[0] == obs[1] != "" and obs[2] == ""
     assert term.tolist() == [False, False, True] and list(infos["_prediction"]) == [False, False, True]
     obs, rewards, term, trunc, infos = env.step(("<answer>y</answer>", "bad", "<search>ignored</search>"))
-    assert obs[2] == "" and rewards[2] == 0.0 and term[2] and len(searcher.calls) == 1
+    assert obs[2] == "" and rewards[2] == 0.0 and not term[2] and env.done[2] and len(searcher.calls) == 1
     assert list(infos["_uid"]) == [True, True, False] and obs[1] == SEARCH_R1.correction_message()
 
 
