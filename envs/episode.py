@@ -72,6 +72,7 @@ class Episode:
         self.judged = ""
         self.turns = 0
         self.queries: list[str] = []
+        self.retrieved_ids: list[list[str]] = []  # per search, the ids of the passages returned
         self.terminated = False
         self.truncated = False
         self._action: Action | None = None
@@ -105,18 +106,22 @@ class Episode:
             raise RuntimeError("finish_step without begin_step")
         self._action = None
         observation = ""
+        retrieved: list[dict[str, Any]] = []
         if action.kind is ActionKind.ANSWER:
             self.terminated = True
         elif self.turns >= cfg.max_turns:
             self.truncated = True
         elif action.kind is ActionKind.SEARCH:
             self.queries.append(action.content)
+            retrieved = [{"id": p.id, "title": p.title, "score": p.score} for p in passages or []]
+            self.retrieved_ids.append([p.id for p in passages or []])
             observation = cfg.protocol.wrap_observation(format_passages(passages or [], cfg.max_obs_chars))
             self.judged += observation
         else:
             observation = cfg.protocol.correction_message()
         self.response += observation
         info = self._step_info(action.kind.value)
+        info["retrieved"] = retrieved
         reward = self._score(info) if self.done else 0.0
         return StepResult(observation, reward, self.terminated, self.truncated, info)
 
@@ -148,5 +153,6 @@ class Episode:
             golden_answers=golds,
             response=self.response,
             judged_response=self.judged,
+            retrieved_ids=[list(ids) for ids in self.retrieved_ids],
         )
         return float(result.total)

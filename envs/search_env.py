@@ -33,6 +33,16 @@ def examples_from(dataset: str | Path | Sequence[QAExample] | None, dataset_kwar
     return load_dataset(dataset, **dict(dataset_kwargs or {}))
 
 
+ORDERS = ("random", "sequential")
+
+
+def check_order(order: str) -> str:
+    """`order` if it names a way to draw questions from the dataset, else a ValueError listing them."""
+    if order not in ORDERS:
+        raise ValueError(f"order={order!r} is not one of {list(ORDERS)}")
+    return order
+
+
 def question_from_options(options: Mapping[str, Any] | None) -> QAExample | None:
     if not options or options.get("question") is None:
         return None
@@ -43,14 +53,20 @@ class SearchEnv(gym.Env[str, str]):
     """Multi-turn search QA as a Gymnasium env.
 
     `reset(seed=, options={"question": QAExample | mapping})` starts an episode on the given
-    question, or on one drawn from the dataset with `self.np_random`; it returns the prompt and
-    `info = {uid, question, golden_answers}`. `step(turn)` reads the turn with the tag protocol:
+    question; `options={"index": i}` on the dataset's question i; without either, on the next
+    question of the dataset: drawn with `self.np_random` (`order="random"`), or the one after the
+    last (`order="sequential"`, for evaluation: a walk over the dataset in file order, wrapping
+    around at the end; `options={"index": i}` moves it to i). It returns the prompt and `info =
+    {uid, question, golden_answers, index}` (`index`: the question's position in the dataset,
+    None for a question given in options). `step(turn)` reads the turn with the tag protocol:
     a search queries the retriever and returns the top passages (`Doc i(Title: t) text`) in the
     result block, trimmed to `max_obs_chars`; an answer ends the episode (`terminated`) with the
     configured reward; anything else returns the correction message; after `max_turns` turns
     the episode is `truncated` (and scored as it stands). Each step's info holds `uid`, `action`,
-    `num_turns`, `num_searches`, `queries`; the final one adds `prediction`, `metrics`
-    ({em, f1, cem}), `reward_components`, `format_ok`, `golden_answers` and `response`.
+    `num_turns`, `num_searches`, `queries` and `retrieved`, the passages this step's search
+    returned as `[{id, title, score}]` (empty without a search); the final one adds `prediction`,
+    `metrics` ({em, f1, cem}), `reward_components`, `format_ok`, `golden_answers`, `response` and
+    `retrieved_ids` (per search, the ids returned)).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": None}
@@ -71,11 +87,14 @@ class SearchEnv(gym.Env[str, str]):
         dataset_kwargs: Mapping[str, Any] | None = None,
         timeout: float = 30.0,
         render_mode: str | None = None,
+        order: str = "random",
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         self.config = EpisodeConfig(protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template)
+        self.order = check_order(order)
         self.examples = examples_from(dataset, dataset_kwargs)
+        self._next_index = 0  # order="sequential": the question the next reset starts
         self.retriever, self._owns_retriever = resolve_retriever(retriever, retriever_url, topk=topk, timeout=timeout)
         self.render_mode = render_mode
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
@@ -85,13 +104,27 @@ class SearchEnv(gym.Env[str, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        example = question_from_options(options)
+        example, index = question_from_options(options), None
         if example is None:
             if not self.examples:
                 raise ValueError("no dataset: pass options={'question': QAExample(...)} to reset")
-            example = self.examples[int(self.np_random.integers(len(self.examples)))]
+            index = self._pick_index(options)
+            example = self.examples[index]
         self.episode = Episode(example, self.config, self._reward_fn)
-        return self.episode.prompt, self.episode.reset_info()
+        return self.episode.prompt, {**self.episode.reset_info(), "index": index}
+
+    def _pick_index(self, options: Mapping[str, Any] | None) -> int:
+        n = len(self.examples)
+        if options and options.get("index") is not None:
+            index = int(options["index"])
+            if not 0 <= index < n:
+                raise ValueError(f"options['index']={index} is outside the dataset's {n} questions (0..{n - 1})")
+        elif self.order == "sequential":
+            index = self._next_index % n
+        else:
+            return int(self.np_random.integers(n))
+        self._next_index = index + 1
+        return index
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         ep = self.episode

@@ -26,7 +26,7 @@ from gymnasium.vector.utils import batch_space
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, Episode, EpisodeConfig
 from pvpo.envs.retrieval import close_retriever, resolve_retriever
-from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, examples_from
+from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, check_order, examples_from
 from pvpo.envs.spaces import UnicodeText
 from pvpo.retriever.types import Passage, Searcher
 from pvpo.reward import SEARCH_R1, TagProtocol
@@ -39,8 +39,11 @@ class SearchVectorEnv(VectorEnv):
       - `reset_mask`: bool array (num_envs,), which episodes to (re)start; default all. Episodes
         not in the mask keep their state and their last observation.
       - `questions`: a sequence of num_envs entries, each a QAExample (or a mapping with uid,
-        question, golden_answers) to start that episode on, or None to draw one from the dataset
-        with that episode's random generator. Entries outside the mask are ignored.
+        question, golden_answers) to start that episode on, or None to take one from the dataset:
+        drawn with that episode's random generator (`order="random"`), or the dataset's next
+        question in file order, shared by all episodes and wrapping around (`order="sequential"`,
+        for evaluation). Entries outside the mask are ignored. Reset infos hold `index`, the
+        question's position in the dataset (None for a given question).
     `step(turns)` takes one turn per episode. A finished episode ignores its turn: it returns "",
     reward 0, `terminated` and `truncated` False and adds nothing to infos, so the end flags and
     `infos["_prediction"]` mark exactly the episodes that ended at this step (each episode ends
@@ -67,12 +70,15 @@ class SearchVectorEnv(VectorEnv):
         prompt_template: str = DEFAULT_PROMPT,
         dataset_kwargs: Mapping[str, Any] | None = None,
         timeout: float = 30.0,
+        order: str = "random",
     ) -> None:
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
         self.num_envs = num_envs
         self.config = EpisodeConfig(protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template)
+        self.order = check_order(order)
         self.examples = examples_from(dataset, dataset_kwargs)
+        self._next_index = 0  # order="sequential": the question the next drawn episode starts
         self.retriever, self._owns_retriever = resolve_retriever(retriever, retriever_url, topk=topk, timeout=timeout)
         self.single_observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.single_action_space = UnicodeText(MAX_ACTION_CHARS)
@@ -101,11 +107,13 @@ class SearchVectorEnv(VectorEnv):
         for i in np.flatnonzero(mask):
             if seeds[i] is not None:
                 self._rngs[i] = np.random.default_rng(seeds[i])
-            example = QAExample.coerce(questions[i]) if questions is not None and questions[i] is not None else self._draw(i)
+            given = questions is not None and questions[i] is not None
+            index = None if given else self._draw(i)
+            example = QAExample.coerce(questions[i]) if given else self.examples[index]  # type: ignore[index]
             ep = Episode(example, self.config, self._reward_fn)
             self.episodes[i] = ep
             self._obs[i] = ep.prompt
-            infos = self._add_info(infos, ep.reset_info(), int(i))
+            infos = self._add_info(infos, {**ep.reset_info(), "index": index}, int(i))
         return tuple(self._obs), infos
 
     def _seeds(self, seed: int | Sequence[int | None] | None) -> list[int | None]:
@@ -117,10 +125,15 @@ class SearchVectorEnv(VectorEnv):
             raise ValueError(f"need {self.num_envs} seeds, got {len(seed)}")
         return list(seed)
 
-    def _draw(self, i: int) -> QAExample:
+    def _draw(self, i: int) -> int:
+        """The dataset position of episode i's next question."""
         if not self.examples:
             raise ValueError("no dataset: pass options={'questions': [...]} to reset")
-        return self.examples[int(self._rngs[i].integers(len(self.examples)))]
+        if self.order == "sequential":
+            index = self._next_index % len(self.examples)
+            self._next_index = index + 1
+            return index
+        return int(self._rngs[i].integers(len(self.examples)))
 
     # ---- step ----------------------------------------------------------------------------------
     def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:

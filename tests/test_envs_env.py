@@ -134,7 +134,7 @@ def test_reset_seed_draws_the_same_question_and_options_choose_one(world, search
     assert uids[0] == uids[1]
     mine = QAExample("mine/1", "Who is the rival of Zaro?", ("Kel",))
     prompt, info = env.reset(options={"question": {"uid": "mine/1", "question": mine.question, "golden_answers": "Kel"}})
-    assert info == {"uid": "mine/1", "question": mine.question, "golden_answers": ["Kel"]}
+    assert info == {"uid": "mine/1", "question": mine.question, "golden_answers": ["Kel"], "index": None}
     assert prompt.endswith("Question: Who is the rival of Zaro?\n") and prompt.startswith("Answer the given question.")
 
 
@@ -204,3 +204,33 @@ def test_importing_envs_stays_light() -> None:
     code = "import sys, pvpo.envs; print(sorted(m for m in ('torch', 'faiss', 'transformers', 'pvpo.trainer') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_step_info_holds_the_retrieved_ids_titles_and_scores(world, searcher) -> None:
+    env = make_env(world, searcher, topk=2)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("<search>the rival of Zaro</search>")
+    hits = searcher.search(["the rival of Zaro"], 2)[0]
+    assert info["retrieved"] == [{"id": p.id, "title": p.title, "score": p.score} for p in hits]
+    _, _, _, _, info = env.step("bad turn")
+    assert info["retrieved"] == []
+    _, _, term, _, info = env.step("<answer>x</answer>")
+    assert term and info["retrieved_ids"] == [[p.id for p in hits]]
+
+
+def test_sequential_order_walks_the_dataset_in_file_order_for_evaluation(world, searcher) -> None:
+    questions = world.questions("test")[:3]
+    env = SearchEnv(questions, retriever=searcher, order="sequential")
+    seen = [env.reset()[1] for _ in range(4)]
+    assert [(i["index"], i["uid"]) for i in seen] == [(k % 3, questions[k % 3].uid) for k in range(4)]
+    assert env.reset(options={"index": 2})[1]["uid"] == questions[2].uid
+    assert env.reset()[1]["index"] == 0  # continues after the question chosen
+    with pytest.raises(ValueError, match=r"options\['index'\]=3 is outside the dataset's 3 questions"):
+        env.reset(options={"index": 3})
+    with pytest.raises(ValueError, match=r"order='shuffled' is not one of \['random', 'sequential'\]"):
+        SearchEnv(questions, retriever=searcher, order="shuffled")
+    venv = SearchVectorEnv(2, questions, retriever=searcher, order="sequential")
+    _, infos = venv.reset()
+    assert list(infos["index"]) == [0, 1]
+    _, infos = venv.reset(options={"reset_mask": np.array([False, True])})
+    assert info_at(infos, 1)["index"] == 2 and info_at(infos, 1)["uid"] == questions[2].uid
