@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pvpo.retriever.corpus import CorpusStore, iter_corpus, write_jsonl
+from pvpo.retriever.corpus import CorpusStore, corpus_layout, iter_corpus, write_jsonl
 from pvpo.retriever.index import (
     OFFSETS_FILE,
     make_faiss_index,
@@ -42,10 +42,13 @@ def prepare_corpus(corpus: str | Path, out_dir: Path) -> CorpusStore:
     target = out_dir / CORPUS_FILE
     if not (target.exists() and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp):
         tmp = out_dir / (CORPUS_FILE + ".tmp")
-        n = write_jsonl(iter_corpus(corpus), tmp)
-        if n == 0:
-            tmp.unlink()
-            raise ValueError(f"corpus {corpus} has no passages")
+        try:
+            n = write_jsonl(iter_corpus(corpus), tmp)
+            if n == 0:
+                raise ValueError(f"corpus {corpus} has no passages")
+        except BaseException:
+            tmp.unlink(missing_ok=True)  # never a partial corpus file
+            raise
         os.replace(tmp, target)
         (out_dir / OFFSETS_FILE).unlink(missing_ok=True)
         stamp_file.write_text(json.dumps(stamp))
@@ -121,9 +124,15 @@ def build_index(
     from pvpo.retriever.encoder import Encoder
 
     out = Path(out_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    store = prepare_corpus(corpus, out)
+    try:
+        store = prepare_corpus(corpus, out)
+    except BaseException:
+        if created:  # nothing of this build is worth keeping: leave no directory behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     meta: dict[str, Any] = {"format": 1, "corpus": CORPUS_FILE, "size": len(store),
                             "source": str(Path(corpus).resolve())}
     try:
@@ -143,7 +152,12 @@ def build_index(
                 train_if_needed(index, _gather(paths, chunk_size, rows), max_train=max_train, seed=seed)
             for path in paths:
                 index.add(np.ascontiguousarray(np.load(path)))
-            faiss.write_index(index, str(out / INDEX_FILE))
+            tmp_index = out / (INDEX_FILE + ".tmp")
+            try:
+                faiss.write_index(index, str(tmp_index))
+                os.replace(tmp_index, out / INDEX_FILE)
+            finally:
+                tmp_index.unlink(missing_ok=True)
             meta |= {"backend": "faiss", "index_type": index_type, "index_file": INDEX_FILE,
                      "model": encoder.name, "dim": encoder.dim, "query_prefix": encoder.prefixes.query,
                      "passage_prefix": encoder.prefixes.passage, "max_length": max_length,
@@ -167,22 +181,40 @@ def link_prebuilt(
     max_length: int = 256,
     mmap: bool = False,
 ) -> Path:
-    """An index directory that points at an existing FAISS index and its JSON-lines corpus (same
-    row order), e.g. Search-R1's `e5_Flat.index` + `wiki-18.jsonl`: nothing is copied or
-    re-encoded; the corpus line spans are computed once and cached in out_dir."""
+    """An index directory that points at an existing FAISS index and its corpus (same row order),
+    e.g. Search-R1's `e5_Flat.index` + `wiki-18.jsonl`: nothing is re-encoded; a JSON-lines corpus
+    is not copied (its line spans are computed once and cached in out_dir), another corpus format
+    is converted into out_dir. An index whose vector count is not the corpus's passage count is
+    refused, and a refused or failed link leaves no directory it created."""
     from pvpo.retriever.encoder import prefixes_for
 
     faiss_index, corpus_jsonl, out = Path(faiss_index).resolve(), Path(corpus_jsonl).resolve(), Path(out_dir)
     for p in (faiss_index, corpus_jsonl):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
-    out.mkdir(parents=True, exist_ok=True)
     if index_type is None:  # Search-R1 / FlashRAG name files <model>_<factory string>.index
         stem = faiss_index.stem
         index_type = stem.split("_", 1)[1] if "_" in stem else stem
-    store = CorpusStore(corpus_jsonl, out / OFFSETS_FILE)
-    size = len(store)
-    store.close()
+    vectors = _vector_count(faiss_index)
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        if corpus_layout(corpus_jsonl) == "jsonl":
+            store = CorpusStore(corpus_jsonl, out / OFFSETS_FILE)
+        else:
+            store = prepare_corpus(corpus_jsonl, out)
+            corpus_jsonl = out / CORPUS_FILE
+        size = len(store)
+        store.close()
+        if size != vectors:
+            raise ValueError(f"{faiss_index} holds {vectors} vectors but {corpus_jsonl} has {size} passages: "
+                             "an index and its corpus must have the same rows, in the same order")
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            (out / OFFSETS_FILE).unlink(missing_ok=True)
+        raise
     prefixes = prefixes_for(model)
     write_meta(out, {"format": 1, "backend": "faiss", "index_type": index_type, "index_file": str(faiss_index),
                      "corpus": str(corpus_jsonl), "size": size, "model": model, "query_prefix": prefixes.query,
@@ -190,3 +222,14 @@ def link_prebuilt(
                      "search_params": DEFAULT_SEARCH_PARAMS})
     return out
 
+
+def _vector_count(faiss_index: Path) -> int:
+    """How many vectors a FAISS index file holds, memory-mapping it where FAISS can (a 60 GB flat
+    index is not read into memory for this)."""
+    from pvpo.retriever.index import read_faiss_index
+
+    try:
+        index = read_faiss_index(faiss_index, mmap=True)
+    except RuntimeError:  # index types FAISS cannot map
+        index = read_faiss_index(faiss_index)
+    return int(index.ntotal)

