@@ -7,14 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-
 
 def _load(config: Path | None, overrides: list[str]) -> object:
+    """The config: a file or a shipped preset's name (`demo`, `smoke`), or the defaults (None)."""
     from pvpo.trainer.config import ConfigError, load_config
+    from pvpo.trainer.presets import resolve_config
 
     try:
-        return load_config(config, overrides)
+        return load_config(None if config is None else resolve_config(config), overrides)
     except (ConfigError, FileNotFoundError) as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(code=2) from None
@@ -22,7 +22,8 @@ def _load(config: Path | None, overrides: list[str]) -> object:
 
 def train_cmd(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides, e.g. run.steps=10")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file, or a shipped preset's "
+                                                   "name: demo, smoke, search_r1_nq_hotpotqa_qwen2.5_3b")] = None,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the run dir's latest checkpoint, with the run's "
                                          "own config.yaml (overrides: only keys safe to change, e.g. run.steps)")] = False,
@@ -49,7 +50,7 @@ def train_cmd(
     if config is None and not resume:
         typer.echo(f"no --config: training on the built-in defaults (synthetic world, tiny policy, no warm start, "
                    f"run.steps=2) plus the overrides given, into {run_dir}. "
-                   "A preset: --config configs/demo.yaml (or smoke.yaml)", err=True)
+                   "A preset: --config demo (or smoke)", err=True)
     try:
         cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
         result = train(cfg, run_dir, resume=resume, overwrite=overwrite)  # type: ignore[arg-type]
@@ -62,7 +63,8 @@ def train_cmd(
 
 def demo_cmd(
     overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides of the demo config")] = None,
-    config: Annotated[Path, typer.Option("--config", "-c", help="YAML config")] = CONFIG_DIR / "demo.yaml",
+    config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file or shipped preset name "
+                                         "(default: the demo preset shipped with the package)")] = Path("demo"),
     run_dir: Annotated[Path, typer.Option("--run-dir", help="output folder")] = Path("runs/demo"),
     fresh: Annotated[bool, typer.Option("--fresh/--resume", help="start over, or continue a previous demo run")] = True,
 ) -> None:
@@ -70,7 +72,7 @@ def demo_cmd(
     PVPO training, held-out accuracy before/after, metrics + reward-curve plot + summary table."""
     from pvpo.trainer.demo import run_demo
 
-    cfg = _load(config, list(overrides or []))  # a missing preset is an error, never the built-in defaults
+    cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
     summary = run_demo(cfg, run_dir, fresh=fresh)  # type: ignore[arg-type]
     typer.echo(summary)
 
