@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,16 @@ def test_a_missing_config_or_preset_is_an_error_naming_the_presets(tmp_path: Pat
 
 @pytest.mark.slow
 def test_the_installed_wheel_resolves_the_same_demo_config_as_the_checkout(tmp_path: Path) -> None:
+    # a copy of what the wheel is built from, so setuptools' build/ and egg-info stay out of the checkout
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for folder in ("pvpo", "reward", "retriever", "envs", "trainer", "configs"):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                    str(REPO)], check=True, timeout=300, cwd=tmp_path)  # fmt: skip
+                    str(src)], check=True, timeout=300, cwd=tmp_path)  # fmt: skip
     [wheel] = wheels.glob("pvpo_search-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
