@@ -29,7 +29,7 @@ def _root(
 
 # Component CLIs, in the order they appear in --help. A component whose cli module is not there
 # yet adds nothing; one that is there but fails to import fails loudly.
-_COMPONENT_CLIS = ("pvpo.retriever.cli", "pvpo.envs.cli", "pvpo.trainer.cli", "pvpo.trainer.eval_cli")
+_COMPONENT_CLIS = ("pvpo.retriever.cli", "pvpo.envs.cli", "pvpo.trainer.cli", "pvpo.trainer.config_cli", "pvpo.trainer.eval_cli")
 
 for _name in _COMPONENT_CLIS:
     if importlib.util.find_spec(_name) is not None:

@@ -21,7 +21,8 @@ def _load(config: Path | None, overrides: list[str]) -> object:
 
 
 def train_cmd(
-    overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides, e.g. run.steps=10")] = None,
+    overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides, e.g. run.steps=10 "
+                                                             "(`pvpo config keys` lists every key)")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file, or a shipped preset's "
                                                    "name: demo, smoke, search_r1_nq_hotpotqa_qwen2.5_3b")] = None,
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
@@ -49,7 +50,7 @@ def train_cmd(
     run_dir = run_dir or Path("runs") / (config.stem if config else "default")
     if config is None and not resume:
         typer.echo(f"no --config: training on the built-in defaults (synthetic world, tiny policy, no warm start, "
-                   f"run.steps=2) plus the overrides given, into {run_dir}. "
+                   f"run.steps=2) plus the overrides given, into {run_dir}; `pvpo config keys` lists every key. "
                    "A preset: --config demo (or smoke)", err=True)
     try:
         cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))

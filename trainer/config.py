@@ -23,13 +23,13 @@ class _Section(BaseModel):
 class TinyModelConfig(_Section):
     """A small Qwen2 policy built from scratch (used when `model.path` is null)."""
 
-    hidden_size: int = Field(96, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    intermediate_size: int = Field(256, ge=8)
-    vocab_size: int = Field(1024, ge=300)
-    max_position_embeddings: int = Field(2048, ge=64)
+    hidden_size: int = Field(96, ge=8, description="width of the tiny Qwen2 policy")
+    num_layers: int = Field(2, ge=1, description="decoder layers")
+    num_heads: int = Field(4, ge=1, description="attention heads (hidden_size must divide by it)")
+    num_kv_heads: int = Field(2, ge=1, description="key/value heads, grouped-query attention (num_heads must divide by it)")
+    intermediate_size: int = Field(256, ge=8, description="MLP width")
+    vocab_size: int = Field(1024, ge=300, description="size of the BPE vocabulary trained on the corpus and questions")
+    max_position_embeddings: int = Field(2048, ge=64, description="longest sequence, in tokens")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelConfig:
@@ -43,27 +43,25 @@ class LoRAConfig(_Section):
     only the adapters train; checkpoints hold the merged weights (`policy/`, loadable by vLLM and
     transformers) and the adapter (`adapter/`)."""
 
-    enabled: bool = False
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    enabled: bool = Field(False, description="train low-rank adapters instead of all weights (one process only)")
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: int = Field(32, ge=1, description="adapter scale numerator: the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], description="names of the modules that get adapters")
 
 
 class ModelConfig(_Section):
-    path: str | None = None  # a Hugging Face causal LM (local dir or hub id); null = build tiny
-    chat_template: bool = False  # wrap each prompt as a user turn with the tokenizer's chat template
+    path: str | None = Field(None, description="a Hugging Face causal LM (local dir or hub id); null = build the tiny policy")
+    chat_template: bool = Field(False, description="wrap each prompt as a user turn with the tokenizer's chat template")
     tiny: TinyModelConfig = TinyModelConfig()
-    # compute dtype: the trained policy keeps float32 master weights and AdamW state and computes
-    # in `dtype` (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded; trainer/device.py)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "auto"  # auto (CUDA when present) | cpu | cuda | cuda:N; under torchrun cuda = cuda:$LOCAL_RANK
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (falls back to sdpa without flash-attn/CUDA)
-    gradient_checkpointing: bool = False  # recompute decoder-layer activations in backward
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="compute dtype: the trained policy keeps float32 master weights and AdamW state and computes in it (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded)")
+    device: str = Field("auto", description="auto (CUDA when present) | cpu | cuda | cuda:N; under torchrun cuda = cuda:$LOCAL_RANK")
+    attn_implementation: str = Field("sdpa", description="sdpa | eager | flash_attention_2 (falls back to sdpa without flash-attn or CUDA)")
+    gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward pass")
     lora: LoRAConfig = LoRAConfig()
-    warm_start_steps: int = Field(0, ge=0)  # supervised steps on oracle trajectories before RL
-    warm_start_lr: float = Field(3e-3, gt=0)
-    warm_start_batch_size: int = Field(16, ge=1)
+    warm_start_steps: int = Field(0, ge=0, description="supervised steps on oracle trajectories before RL (data.source: synthetic only)")
+    warm_start_lr: float = Field(3e-3, gt=0, description="learning rate of the warm start")
+    warm_start_batch_size: int = Field(16, ge=1, description="oracle trajectories per warm-start step")
 
     @field_validator("device")
     @classmethod
@@ -83,39 +81,32 @@ class ModelConfig(_Section):
 class SyntheticConfig(_Section):
     """Parameters of `pvpo.envs.synthetic.SyntheticWorld.generate`."""
 
-    seed: int = 0
-    n_entities: int = Field(60, ge=6)
-    n_relations: int = Field(4, ge=1, le=6)
-    max_hops: int = Field(4, ge=1, le=4)
-    questions_per_hop: int = Field(150, ge=1)
+    seed: int = Field(0, description="seed of the generated world")
+    n_entities: int = Field(60, ge=6, description="entities in the world")
+    n_relations: int = Field(4, ge=1, le=6, description="relations between entities")
+    max_hops: int = Field(4, ge=1, le=4, description="longest chain of relations a question follows")
+    questions_per_hop: int = Field(150, ge=1, description="questions generated per hop count")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each hop's questions held out as the test split")
 
 
 class DataConfig(_Section):
-    source: str = "synthetic"  # "synthetic", or a QA file readable by pvpo.envs.loaders.load_dataset
+    source: str = Field("synthetic", description="synthetic, or a QA file readable by pvpo.envs.loaders.load_dataset")
     synthetic: SyntheticConfig = SyntheticConfig()
-    eval_source: str | None = None  # a QA file for evaluation when `source` is a file
-    corpus: str | None = None  # corpus jsonl to index when `source` is a file and no retriever.url
-    max_train_examples: int | None = Field(None, ge=1)
-    max_eval_examples: int | None = Field(64, ge=1)
-    prompts_per_step: int = Field(4, ge=1)
-    # shuffle_seed: shuffle the train and eval questions before taking the first max_*_examples
-    # (the synthetic splits are otherwise ordered by hop count). warm_start_examples (synthetic
-    # only): oracle SFT questions taken from the train split after the RL prompts, so the warm
-    # start never sees an RL prompt (None: it reuses the RL prompts), each with at most
-    # warm_start_max_hops hops.
-    shuffle_seed: int | None = None
-    warm_start_examples: int | None = Field(None, ge=1)
-    warm_start_max_hops: int | None = Field(None, ge=1, le=4)
+    eval_source: str | None = Field(None, description="a QA file for evaluation when `source` is a file")
+    corpus: str | None = Field(None, description="corpus file to index when `source` is a file and retriever.url is null")
+    max_train_examples: int | None = Field(None, ge=1, description="RL prompts taken from the train split; null = all")
+    max_eval_examples: int | None = Field(64, ge=1, description="held-out questions evaluated; null = all")
+    prompts_per_step: int = Field(4, ge=1, description="distinct prompts per step, each rolled out rollout.n times")
+    shuffle_seed: int | None = Field(None, description="shuffle the train and eval questions before taking the first max_*_examples (the synthetic splits are otherwise ordered by hop count); null = file order")
+    warm_start_examples: int | None = Field(None, ge=1, description="synthetic only: oracle SFT questions taken from the train split after the RL prompts, so the warm start never sees an RL prompt; null = the warm start reuses the RL prompts")
+    warm_start_max_hops: int | None = Field(None, ge=1, le=4, description="the warm start's questions have at most this many hops; null = any")
 
 
 class RetrieverConfig(_Section):
-    # an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g.
-    # one per node of a multi-node run); null = index the corpus and serve on loopback
-    url: str | list[str] | None = None
-    index_dir: str | None = None  # reuse a built index; null = build under the run dir
-    encoder: str | None = None  # sentence-transformers model; null = the packaged MiniLM
-    topk: int = Field(2, ge=1)
+    url: str | list[str] | None = Field(None, description="an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g. one per node of a multi-node run); null = index the corpus and serve it on loopback")
+    index_dir: str | None = Field(None, description="reuse a built index; null = build one under the run dir")
+    encoder: str | None = Field(None, description="sentence-transformers model of a built index; null = the packaged MiniLM")
+    topk: int = Field(2, ge=1, description="passages returned per search")
     token: str | None = Field(None, description="bearer token of an authenticated `url`; null = the "
                               "PVPO_RETRIEVER_TOKEN environment variable (keeps the secret out of the run's config.yaml)")
     timeout: float = Field(30.0, gt=0, description="seconds one /retrieve request may take before it is retried")
@@ -126,9 +117,9 @@ class RetrieverConfig(_Section):
 
 
 class EnvConfig(_Section):
-    protocol: str = "search_r1"
-    max_obs_chars: int = Field(400, ge=16)
-    prompt_template: str = "default"  # a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)
+    protocol: str = Field("search_r1", description="tag protocol: search_r1 | research (pvpo.reward)")
+    max_obs_chars: int = Field(400, ge=16, description="character budget of one search result's passages")
+    prompt_template: str = Field("default", description="a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)")
 
     @field_validator("prompt_template")
     @classmethod
@@ -153,16 +144,16 @@ class EnvConfig(_Section):
 class VLLMConfig(_Section):
     """Options of the vLLM engine (`rollout.engine: vllm`), passed to `VLLMEngine`; null = its default."""
 
-    dtype: str = "auto"  # "auto" = the policy's dtype
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, ge=1)
-    max_model_len: int | None = Field(None, ge=16)
-    kv_cache_memory_bytes: int | None = Field(None, ge=1 << 20)  # fixes the KV cache size (CPU: 512 MiB)
-    enable_prefix_caching: bool = True
-    enable_sleep_mode: bool | None = None  # null = where the platform supports it
-    sleep_level: Literal[1, 2] = 1
-    enforce_eager: bool | None = None  # null = eager on CPU, compiled / CUDA graphs on GPU
-    llm_kwargs: dict[str, Any] = Field(default_factory=dict)  # passed to vllm.LLM unchanged
+    dtype: str = Field("auto", description="auto = the policy's dtype")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of the GPU's memory vLLM may take")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine")
+    max_model_len: int | None = Field(None, ge=16, description="longest sequence vLLM serves; null = the model's")
+    kv_cache_memory_bytes: int | None = Field(None, ge=1 << 20, description="fixes the KV cache size (CPU default: 512 MiB)")
+    enable_prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes")
+    enable_sleep_mode: bool | None = Field(None, description="release memory while the trainer runs; null = where the platform supports it")
+    sleep_level: Literal[1, 2] = Field(1, description="1: the KV cache sleeps while the trainer runs; 2: the weights too")
+    enforce_eager: bool | None = Field(None, description="null = eager on CPU, compiled / CUDA graphs on GPU")
+    llm_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM unchanged")
 
 
 class ImportanceCorrectionConfig(_Section):
@@ -170,21 +161,21 @@ class ImportanceCorrectionConfig(_Section):
     enabled, the PPO ratio's denominator is the trainer's log-prob of each sampled token and the
     per-token loss is weighted by `min(exp(lp_train - lp_sampler), cap)`."""
 
-    enabled: bool = False
-    cap: float = Field(2.0, ge=1)
+    enabled: bool = Field(False, description="weight each token's loss by the truncated trainer/sampler probability ratio")
+    cap: float = Field(2.0, ge=1, description="the weight's upper bound")
 
 
 class RolloutConfig(_Section):
-    engine: str = "hf"
+    engine: str = Field("hf", description="rollout engine: hf | vllm")
     vllm: VLLMConfig = VLLMConfig()
     importance_correction: ImportanceCorrectionConfig = ImportanceCorrectionConfig()
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of training rollouts")
     top_p: float = Field(1.0, gt=0, le=1, description="must be 1 for training rollouts (see _full_distribution)")
-    max_turns: int = Field(4, ge=1)
-    max_new_tokens: int = Field(48, ge=1)  # per turn
-    max_response_tokens: int = Field(384, ge=1)  # model + env tokens of one trajectory
-    n: int = Field(4, ge=1)  # group size: rollouts per prompt
-    batch_size: int = Field(32, ge=1)  # trajectories generated together
+    max_turns: int = Field(4, ge=1, description="agent turns per episode")
+    max_new_tokens: int = Field(48, ge=1, description="tokens generated per turn")
+    max_response_tokens: int = Field(384, ge=1, description="model + env tokens of one trajectory")
+    n: int = Field(4, ge=1, description="group size: rollouts per prompt")
+    batch_size: int = Field(32, ge=1, description="trajectories generated together")
 
     @field_validator("engine")
     @classmethod
@@ -222,10 +213,10 @@ class RolloutConfig(_Section):
 
 
 class AnchorConfig(_Section):
-    num_rollouts: int = Field(4, ge=1)  # M reference rollouts per training prompt
-    refresh_every: int = Field(0, ge=0)  # steps; 0 = never
-    refresh_from: Literal["reference", "current"] = "reference"
-    temperature: float | None = Field(None, gt=0)  # null = rollout.temperature
+    num_rollouts: int = Field(4, ge=1, description="M: reference rollouts per training prompt")
+    refresh_every: int = Field(0, ge=0, description="recompute the anchor every this many steps; 0 = never")
+    refresh_from: Literal["reference", "current"] = Field("reference", description="the policy a refresh samples: reference | current")
+    temperature: float | None = Field(None, gt=0, description="sampling temperature of the anchor's rollouts; null = rollout.temperature")
 
 
 class GroupSamplingConfig(_Section):
@@ -233,7 +224,7 @@ class GroupSamplingConfig(_Section):
     prompts the reference always solves leave the training pool, prompts it never solves get a
     ground-truth trajectory injected into their groups. Recomputed at every anchor refresh."""
 
-    enabled: bool = False
+    enabled: bool = Field(False, description="drop always-solved prompts and inject GT trajectories into never-solved ones")
     drop_threshold: float = Field(1.0, gt=0, le=1, description="reference accuracy >= this: prompt dropped")
     gt_threshold: float = Field(0.0, ge=0, lt=1, description="reference accuracy <= this: prompt gets a GT trajectory")
 
@@ -254,7 +245,7 @@ class GTModelConfig(_Section):
     model: str | None = Field(None, description="model name at `base_url`")
     api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's key")
     temperature: float = Field(0.7, ge=0, description="sampling temperature of GT attempts (0 = greedy)")
-    timeout_s: float = Field(120.0, gt=0)
+    timeout_s: float = Field(120.0, gt=0, description="seconds one endpoint request may take")
 
     @model_validator(mode="after")
     def _one_target(self) -> GTModelConfig:
@@ -287,9 +278,9 @@ class GTConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    estimator: str = "pvpo"
-    reward: str = "pvpo"
-    reward_params: dict[str, Any] = Field(default_factory=dict)
+    estimator: str = Field("pvpo", description="advantage estimator by name: grpo | dr_grpo | rloo | pvpo | gdpo | v05 | v05_value | ppo")
+    reward: str = Field("pvpo", description="reward by name (pvpo.reward): pvpo | em | search_r1_format | research_f1")
+    reward_params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
     anchor: AnchorConfig = AnchorConfig()
     group_sampling: GroupSamplingConfig = GroupSamplingConfig()
     gt: GTConfig = GTConfig()
@@ -336,21 +327,19 @@ class AlgorithmConfig(_Section):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    epochs: int = Field(1, ge=1)  # PPO epochs over one rollout batch
-    mini_batches: int = Field(1, ge=1)  # optimizer steps per epoch
-    grad_accum: int = Field(1, ge=1)  # micro-batches per mini-batch (when max_tokens_per_micro_batch is null)
-    # pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest
-    # row), longest rows first; null = `grad_accum` micro-batches by row count (trainer/micro_batch.py)
-    max_tokens_per_micro_batch: int | None = Field(None, ge=16)
-    grad_clip: float | None = Field(1.0, gt=0)
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
-    dual_clip: float | None = Field(None, gt=1)
-    kl_coef: float = Field(0.0, ge=0)  # 0 = no reference model loaded for KL
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    entropy_coef: float = Field(0.0, ge=0)
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    epochs: int = Field(1, ge=1, description="PPO epochs over one rollout batch")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per mini-batch (when max_tokens_per_micro_batch is null)")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=16, description="pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest row), longest rows first; null = grad_accum micro-batches by row count")
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this; null = no clipping")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clipped below 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clipped above 1 + clip_high")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip bound on negative-advantage tokens; null = off")
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL to the frozen reference; 0 = no reference model loaded for KL")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator: k1 | k2 | k3")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
     loss_agg: str | None = Field(None, description="null = the estimator's own (dr_grpo: seq-mean-token-sum-norm, others: token-mean)")
     loss_norm_len: int | None = Field(
         None, ge=1, description="seq-mean-token-sum-norm's constant divisor; null = rollout.max_response_tokens")
@@ -366,17 +355,17 @@ class OptimConfig(_Section):
 
 
 class RunConfig(_Section):
-    steps: int = Field(2, ge=1)
-    seed: int = 0
-    checkpoint_every: int = Field(1, ge=0)  # steps; 0 = only at the end
-    eval_every: int = Field(0, ge=0)  # steps; 0 = never during training
-    eval_temperature: float = Field(0.0, ge=0)  # 0 = greedy
+    steps: int = Field(2, ge=1, description="training steps")
+    seed: int = Field(0, description="seed of sampling, data order and initialisation")
+    checkpoint_every: int = Field(1, ge=0, description="checkpoint every this many steps; 0 = only at the end")
+    eval_every: int = Field(0, ge=0, description="evaluate every this many steps; 0 = only before and after")
+    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of evaluation; 0 = greedy")
     eval_top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling for evaluation (PVPO evaluates at T=0.6, top-p 0.95)")
     rollout_budget: int | None = Field(
         None, ge=1, description="stop after the step whose cumulative rollouts (anchor and GT generation included) reach this; "
         "null = run.steps only (estimators compared at equal rollout cost)")
-    tensorboard: bool = True
-    threads: int | None = Field(None, ge=1)  # torch CPU threads; null = torch default
+    tensorboard: bool = Field(True, description="write TensorBoard events")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
 
 
 class TrainConfig(_Section):

@@ -33,7 +33,7 @@ class GDPOConfig(_Section):
     components: list[str] | None = Field(
         None, description="reward component names, one column each; null = every component the reward returns, sorted")
     weights: dict[str, float] = Field(default_factory=dict, description="component -> weight; a component not named weighs 1")
-    conditions: list[GDPOCondition] = Field(default_factory=list)
+    conditions: list[GDPOCondition] = Field(default_factory=list, description="[{component, when, threshold}]: a component counts only where `when` reaches `threshold`")
     batch_norm: bool = Field(True, description="normalise the summed advantages over the whole batch (the paper's last step)")
 
 
@@ -55,19 +55,19 @@ class PriorFusionConfig(_Section):
 class CriticConfig(_Section):
     """PPO's learned critic: a copy of the policy's backbone with a scalar value head."""
 
-    lr: float = Field(1e-4, gt=0)
+    lr: float = Field(1e-4, gt=0, description="the critic's AdamW learning rate")
     value_clip: float | None = Field(0.2, gt=0, description="PPO's clipped value loss range; null = unclipped")
     warmup_steps: int = Field(0, ge=0, description="first steps train only the critic (the policy is not updated)")
     epochs: int = Field(1, ge=1, description="critic passes over one rollout batch")
-    micro_batch_rows: int = Field(16, ge=1)
-    grad_clip: float | None = Field(1.0, gt=0)
+    micro_batch_rows: int = Field(16, ge=1, description="rows per critic forward/backward pass")
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the critic's gradient norm to this; null = no clipping")
 
 
 class PPOConfig(_Section):
     """PPO with GAE (Schulman et al. 2016, arXiv:1506.02438) over the model tokens of multi-turn
     trajectories; the outcome reward sits on each trajectory's last model token."""
 
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount per model token")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
     whiten: bool = Field(True, description="whiten the advantages over the batch's model tokens")
     critic: CriticConfig = CriticConfig()
