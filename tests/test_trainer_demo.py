@@ -108,3 +108,26 @@ def test_miniature_demo_writes_finite_metrics_a_plot_and_a_before_after_summary(
     assert len(ws["losses"]) == 6 and all(math.isfinite(x) for x in ws["losses"])
     rl_uids = set(json.loads((run_dir / "anchor.json").read_text())["stats"])
     assert len(rl_uids) == 4 and not rl_uids & set(ws["questions"]), "the warm start saw an RL prompt"
+
+
+@pytest.mark.slow
+def test_shortened_demo_learns_held_out_em_rises_and_train_reward_beats_the_anchor(tmp_path):
+    """`make demo`'s own config cut to 40 RL steps, end to end through the CLI. On the machine the
+    README names it measured held-out EM 0.179 -> 0.327 at step 40 and train reward - anchor
+    +0.095 over steps 31-40 (the full 100-step demo goes on rising); the bars below leave room for
+    another CPU's float kernels."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    run_dir = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "pvpo.cli", "demo", "--run-dir", str(run_dir), "run.steps=40",
+                           "run.checkpoint_every=0"], env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    em_row = next(line for line in (run_dir / "summary.md").read_text().splitlines() if line.startswith("| EM |"))
+    before, after = (float(x) for x in em_row.split("|")[2:4])
+    assert after - before >= 0.08, f"held-out EM {before:.3f} -> {after:.3f}: no learning"
+    late = [r["reward/mean"] - r["anchor/mean"] for r in rows[-10:]]
+    assert sum(late) / len(late) >= 0.03, f"train reward - anchor over the last 10 steps: {late}"
+    first = rows[0]
+    assert first["gs/gt_frac"] > 0.5 and first["gt/generated"] > 0 and 0 < first["gt/fraction"] < 1
+    assert rows[-1]["cost/cum_rollouts"] > rows[0]["cost/cum_anchor_rollouts"] > 0
