@@ -28,8 +28,8 @@ class Prefixes:
 _BGE_EN = "Represent this sentence for searching relevant passages: "
 _BGE_ZH = "为这个句子生成表示以用于检索相关文章："
 
-# Model-family registry, matched in order against the lower-cased model name or path; the first
-# pattern that matches wins. Add a family with `register_prefixes`.
+# Model families, matched in order against the lower-cased model name or path; the first pattern
+# that matches wins.
 _PREFIX_REGISTRY: list[tuple[re.Pattern[str], Prefixes]] = [
     (re.compile(r"(^|[/_-])e5([_-]|$)"), Prefixes("query: ", "passage: ")),
     (re.compile(r"bge-.*-zh"), Prefixes(_BGE_ZH, "")),
@@ -37,11 +37,6 @@ _PREFIX_REGISTRY: list[tuple[re.Pattern[str], Prefixes]] = [
     (re.compile(r"bge-"), Prefixes(_BGE_EN, "")),
     (re.compile(r"gte-qwen|qwen3-embedding"), Prefixes("Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: ", "")),
 ]
-
-
-def register_prefixes(pattern: str, prefixes: Prefixes) -> None:
-    """Adds a model family (regex over the lower-cased model name), checked before the built-ins."""
-    _PREFIX_REGISTRY.insert(0, (re.compile(pattern), prefixes))
 
 
 def prefixes_for(model: str) -> Prefixes:

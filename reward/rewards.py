@@ -100,7 +100,8 @@ def pvpo_reward(response: str, golds: list[str], protocol: TagProtocol = SEARCH_
     prediction = protocol.extract_answer(response)
     acc = _accuracy_vs_length(prediction, golds, length_ratio) if prediction is not None else 0.0
     total = max(floor, acc) if check.ok else 0.0
-    return RewardResult(total, {"format": float(check.ok), "accuracy": acc}, prediction, check.ok)
+    # `r_acc`, the paper's name: "accuracy" is exact match everywhere else (the trainer's metric)
+    return RewardResult(total, {"format": float(check.ok), "r_acc": acc}, prediction, check.ok)
 
 
 @register_reward("em")

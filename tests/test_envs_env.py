@@ -76,7 +76,7 @@ def test_oracle_trajectory_reaches_the_answer_with_full_pvpo_reward(world, searc
         assert (obs, reward, term, trunc) == ("", 1.0, True, False)
         assert info["prediction"] == ex.golden_answers[0] and info["metrics"] == {"em": 1.0, "f1": 1.0, "cem": 1.0}
         assert info["num_searches"] == ex.metadata["hops"] and len(info["queries"]) == ex.metadata["hops"]
-        assert info["reward_components"] == {"format": 1.0, "accuracy": 1.0} and info["format_ok"]
+        assert info["reward_components"] == {"format": 1.0, "r_acc": 1.0} and info["format_ok"]
 
 
 def test_search_observation_is_search_r1_docs_trimmed_to_the_budget(world, searcher) -> None:

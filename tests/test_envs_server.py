@@ -102,7 +102,7 @@ def test_vector_env_makes_one_retriever_call_per_step(world: SyntheticWorld, ser
         assert client.calls - before == int(any(t < len(p) - 1 for p in plans))
         for i in np.flatnonzero(infos.get("_prediction", np.zeros(len(qs), bool))):
             rewards_at_end[int(i)] = (rewards[i], info_at(infos, int(i))["reward_components"])
-    assert rewards_at_end == {i: (1.0, {"format": 1.0, "accuracy": 1.0}) for i in range(len(qs))}
+    assert rewards_at_end == {i: (1.0, {"format": 1.0, "r_acc": 1.0}) for i in range(len(qs))}
     env.reset(options={"reset_mask": np.ones(len(qs), bool), "questions": qs})
     garbage = ("<search>", None, "</answer>", "\udcff", "<search>x</search>", "<answer>", "", 5)
     obs, rewards, term, trunc, _ = env.step(garbage)

@@ -29,7 +29,7 @@ def test_pvpo_reward_uses_cem_for_short_and_f1_for_long_answers() -> None:
     # bad format: 0 whatever the answer
     assert pvpo("<answer>Paris</answer> extra", ["Paris"]).total == 0.0
     r = pvpo(OK.format(a="Paris or Lyon"), ["Paris"])
-    assert r.components == {"format": 1.0, "accuracy": pytest.approx(0.5)} and r.prediction == "Paris or Lyon"
+    assert r.components == {"format": 1.0, "r_acc": pytest.approx(0.5)} and r.prediction == "Paris or Lyon"
 
 
 def test_pvpo_length_ratio_is_configurable() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from pvpo.trainer.config import load_config
 from pvpo.trainer.hf_engine import HFEngine
+from pvpo.trainer.metrics_log import MetricsLogger
 
 from test_trainer_core import TINY, WORLD, OverlapSearcher
 
@@ -27,9 +28,10 @@ def test_train_closes_its_engine_when_done_and_when_a_step_fails(tmp_path: Path,
     train(cfg, tmp_path / "ok", searcher=searcher, show_progress=False)
     assert len(closed) == 1
 
-    def fail(step: int) -> None:
-        raise Boom("after step 1")
+    def fail(self, step, metrics):  # type: ignore[no-untyped-def]
+        raise Boom("while logging step 1")
 
+    monkeypatch.setattr(MetricsLogger, "log", fail)
     with pytest.raises(Boom):
-        train(cfg, tmp_path / "failed", searcher=searcher, show_progress=False, after_step=fail)
+        train(cfg, tmp_path / "failed", searcher=searcher, show_progress=False)
     assert len(closed) == 2

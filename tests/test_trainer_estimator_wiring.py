@@ -18,8 +18,8 @@ def _train(tmp_path, *overrides: str):
     return train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
 
 
-def test_gdpo_trains_on_the_pvpo_rewards_format_and_accuracy_components(tmp_path):
-    m = _train(tmp_path, "algorithm.estimator=gdpo", "algorithm.gdpo.weights={accuracy: 2.0}", "run.steps=1").metrics[0]
+def test_gdpo_trains_on_the_pvpo_rewards_format_and_r_acc_components(tmp_path):
+    m = _train(tmp_path, "algorithm.estimator=gdpo", "algorithm.gdpo.weights={r_acc: 2.0}", "run.steps=1").metrics[0]
     assert math.isfinite(m["loss"]) and "adv/std" in m
     assert abs(m["adv/mean"]) < 1e-5  # the batch step centres the advantages
 

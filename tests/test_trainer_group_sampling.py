@@ -197,25 +197,31 @@ def test_training_with_group_sampling_injects_gt_and_logs_its_ratio_fractions_an
     assert len(cache["records"]) == m1["gt/generated"] > 0
 
 
+def test_one_rollout_of_each_group_stays_the_policys_own_whatever_replace_per_group_asks(tmp_path):
+    from pvpo.trainer.train import train
+
+    cfg = load_config(None, GS + ["run.steps=1", "rollout.n=2", "algorithm.gt.replace_per_group=5"])
+    (m,) = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False).metrics
+    assert m["gs/gt_frac"] == 1.0 and m["gt/fraction"] == pytest.approx(0.5)
+    assert m["cost/rollouts"] == m["cost/cum_anchor_rollouts"] + m["cost/cum_gt_rollouts"] + 2
+
+
 @pytest.mark.slow
-def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path):
+def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path, monkeypatch):
     """Anchor refreshed every step from the current policy, checkpoints every 2 steps, a crash after
     step 4 is logged but before its checkpoint: on resume, steps 3-4 must see the anchor computed at
     step 2 (restored from checkpoint 2), not the step-3 anchor the crashed run left on disk."""
     from pvpo.trainer.train import train
 
-    from test_trainer_loop import Crash
+    from test_trainer_loop import Crash, crash_after_logging
 
     cfg = load_config(None, GS + ["run.steps=4", "run.checkpoint_every=2", "algorithm.anchor.refresh_every=1",
                                   "algorithm.anchor.refresh_from=current", "rollout.n=2", "algorithm.gt.replace_per_group=1"])
     searcher = OverlapSearcher(WORLD.passages)
 
-    def crash(step: int) -> None:
-        if step == 4:
-            raise Crash("after logging step 4, before its checkpoint")
-
-    with pytest.raises(Crash):
-        train(cfg, tmp_path / "run", searcher=searcher, show_progress=False, after_step=crash)
+    with monkeypatch.context() as m, pytest.raises(Crash):
+        crash_after_logging(m, 4)
+        train(cfg, tmp_path / "run", searcher=searcher, show_progress=False)
     assert json.loads((tmp_path / "run" / "anchor.json").read_text())["computed_at_step"] == 3
     resumed = train(cfg, tmp_path / "run", resume=True, searcher=searcher, show_progress=False)
     straight = train(cfg, tmp_path / "straight", searcher=searcher, show_progress=False)
@@ -284,3 +290,42 @@ def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp
         assert late > acc(trainer.sampled[:8])
     else:
         assert late == 0.0 and acc(trainer.sampled) == 0.0
+
+
+def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as_pi_gt(tmp_path, tiny):
+    """PVPO's "larger model" as a local HF folder: its trajectories go through our agent loop
+    token-exact, wrong answers are retried then given up on, and a model whose tokenizer is not
+    the policy's is refused."""
+    from pvpo.envs.data import QAExample
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.trainer.agent_loop import LoopConfig
+    from pvpo.trainer.gt import GTContext, build_gt_source
+    from pvpo.trainer.policy import load_policy, policy_from_config
+
+    from tests.eval_support import searching_policy
+
+    questions = ["What is the capital of Germany?", "Which city is Germany's capital?", "Where does the German chancellor sit?"]
+    folder = searching_policy(tmp_path / "gt_model", questions)  # searches once, then answers "Berlin"
+    tok = load_policy(folder).tokenizer
+    exs = [QAExample(f"q{i}", q, ("Berlin",)) for i, q in enumerate(questions)] + [QAExample("wrong", questions[0], ("Paris",))]
+    cfg = load_config(None, ["algorithm.gt.source=model", f"algorithm.gt.model.path={folder}", "algorithm.gt.model.temperature=0"])
+    episode = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1")
+    ctx = GTContext(tok, tiny, episode, LoopConfig(max_turns=4, max_new_tokens=32, max_response_tokens=512))
+    source = build_gt_source("model", cfg.algorithm.gt, ctx)
+    cache = GTCache(tmp_path / "gt.json")
+    try:
+        counts = fetch_gt(exs, source, cache, attempts=2, min_reward=1.0)
+    finally:
+        source.close()
+    assert counts["gt/generated"] == 3 and counts["gt/failed"] == 1 and counts["gt/attempts"] == 4 + 1
+    assert cache.failed == {"wrong": 2}
+    for i in range(3):
+        r = cache.records[f"q{i}"]
+        assert r.reward == 1.0 and r.num_tool_calls == 1 and 0 in r.loss_mask and 1 in r.loss_mask
+        model_lp = [lp for lp, m in zip(r.gt_logprobs, r.loss_mask) if m]
+        assert all(lp <= 0.0 for lp in model_lp) and any(lp < 0.0 for lp in model_lp)  # the model's, not the oracle's 0
+        assert all(lp == 0.0 for lp, m in zip(r.gt_logprobs, r.loss_mask) if not m)
+        assert tok.decode(r.response_ids).rstrip().endswith("</answer>")
+    other = policy_from_config(load_config(None, TINY).model, corpus_texts=questions, tags=("think", "search", "information", "answer"), seed=0)
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        build_gt_source("model", cfg.algorithm.gt, GTContext(other.tokenizer, tiny, episode, ctx.loop))

@@ -126,18 +126,29 @@ class Crash(RuntimeError):
     pass
 
 
-def test_resume_after_crash_logs_each_step_once_and_matches_an_uninterrupted_run(tmp_path):
+def crash_after_logging(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:
+    """Make training raise Crash right after step `at_step` is logged, before its checkpoint."""
+    from pvpo.trainer.metrics_log import MetricsLogger
+
+    log = MetricsLogger.log
+
+    def log_then_crash(self, step, metrics):  # type: ignore[no-untyped-def]
+        log(self, step, metrics)
+        if step == at_step:
+            raise Crash(f"injected after logging step {at_step}, before its checkpoint")
+
+    monkeypatch.setattr(MetricsLogger, "log", log_then_crash)
+
+
+def test_resume_after_crash_logs_each_step_once_and_matches_an_uninterrupted_run(tmp_path, monkeypatch):
     from pvpo.trainer.train import train
 
     cfg = load_config(None, TINY + ["run.steps=3", "run.checkpoint_every=1"])
     searcher = OverlapSearcher(WORLD.passages)
 
-    def crash(step: int) -> None:
-        if step == 2:
-            raise Crash("injected after logging step 2, before its checkpoint")
-
-    with pytest.raises(Crash):
-        train(cfg, tmp_path / "run", searcher=searcher, show_progress=False, after_step=crash)
+    with monkeypatch.context() as m, pytest.raises(Crash):
+        crash_after_logging(m, 2)
+        train(cfg, tmp_path / "run", searcher=searcher, show_progress=False)
     anchor_before = json.loads((tmp_path / "run" / "anchor.json").read_text())
     resumed = train(cfg, tmp_path / "run", resume=True, searcher=searcher, show_progress=False)
     assert [m["step"] for m in resumed.metrics] == [1, 2, 3]

@@ -111,18 +111,6 @@ class AnchorStore:
         self.source = source
         self.num_rollouts = None
 
-    # -- Group Sampling helpers ---------------------------------------------------------------
-
-    def solved_always(self, uid: str) -> bool:
-        """The reference policy solved `uid` in every one of its rollouts (accuracy 1.0)."""
-        s = self._stats.get(uid)
-        return s is not None and s.accuracy >= 1.0 - 1e-9
-
-    def solved_never(self, uid: str) -> bool:
-        """The reference policy solved `uid` in none of its rollouts (accuracy 0.0)."""
-        s = self._stats.get(uid)
-        return s is not None and s.accuracy <= 1e-9
-
     # -- persistence --------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ class GDPOCondition(_Section):
 
 class GDPOConfig(_Section):
     """GDPO (arXiv:2601.05242): each named reward component normalised in its group, weighted sum,
-    then normalised over the batch. Components are the reward's own (`pvpo`: format, accuracy)."""
+    then normalised over the batch. Components are the reward's own (`pvpo`: format, r_acc)."""
 
     components: list[str] | None = Field(
         None, description="reward component names, one column each; null = every component the reward returns, sorted")

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,9 +90,9 @@ class Trainer:
     """Holds the run's policy, engine, optimizer and anchor; `run()` trains to `run.steps`."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searcher, *, resume: bool = False,
-                 show_progress: bool = True, after_step: Callable[[int], None] | None = None) -> None:
+                 show_progress: bool = True) -> None:
         self.cfg, self.run_dir, self.data, self.searcher = cfg, run_dir, data, searcher
-        self.show_progress, self.after_step = show_progress, after_step
+        self.show_progress = show_progress
         self.epcfg = episode_config(cfg)
         self.result = TrainResult(run_dir, 0)
         if cfg.run.threads:
@@ -319,14 +319,16 @@ class Trainer:
 
     def step_group(self, prompts: Sequence[QAExample]) -> tuple[list[QAExample], list[Trajectory]]:
         """The examples to roll out for `prompts` (N each) and the GT trajectories that replace
-        `gt.replace_per_group` of them for Group Sampling's GT prompts."""
+        `gt.replace_per_group` of them (at most N - 1) for Group Sampling's GT prompts."""
         n, gt = self.cfg.rollout.n, self.cfg.algorithm.gt
         todo: list[QAExample] = []
         injected: list[Trajectory] = []
         gt_uids = set(self.partition.gt) if self.partition is not None else set()
         for ex in prompts:
             record = self.gt_cache.records.get(ex.uid) if self.gt_cache is not None and ex.uid in gt_uids else None
-            r = min(gt.replace_per_group, n) if record is not None else 0
+            # at least one rollout of every group stays the policy's own: a group of GT copies alone
+            # is supervised learning for free (cached GT costs no rollout), not PVPO's replacement
+            r = min(gt.replace_per_group, n - 1) if record is not None else 0
             todo += [ex] * (n - r)
             injected += [record.trajectory(ex.uid) for _ in range(r)] if record is not None else []
         return todo, injected
@@ -407,8 +409,6 @@ class Trainer:
                 self.result.eval_after = self.evaluate("after")
                 metrics.update(self.result.eval_after)
             self.logger.log(step, metrics)
-            if self.after_step is not None:
-                self.after_step(step)  # tests inject a crash here: logged, not yet checkpointed
             if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                 save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
                 save(self.run_dir, step, model=checkpoint_view(self.model), tokenizer=self.tokenizer, optimizer=self.optimizer,
@@ -434,8 +434,7 @@ def _maybe_searcher(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searc
 
 
 def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-          searcher: Searcher | None = None, show_progress: bool = True,
-          after_step: Callable[[int], None] | None = None) -> TrainResult:
+          searcher: Searcher | None = None, show_progress: bool = True) -> TrainResult:
     """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
     differs from the run's own config.yaml outside `run_dir.SAFE_ON_RESUME` (RunDirError)."""
@@ -451,7 +450,7 @@ def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwr
                 run_dir.mkdir(parents=True, exist_ok=True)
                 data = load_data(cfg, run_dir)
                 s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))
-            trainer = stack.enter_context(Trainer(cfg, run_dir, data, s, resume=resume, after_step=after_step,
+            trainer = stack.enter_context(Trainer(cfg, run_dir, data, s, resume=resume,
                                                   show_progress=show_progress and ddp.is_main()))  # fmt: skip
             return trainer.run()
     finally:

@@ -15,7 +15,9 @@ import torch
 
 @dataclass
 class Trajectory:
-    """One rollout of one prompt (see DESIGN.md, Contracts)."""
+    """One rollout of one prompt: prompt and response token ids, the loss mask (1 = model token,
+    0 = env token), the sampler's log-probs, the group uid, the reward and its components, tool
+    calls, and whether it is an injected GT trajectory (ratio denominator pi_gt)."""
 
     uid: str
     prompt_ids: list[int]
