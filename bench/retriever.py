@@ -232,6 +232,7 @@ def main() -> None:
     from pvpo.retriever.index import OFFSETS_FILE, load_retriever, read_meta
 
     from pvpo.retriever.server import set_torch_threads
+    from pvpo.retriever.types import split_contents
 
     threads = set_torch_threads(args.threads)
     print(f"machine: {machine()}")
@@ -257,8 +258,8 @@ def main() -> None:
     questions, pool = questions_and_queries(args.data)
     corpus_rows = {}
     for row, (_, contents) in enumerate(iter_corpus(corpus_file)):
-        title, text = contents.split("\n", 1)
-        corpus_rows[(title[1:-1], text)] = row
+        title, text = split_contents(contents)
+        corpus_rows[(title, text)] = row
     rows.append(("recall@5, supporting paragraphs, 100 questions (MiniLM, Flat)",
                  f"{recall_at_k(retriever, questions, corpus_rows, 5):.3f}"))
     bm25_dir = build_index(corpus_file, args.work_dir / "musique_mini_bm25", index_type="bm25", show_progress=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pvpo.envs.data import QAExample
-from pvpo.retriever.types import Passage
+from pvpo.retriever.types import Passage, make_contents
 
 
 def corpus_from_examples(examples: Iterable[QAExample]) -> list[Passage]:
@@ -19,7 +19,7 @@ def corpus_from_examples(examples: Iterable[QAExample]) -> list[Passage]:
     for ex in examples:
         for p in ex.paragraphs:
             seen.setdefault((p.title.strip(), p.text.strip()), None)
-    return [Passage(str(i), f"{title}\n{text}") for i, (title, text) in enumerate(seen)]
+    return [Passage(str(i), make_contents(title, text)) for i, (title, text) in enumerate(seen)]
 
 
 def write_corpus(passages: Iterable[Passage | Mapping[str, Any]], path: str | Path) -> int:

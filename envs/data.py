@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pvpo.retriever.types import make_contents
+
 
 @dataclass(frozen=True)
 class Paragraph:
@@ -17,8 +19,8 @@ class Paragraph:
 
     @property
     def contents(self) -> str:
-        """Search-R1 corpus text: title on the first line, the text after it."""
-        return f"{self.title}\n{self.text}"
+        """Search-R1 corpus text (`pvpo.retriever.types.make_contents`): title, then the text."""
+        return make_contents(self.title, self.text)
 
 
 @dataclass(frozen=True)

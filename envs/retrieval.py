@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pvpo.retriever.types import Passage, Searcher
+from pvpo.retriever.types import Passage, Searcher, split_contents
 
 
 def resolve_retriever(retriever: Searcher | None = None, retriever_url: str | Sequence[str] | None = None, *,
@@ -40,8 +40,8 @@ def format_passages(passages: Sequence[Passage], max_chars: int | None = None) -
     lines = []
     for i, p in enumerate(passages, 1):
         contents = p.contents if isinstance(p, Passage) else str(p.get("contents", ""))  # type: ignore[union-attr]
-        title, _, text = contents.partition("\n")
-        lines.append(f"Doc {i}(Title: {title.strip().strip(chr(34))}) {text.strip()}")
+        title, text = split_contents(contents)
+        lines.append(f"Doc {i}(Title: {title}) {text.strip()}")
     return trim(("\n".join(lines)).strip(), max_chars)
 
 

