@@ -156,3 +156,46 @@ def test_vllm_engine_evaluates_with_top_p_below_one(policy_dir: Path, retriever_
     metrics = json.loads((tmp_path / "v" / "bamboogle" / "metrics.json").read_text())
     assert (metrics["engine"], metrics["settings"]["temperature"], metrics["settings"]["top_p"]) == ("vllm", 0.6, 0.95)
     assert len(items) == 12 and sum(it["output"]["num_searches"] >= 1 for it in items) >= 6
+
+
+def test_gt_endpoint_source_writes_what_the_local_model_source_writes(policy_dir: Path, server: str, tiny, tmp_path: Path) -> None:
+    """PVPO's "larger model" behind an OpenAI-compatible endpoint (Group Sampling's `gt.source:
+    model` with `base_url`): greedy, the text loop with restored stop strings gives the same
+    trajectories, tokenized with the policy's tokenizer, as the same weights run locally; pi_gt is
+    the reference's (`gt.logprobs: reference`), set by the trainer's callback."""
+    from pvpo.envs.data import QAExample
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.trainer.agent_loop import LoopConfig
+    from pvpo.trainer.config import load_config
+    from pvpo.trainer.gt import GTCache, GTContext, build_gt_source, fetch_gt
+    from pvpo.trainer.policy import load_policy
+
+    tok = load_policy(policy_dir).tokenizer
+    exs = [QAExample(f"q{i}", q, ("Berlin",)) for i, q in enumerate(["What is the capital of Germany?", "Who won the 1998 world cup?"])]
+    episode = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1")
+    ctx = GTContext(tok, tiny, episode, LoopConfig(max_turns=4, max_new_tokens=32, max_response_tokens=512))
+    common = ["algorithm.gt.source=model", "algorithm.gt.model.temperature=0", "algorithm.gt.logprobs=reference"]
+    remote_cfg = load_config(None, common + [f"algorithm.gt.model.base_url={server}", "algorithm.gt.model.model=tiny"])
+    local_cfg = load_config(None, common + [f"algorithm.gt.model.path={policy_dir}"])
+    marked = []
+
+    def reference(trajs):  # stands in for the trainer's reference log-probs
+        for t in trajs:
+            t.old_logprobs = [-0.5 if m else 0.0 for m in t.loss_mask]
+            marked.append(t.uid)
+
+    caches = {}
+    for name, cfg in (("remote", remote_cfg), ("local", local_cfg)):
+        src = build_gt_source("model", cfg.algorithm.gt, ctx)
+        caches[name] = GTCache(tmp_path / f"{name}.json")
+        try:
+            fetch_gt(exs, src, caches[name], attempts=1, min_reward=1.0, set_logprobs=reference)
+        finally:
+            src.close()
+    remote, local = caches["remote"].records, caches["local"].records
+    assert set(remote) == set(local) == {"q0", "q1"} and sorted(marked) == ["q0", "q0", "q1", "q1"]
+    for uid in remote:
+        assert tok.decode(remote[uid].response_ids) == tok.decode(local[uid].response_ids)
+        assert remote[uid].loss_mask.count(0) == local[uid].loss_mask.count(0) > 0  # the same observation tokens
+        assert remote[uid].num_tool_calls == local[uid].num_tool_calls == 1 and remote[uid].reward == 1.0
+        assert set(remote[uid].gt_logprobs) <= {-0.5, 0.0}

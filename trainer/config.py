@@ -260,7 +260,7 @@ class GTConfig(_Section):
     """Ground-truth trajectories for the prompts the reference never solves (Group Sampling)."""
 
     source: str = Field("oracle", description="where GT trajectories come from: oracle | model")
-    replace_per_group: int = Field(1, ge=1, description="rollouts of a GT prompt's group replaced by its GT trajectory")
+    replace_per_group: int = Field(1, ge=1, description="rollouts of a GT prompt's group replaced by its GT trajectory (at most rollout.n - 1: one stays the policy's own)")
     attempts: int = Field(4, ge=1, description="tries per prompt before the source gives up on it")
     min_reward: float = Field(1.0, ge=0, le=1, description="a GT trajectory must reach this reward (correct + well formed)")
     logprobs: Literal["source", "reference"] = Field(
