@@ -11,8 +11,8 @@ time, advantage variance), `em_vs_cost.png`, and the answer to the PVPO paper's 
 does PVPO at N=2 reach >= 97% of GRPO at N=5's accuracy at <= 40% of its rollout cost?
 A finished run is not redone, so an interrupted benchmark resumes.
 
-    python bench/algorithms.py [--algorithms pvpo+gs,pvpo,grpo,dr_grpo,rloo] [--n 2,5] [--seeds 0,1,2]
-                               [--budget 1200] [--evals 4] [--out runs/bench_algorithms] [key=value ...]
+    python bench/algorithms.py [--algorithms pvpo+gs,pvpo,grpo,dr_grpo,rloo,gdpo,v05,ppo] [--n 2,5] [--seeds 0,1,2]
+                               [--budget 3200] [--evals 3] [--out runs/bench_algorithms] [key=value ...]
 """
 
 from __future__ import annotations
@@ -155,11 +155,12 @@ def table(res: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--algorithms", default="pvpo+gs,pvpo,grpo,dr_grpo,rloo")
+    ap.add_argument("--algorithms", default="pvpo+gs,pvpo,grpo,dr_grpo,rloo,gdpo,v05,ppo")
     ap.add_argument("--n", default="2,5", help="rollouts per prompt, comma-separated")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--budget", type=int, default=1200, help="rollouts per run, anchor and GT generation included")
-    ap.add_argument("--evals", type=int, default=4, help="held-out evaluations per run, spread over its steps")
+    # the demo config's anchor alone is 480 prompts x M=4 = 1920 rollouts (and 385 oracle GT replays)
+    ap.add_argument("--budget", type=int, default=3200, help="rollouts per run, anchor and GT generation included")
+    ap.add_argument("--evals", type=int, default=3, help="held-out evaluations per run, spread over its steps")
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_algorithms"))
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config, for every run")

@@ -329,3 +329,13 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
     other = policy_from_config(load_config(None, TINY).model, corpus_texts=questions, tags=("think", "search", "information", "answer"), seed=0)
     with pytest.raises(ValueError, match="tokenizer differs"):
         build_gt_source("model", cfg.algorithm.gt, GTContext(other.tokenizer, tiny, episode, ctx.loop))
+
+
+def test_a_rollout_budget_ends_the_run_at_the_step_that_reaches_it_with_a_final_eval_and_checkpoint(tmp_path):
+    from pvpo.trainer.train import train
+
+    cfg = load_config(None, TINY + ["run.steps=50", "run.rollout_budget=40", "run.checkpoint_every=0"])
+    metrics = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False).metrics
+    assert metrics[-1]["cost/cum_rollouts"] >= 40 > metrics[-2]["cost/cum_rollouts"]
+    assert len(metrics) < 50 and "eval/accuracy" in metrics[-1]
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == f"step_{len(metrics):06d}"

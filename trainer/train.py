@@ -397,11 +397,12 @@ class Trainer:
         cfg = self.cfg
         if self.start_step == 0 and self.data.eval:
             self.result.eval_before = self.evaluate("before")
-        bar = Progress(desc="train", unit="step", initial=self.start_step, total=cfg.run.steps, enabled=self.show_progress)
+        budget = cfg.run.rollout_budget  # when set, the run usually ends before run.steps: no step total to show
+        bar = Progress(desc="train", unit="step", initial=self.start_step, total=cfg.run.steps if budget is None else None,
+                       enabled=self.show_progress)  # fmt: skip
         for step in range(self.start_step + 1, cfg.run.steps + 1):
             metrics = self.train_step(step)
             # a rollout budget (anchor and GT generation included) ends the run at the step that reaches it
-            budget = cfg.run.rollout_budget
             last = step == cfg.run.steps or (budget is not None and metrics["cost/cum_rollouts"] >= budget)
             if cfg.run.eval_every and step % cfg.run.eval_every == 0 and not last:
                 metrics.update(self.evaluate(f"step{step}"))
@@ -413,7 +414,8 @@ class Trainer:
                 save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
                 save(self.run_dir, step, model=checkpoint_view(self.model), tokenizer=self.tokenizer, optimizer=self.optimizer,
                      extra={"cost": self.cost.state_dict(), **self.adv_inputs.state_dict()}, state_files=[self.run_dir / f for f in STATE_FILES])  # fmt: skip
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0):.3f}")
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", acc=f"{metrics['accuracy']:.2f}", loss=f"{metrics.get('loss', 0):.3f}",
+                            **({"rollouts": f"{metrics['cost/cum_rollouts']:.0f}/{budget}"} if budget is not None else {}))  # fmt: skip
             bar.update(1)
             self.result.steps_done = step
             if last:
