@@ -8,6 +8,7 @@ import importlib.util
 
 import typer
 
+from pvpo.progress import quiet_library_bars
 from pvpo.user_errors import UserErrorGroup
 
 app = typer.Typer(
@@ -25,6 +26,7 @@ def _root(
                                "such as a bad path or an unreachable server prints one line: the cause and the fix)."),
 ) -> None:
     """Train and evaluate search agents for multi-hop QA: retriever, environment, rewards, PVPO trainer."""
+    quiet_library_bars()  # before any command imports transformers
 
 
 # Component CLIs, in the order they appear in --help. A component whose cli module is not there

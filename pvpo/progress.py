@@ -20,6 +20,14 @@ def _every_s() -> float:
         raise ValueError(f"{EVERY_S_ENV}={raw!r} is not a number of seconds") from None
 
 
+def quiet_library_bars(stream: TextIO | None = None) -> None:
+    """Off a terminal, turn off the bars of Hugging Face libraries (transformers' "Loading
+    weights", hub downloads), which honour `HF_HUB_DISABLE_PROGRESS_BARS` when first imported;
+    an explicit setting of that variable is kept."""
+    if not getattr(stream if stream is not None else sys.stderr, "isatty", lambda: False)():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 class Progress:
     """A progress meter with tqdm's `update` / `set_postfix` / `close` and iteration. `enabled=False`
     shows nothing; on a TTY it is a tqdm bar; elsewhere it writes `desc: n/total (p%) ...` to

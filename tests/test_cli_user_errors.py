@@ -4,6 +4,7 @@ under `pvpo --debug`); progress is a bar on a terminal and periodic lines elsewh
 from __future__ import annotations
 
 import io
+import os
 import socket
 
 from typer.testing import CliRunner
@@ -73,3 +74,20 @@ def test_progress_on_a_terminal_is_a_tqdm_bar() -> None:
     with Progress(total=3, desc="w", stream=out) as bar:
         bar.update(3)
     assert "\r" in out.getvalue() and "3/3" in out.getvalue()
+
+
+def test_hugging_face_bars_are_turned_off_only_off_a_terminal(monkeypatch) -> None:
+    from pvpo.progress import quiet_library_bars
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    quiet_library_bars(Tty())
+    assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+    quiet_library_bars(io.StringIO())
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user's own setting wins
+    quiet_library_bars(io.StringIO())
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
