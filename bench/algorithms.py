@@ -104,6 +104,11 @@ def fig4_answer(res: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
         at_cap.append(within[-1] if within else float("nan"))
     p_em, p_se = _mean_se(at_cap)
     ratio = p_em / g_em if g_em else float("nan")
+    g_before, _ = _mean_se([r["em_before"] for r in gr])
+    if g_em <= g_before:  # the baseline lost accuracy: beating it says nothing about PVPO's efficiency
+        return (f"Fig. 4 question: not answerable from this run. GRPO N=5 ended below where it started (held-out EM "
+                f"{g_before:.3f} -> {g_em:.3f}), so PVPO N=2's {p_em:.3f} +- {p_se:.3f} within 40% of its cost "
+                f"({ratio:.0%} of it) measures GRPO's collapse at these settings, not the paper's claim.")  # fmt: skip
     verdict = "reproduced" if ratio >= 0.97 else "not reproduced"
     return (f"Fig. 4 question: GRPO N=5 ends at held-out EM {g_em:.3f} for PVPO cost {g_cost:.0f}; PVPO N=2 "
             f"({'with' if ('pvpo+gs', 2) in res else 'without'} Group Sampling), at its last evaluation within 40% of that cost "
