@@ -22,14 +22,17 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 def _train_smoke_with_vllm(run: Path, *overrides: str) -> list[dict]:
     """`pvpo train` on smoke.yaml with vLLM rollouts; returns metrics.jsonl, checked to hold steps
-    1 and 2 with finite values."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    1 and 2 with finite values, and that the run left no temporary `pvpo-vllm-*` model copy."""
+    tmp = run.parent / f"{run.name}.tmp"
+    tmp.mkdir(parents=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(tmp))
     proc = subprocess.run(
         [sys.executable, "-m", "pvpo.cli", "train", "--config", str(REPO / "configs" / "smoke.yaml"), "--run-dir", str(run),
          "rollout.engine=vllm", *VLLM_SHAPE, *overrides],
         env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(tmp.glob("pvpo-vllm-*")) == [], "the engine's temporary model copy was left behind"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(v is not None and math.isfinite(v) for r in rows for v in r.values())
