@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from pvpo.retriever.index import Retriever
-from pvpo.retriever.types import Passage
 
 TINY_CORPUS: list[dict[str, str]] = [
     {"title": "Paris", "text": "Paris is the capital and most populous city of France, on the Seine."},
@@ -79,25 +73,3 @@ def build_tiny_index(base_dir: str | Path, *, index_type: str = "Flat") -> Path:
     if not (out / "meta.json").exists():
         build_index(corpus, out, index_type=index_type, show_progress=False, batch_size=64)
     return out
-
-
-class FailingRetriever(Retriever):
-    """Wraps a retriever and raises on the first `failures` searches."""
-
-    def __init__(self, inner: Retriever, failures: int) -> None:
-        self.inner, self.failures, self.calls = inner, failures, 0
-        self.corpus = inner.corpus
-        self.lock = threading.Lock()
-
-    def search_varying(self, queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
-        with self.lock:
-            self.calls += 1
-            if self.calls <= self.failures:
-                raise RuntimeError("index shard unavailable")
-        return self.inner.search_varying(queries, topks)
-
-    def info(self) -> dict[str, Any]:
-        return self.inner.info()
-
-    def close(self) -> None:
-        pass

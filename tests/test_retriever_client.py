@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from pvpo.retriever.client import AsyncRetrieverClient, RetrieverClient, RetrieverError, parse_result
 from pvpo.retriever.server import BackgroundServer
-from pvpo.retriever.testing import TINY_QUERIES, FailingRetriever, write_tiny_corpus
+from pvpo.retriever.testing import TINY_QUERIES, write_tiny_corpus
+
+from retriever_support import FailingRetriever
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

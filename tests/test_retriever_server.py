@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pvpo.retriever.server import BackgroundServer, Limits
-from pvpo.retriever.testing import TINY_CORPUS, TINY_QUERIES, FailingRetriever, build_tiny_index
+from pvpo.retriever.testing import TINY_CORPUS, TINY_QUERIES, build_tiny_index
+
+from retriever_support import FailingRetriever
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
