@@ -232,6 +232,7 @@ def test_a_small_request_is_not_stuck_behind_a_large_one(tiny) -> None:
     slow = SlowRetriever(tiny, per_query_s=0.01)
     with BackgroundServer(slow, max_batch_size=16, limits=Limits(max_queries=512)) as server:
         big: list[httpx.Response] = []
+        t_big = time.perf_counter()
         t = threading.Thread(target=lambda: big.append(httpx.post(server.url + "/retrieve", timeout=60,
                                                                   json={"queries": [f"chess {i}" for i in range(400)]})))
         t.start()
@@ -242,9 +243,12 @@ def test_a_small_request_is_not_stuck_behind_a_large_one(tiny) -> None:
             assert httpx.post(server.url + "/retrieve", json={"queries": [q]}, timeout=60).status_code == 200
             took.append(time.perf_counter() - t0)
         t.join()
+        big_s = time.perf_counter() - t_big
         assert big[0].status_code == 200 and len(big[0].json()["result"]) == 400
         assert big[0].json()["result"][0][0]["document"]["contents"].startswith('"Chess"')
-    assert max(took) < 1.0, took  # one 16-query batch is 0.16 s; behind the whole request it was 4 s
+    # one 16-query batch is 0.16 s; behind the whole request a small one waited all of its >= 4 s.
+    # Relative to the large request's own time, so a loaded machine (both slower) cannot fail it.
+    assert max(took) < 0.4 * big_s, (took, big_s)
 
 
 def test_work_for_a_client_that_went_away_is_dropped(tiny, caplog) -> None:

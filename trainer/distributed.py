@@ -37,7 +37,9 @@ T = TypeVar("T")
 
 
 def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """Whether this process is one of several ranks. A process group of size 1 is not: vLLM starts
+    one inside a single training process, and sharding the policy there broke its weight sync."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def world_size() -> int:
@@ -59,7 +61,7 @@ def launched_by_torchrun() -> bool:
 
 def init_from_env(device: torch.device) -> None:
     """Join the torchrun process group (NCCL on CUDA, gloo on CPU) once; a no-op in a single process."""
-    if is_distributed() or not launched_by_torchrun():
+    if (dist.is_available() and dist.is_initialized()) or not launched_by_torchrun():
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
