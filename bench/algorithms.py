@@ -18,6 +18,7 @@ A finished run is not redone, so an interrupted benchmark resumes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--evals", type=int, default=3, help="held-out evaluations per run, spread over its steps")
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_algorithms"))
+    ap.add_argument("--report-only", action="store_true", help="write the table and plot from the finished runs only")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config, for every run")
     args = ap.parse_args(argv)
 
@@ -192,8 +194,19 @@ def main(argv: list[str] | None = None) -> None:
     total = len(algs) * len(ns) * len(seeds)
     k = 0
     t_start = time.perf_counter()
-    with BackgroundServer(str(index)) as server:
-        searcher = RetrieverClient(server.url, topk=base.retriever.topk)
+    if args.report_only:
+        for seed in seeds:
+            for n in ns:
+                for alg in algs:
+                    done = args.out / "runs" / f"{alg}_n{n}_s{seed}" / "result.json"
+                    if done.exists():
+                        res.setdefault((alg, n), []).append(json.loads(done.read_text()))
+                    else:
+                        print(f"not finished, left out: {alg} N={n} seed={seed}", file=sys.stderr)
+    with contextlib.nullcontext() if args.report_only else BackgroundServer(str(index)) as server:
+        if args.report_only:
+            seeds = []
+        searcher = RetrieverClient(server.url, topk=base.retriever.topk) if server is not None else None
         for seed in seeds:
             seed_cfg = load_config(args.config, args.overrides + [f"run.seed={seed}"])
             warm = warm_policy(seed_cfg, data, searcher, args.out / "warm" / f"seed{seed}")
@@ -207,7 +220,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"rollout.n={n}", f"run.seed={seed}", "run.steps=100000", f"run.rollout_budget={args.budget}",
                         f"run.eval_every={every}", "run.checkpoint_every=0", "run.tensorboard=false"])  # fmt: skip
                     res.setdefault((alg, n), []).append(run_one(cfg, data, searcher, warm, args.out / "runs" / f"{alg}_n{n}_s{seed}"))
-        searcher.close()
+        if searcher is not None:
+            searcher.close()
     plot(res, args.out / "em_vs_cost.png")
     head = (f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}; "
             f"torch threads per run: {base.run.threads}\ncommand: python bench/algorithms.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
