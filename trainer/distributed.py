@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from pvpo.trainer.engine import Completion, RolloutEngine, SamplingConfig
+from pvpo.trainer.engine import RolloutEngine, ViewSyncEngine
 
 T = TypeVar("T")
 
@@ -251,26 +251,9 @@ class FullStateView:
         return self.model.parameters()
 
 
-class GatheredWeightsEngine(RolloutEngine):
-    """A rank's own engine over whole weights; `sync_weights(sharded)` gathers them first."""
-
-    def __init__(self, inner: RolloutEngine) -> None:
-        self.inner = inner
-
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
-        return self.inner.generate(prompts, sampling)
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        self.inner.sync_weights(FullStateView(model) if is_sharded(model) else model)  # type: ignore[arg-type]
-
-    def sleep(self) -> None:
-        self.inner.sleep()
-
-    def wake_up(self) -> None:
-        self.inner.wake_up()
-
-    def close(self) -> None:
-        self.inner.close()
+def gathered_weights_engine(inner: RolloutEngine) -> RolloutEngine:
+    """A rank's own engine over whole weights: `sync_weights(sharded)` gathers them first."""
+    return ViewSyncEngine(inner, lambda m: FullStateView(m) if is_sharded(m) else m)  # type: ignore[arg-type,return-value]
 
 
 def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -291,7 +274,7 @@ def engine_for(build: Callable[..., RolloutEngine], model: torch.nn.Module, *, e
                options: Mapping[str, Any]) -> RolloutEngine:
     """A rollout engine over `model`: `build(model=..., **options)` in a single process; under
     torchrun, over whole weights (an unsharded copy for the transformers engine, vLLM's own copy
-    started with the external launcher) behind `GatheredWeightsEngine`. vLLM's `dtype: auto` is
+    started with the external launcher) behind `gathered_weights_engine`. vLLM's `dtype: auto` is
     the run's compute dtype (the trainer's float32 master weights would double its memory)."""
     opts = dict(options)
     if engine == "vllm" and opts.get("dtype", "auto") == "auto":
@@ -302,8 +285,8 @@ def engine_for(build: Callable[..., RolloutEngine], model: torch.nn.Module, *, e
         llm_kwargs = dict(opts.get("llm_kwargs") or {})
         llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
         opts["llm_kwargs"] = llm_kwargs
-        return GatheredWeightsEngine(build(model=model if not is_sharded(model) else unsharded_copy(model), **opts))
-    return GatheredWeightsEngine(build(model=unsharded_copy(model), **opts))
+        return gathered_weights_engine(build(model=model if not is_sharded(model) else unsharded_copy(model), **opts))
+    return gathered_weights_engine(build(model=unsharded_copy(model), **opts))
 
 
 def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float | None) -> float:

@@ -66,6 +66,30 @@ class RolloutEngine(ABC):
         """Free the engine's resources."""
 
 
+class ViewSyncEngine(RolloutEngine):
+    """An engine with its own copy of the weights, fed `view(model)` at each `sync_weights(model)`:
+    whole weights gathered from FSDP shards, LoRA adapters merged into the base, ... Everything
+    else is the inner engine's."""
+
+    def __init__(self, inner: RolloutEngine, view: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
+        self.inner, self.view = inner, view
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+        return self.inner.generate(prompts, sampling)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.inner.sync_weights(self.view(model))
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def wake_up(self) -> None:
+        self.inner.wake_up()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 EngineFactory = Callable[..., RolloutEngine]
 _ENGINES: dict[str, EngineFactory] = {}
 

@@ -3,7 +3,7 @@ projections train, the base weights stay frozen (Hu et al. 2021, arXiv:2106.0968
 
 What leaves the trainer is always plain, merged weights under the base model's parameter names,
 so nothing downstream knows about adapters: a vLLM engine receives `W + (alpha/r) B A` after each
-step (`MergedLoraEngine`), and a checkpoint's `policy/` folder holds the merged model (loaded
+step (`merged_lora_engine`), and a checkpoint's `policy/` folder holds the merged model (loaded
 directly by transformers and vLLM) with the adapter beside it in `adapter/` (`LoraCheckpointView`),
 from which a resume restores the trainable state. The transformers engine samples from the trained
 module itself, adapters included, and needs no merging. Single process only: under torchrun the
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pvpo.trainer.engine import Completion, RolloutEngine, SamplingConfig
+from pvpo.trainer.engine import RolloutEngine, ViewSyncEngine
 
 ADAPTER_DIR = "adapter"
 
@@ -72,26 +72,9 @@ class MergedLoraView:
         return self.model.parameters()
 
 
-class MergedLoraEngine(RolloutEngine):
+def merged_lora_engine(inner: RolloutEngine) -> RolloutEngine:
     """An engine with its own copy of the weights (vLLM), fed merged weights after each step."""
-
-    def __init__(self, inner: RolloutEngine) -> None:
-        self.inner = inner
-
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
-        return self.inner.generate(prompts, sampling)
-
-    def sync_weights(self, model: torch.nn.Module) -> None:
-        self.inner.sync_weights(MergedLoraView(model) if is_lora(model) else model)  # type: ignore[arg-type]
-
-    def sleep(self) -> None:
-        self.inner.sleep()
-
-    def wake_up(self) -> None:
-        self.inner.wake_up()
-
-    def close(self) -> None:
-        self.inner.close()
+    return ViewSyncEngine(inner, lambda m: MergedLoraView(m) if is_lora(m) else m)  # type: ignore[arg-type,return-value]
 
 
 def apply_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple[torch.nn.Module, RolloutEngine]:
@@ -106,7 +89,7 @@ def apply_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple
     if shares:  # the transformers engine samples from the trained module: now the adapted one
         engine.model = peft_model  # type: ignore[attr-defined]
         return peft_model, engine
-    return peft_model, MergedLoraEngine(engine)
+    return peft_model, merged_lora_engine(engine)
 
 
 class LoraCheckpointView:
