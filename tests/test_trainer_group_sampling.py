@@ -12,7 +12,7 @@ from pvpo.trainer.anchor import AnchorStat
 from pvpo.trainer.config import load_config
 from pvpo.trainer.cost import CostCounter
 from pvpo.trainer.group_sampling import load_partition, partition, save_partition, savings
-from pvpo.trainer.gt import GTCache, close_open_block, fetch_gt
+from pvpo.trainer.gt import GTCache, fetch_gt
 from pvpo.trainer.trajectory import Trajectory, collate
 from pvpo.trainer.update import gt_ratio_stats
 
@@ -134,6 +134,10 @@ def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_str
 
 def test_an_endpoint_reply_gets_back_the_stop_string_the_server_stripped():
     from pvpo.reward import SEARCH_R1
+    from pvpo.trainer.openai_engine import restore_stop
+
+    def close_open_block(text: str, protocol) -> str:  # what EndpointSource does with a "stop" reply
+        return restore_stop(text, "stop", None, protocol)[0]
 
     assert close_open_block("<think>x</think>\n<search>who", SEARCH_R1) == "<think>x</think>\n<search>who</search>"
     assert close_open_block("<answer>Kelmo", SEARCH_R1) == "<answer>Kelmo</answer>"

@@ -16,6 +16,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pvpo.trainer.estimator_config import GDPOConfig, PPOConfig, PriorFusionConfig
 
 
+def _registered(lookup: Any, name: str) -> str:
+    """`name` if `lookup(name)` knows it; its KeyError (which lists the known names) as the
+    ValueError pydantic reports against the key."""
+    try:
+        lookup(name)
+    except KeyError as e:
+        raise ValueError(str(e).strip("'\"")) from None
+    return name
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -126,11 +136,7 @@ class EnvConfig(_Section):
     def _known_template(cls, v: str) -> str:
         from pvpo.envs.templates import get_template
 
-        try:
-            get_template(v)
-        except KeyError as e:
-            raise ValueError(str(e).strip("'\"")) from None
-        return v
+        return _registered(get_template, v)
 
     @field_validator("protocol")
     @classmethod
@@ -300,22 +306,14 @@ class AlgorithmConfig(_Section):
     def _known_estimator(cls, v: str) -> str:
         from pvpo.trainer.advantages import get_estimator
 
-        try:
-            get_estimator(v)
-        except KeyError as e:
-            raise ValueError(str(e).strip("'\"")) from None
-        return v
+        return _registered(get_estimator, v)
 
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, v: str) -> str:
         from pvpo.reward import get_reward
 
-        try:
-            get_reward(v)
-        except KeyError as e:
-            raise ValueError(str(e).strip("'\"")) from None
-        return v
+        return _registered(get_reward, v)
 
     @property
     def uses_anchor(self) -> bool:

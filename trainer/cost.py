@@ -83,5 +83,6 @@ class CostCounter:
 
 
 def pvpo_cost(rollouts: float, tool_calls: float) -> float:
-    """PVPO's rollout cost: rollouts x mean tool calls per rollout (0 without rollouts)."""
-    return rollouts * (tool_calls / rollouts) if rollouts else 0.0
+    """PVPO's rollout cost, rollouts x mean tool calls per rollout: over any set of rollouts, the
+    tool calls they made (0 without rollouts)."""
+    return float(tool_calls) if rollouts else 0.0

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -156,24 +155,24 @@ class EndpointSource:
     deterministic = False
 
     def __init__(self, gt_config: Any, context: GTContext) -> None:
-        import httpx
+        from pvpo.trainer.openai_engine import OpenAIClient
 
         m = gt_config.model
         if gt_config.logprobs != "reference":
             raise ValueError("gt.model.base_url: an endpoint's log-probs are over its own tokenization; "
                              "set algorithm.gt.logprobs=reference")  # fmt: skip
         self.ctx, self.cfg = context, m
-        key = os.environ.get(m.api_key_env, "")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.client = httpx.Client(base_url=m.base_url.rstrip("/"), headers=headers, timeout=m.timeout_s)
+        self.client = OpenAIClient(m.base_url, m.model, api_key=os.environ.get(m.api_key_env) or None, timeout=m.timeout_s)
 
     def _chat(self, messages: list[dict[str, str]], seed: int) -> str:
+        from pvpo.trainer.openai_engine import restore_stop
+
         c, p = self.cfg, self.ctx.episode_config.protocol
-        body = {"model": c.model, "messages": messages, "temperature": c.temperature, "seed": seed,
+        body = {"messages": messages, "temperature": c.temperature, "seed": seed,
                 "max_tokens": self.ctx.loop.max_new_tokens, "stop": list(p.stop_strings)}  # fmt: skip
-        r = self.client.post("/chat/completions", json=body)
-        r.raise_for_status()
-        return close_open_block(r.json()["choices"][0]["message"]["content"] or "", p)
+        choice = self.client.post("chat/completions", body)["choices"][0]
+        text, _ = restore_stop(choice["message"]["content"] or "", choice.get("finish_reason"), choice.get("stop_reason"), p)
+        return text
 
     def generate(self, examples: Sequence[QAExample], *, attempt: int) -> list[Trajectory | None]:
         c = self.ctx
@@ -207,16 +206,6 @@ class EndpointSource:
 
     def close(self) -> None:
         self.client.close()
-
-
-def close_open_block(text: str, protocol: Any) -> str:
-    """Put back the stop string an OpenAI server strips: the closing tag of a search or answer
-    block left open at the end of `text`."""
-    for tag in (protocol.search, protocol.answer):
-        opens = [m.end() for m in re.finditer(re.escape(f"<{tag}>"), text)]
-        if opens and f"</{tag}>" not in text[opens[-1] :]:
-            return text + f"</{tag}>"
-    return text
 
 
 @register_gt_source("oracle")
