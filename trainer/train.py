@@ -242,16 +242,13 @@ class Trainer:
         engine = self.engine if current or is_reference or self.ref_model is None else self.ref_engine
         source = "current" if current else "reference"
 
-        counted = {"rollouts": 0}
-
         def rollout_fn(exs: list[QAExample]) -> list[tuple[str, float, float]]:
             seed = _seed("anchor", at, *[e.uid for e in exs[:4]], len(exs))
-            counted["rollouts"] += len(exs)
             trajs = self.rollout(exs, seed=seed, engine=engine, temperature=a.temperature, kind="anchor")
             return [(t.uid, t.reward, t.accuracy) for t in trajs]
 
         engine.wake_up()
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), self.cost.pending["anchor"]["rollouts"]
         try:
             ddp.build_anchor_shared(build_anchor, self.data.train, rollout_fn, num_rollouts=a.num_rollouts,
                                     batch_size=max(1, self.cfg.rollout.batch_size // a.num_rollouts), store=self.anchor,
@@ -259,8 +256,9 @@ class Trainer:
         finally:
             if engine is not self.engine:
                 engine.sleep()  # the reference engine holds no memory until the next refresh
-        if counted["rollouts"]:
-            self._anchor_s_per_rollout = (time.perf_counter() - t0) / counted["rollouts"]
+        made = self.cost.pending["anchor"]["rollouts"] - before  # this rank's, as the cost counter saw them
+        if made:
+            self._anchor_s_per_rollout = (time.perf_counter() - t0) / made
             self._report["time/anchor_s"] = time.perf_counter() - t0
 
     # ---- Group Sampling ----------------------------------------------------------------------
