@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pvpo.envs.data import Paragraph, QAExample, unique_strings
+from pvpo.registry import Registry
 
 Record = Mapping[str, Any]
 
@@ -28,32 +29,27 @@ class DatasetFormat:
     parse: Callable[[Record, str, int], QAExample]
 
 
-_FORMATS: dict[str, DatasetFormat] = {}
-_DATASETS: dict[str, Callable[..., list[QAExample]]] = {}
+FORMATS: Registry[DatasetFormat] = Registry("dataset format")
+DATASETS: Registry[Callable[..., list[QAExample]]] = Registry("dataset")
 
 
 def register_format(fmt: DatasetFormat) -> DatasetFormat:
     """Add a file format; detection tries formats in registration order, most specific first."""
-    _FORMATS[fmt.name] = fmt
-    return fmt
+    return FORMATS.register(fmt.name, fmt)
 
 
 def register_dataset(name: str) -> Callable[[Callable[..., list[QAExample]]], Callable[..., list[QAExample]]]:
     """Decorator: make a dataset that is built by a function loadable by name (`load_dataset(name)`)."""
-
-    def deco(fn: Callable[..., list[QAExample]]) -> Callable[..., list[QAExample]]:
-        _DATASETS[name] = fn
-        return fn
-
-    return deco
+    return DATASETS.register(name)
 
 
 def available_formats() -> list[str]:
-    return list(_FORMATS)
+    """Format names in detection order."""
+    return [fmt.name for fmt in FORMATS.values()]
 
 
 def available_datasets() -> list[str]:
-    return sorted(_DATASETS)
+    return DATASETS.names()
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -76,7 +72,7 @@ def read_records(path: str | Path) -> list[Record]:
 
 def detect_format(record: Record) -> DatasetFormat:
     """The first registered format that recognises `record`; ValueError naming the keys otherwise."""
-    for fmt in _FORMATS.values():
+    for fmt in FORMATS.values():
         if fmt.detect(record):
             return fmt
     raise ValueError(f"unrecognised QA record with keys {sorted(record)}; known formats: {available_formats()}")
@@ -100,7 +96,7 @@ def iter_examples(path: str | Path, *, name: str | None = None, format: str | No
     records = read_records(path)
     if not records:
         return
-    fmt = _FORMATS[format] if format else detect_format(records[0])
+    fmt = FORMATS.get(format) if format else detect_format(records[0])
     prefix = name or dataset_name_for(path)
     for i, record in enumerate(records):
         yield fmt.parse(record, prefix, i)
@@ -111,8 +107,8 @@ def load_dataset(source: str | Path | Sequence[QAExample], *, name: str | None =
     """Questions from a registered dataset name (`kwargs` go to its builder, e.g. `split`, `seed`),
     a file path (format detected from its content), or an already-built sequence of QAExamples.
     uids are checked to be unique."""
-    if isinstance(source, (str, Path)) and str(source) in _DATASETS:
-        examples = list(_DATASETS[str(source)](**kwargs))
+    if isinstance(source, (str, Path)) and str(source) in DATASETS:
+        examples = list(DATASETS.get(str(source))(**kwargs))
     elif isinstance(source, (str, Path)):
         if not Path(source).exists():
             raise FileNotFoundError(f"{source} is neither a file nor a registered dataset ({available_datasets()})")

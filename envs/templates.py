@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pvpo.registry import Registry
 from pvpo.reward import TagProtocol
 
 
@@ -61,30 +62,30 @@ SEARCH_R1 = PromptTemplate(
     _search_r1_question,
 )
 
-_TEMPLATES: dict[str, PromptTemplate] = {t.name: t for t in (DEFAULT, SEARCH_R1)}
+TEMPLATES: Registry[PromptTemplate] = Registry("prompt template")
 
 
 def register_template(template: PromptTemplate) -> PromptTemplate:
     """Make a template available by name (to configs: `env.prompt_template`)."""
-    _TEMPLATES[template.name] = template
-    return template
+    return TEMPLATES.register(template.name, template)
+
+
+for _builtin in (DEFAULT, SEARCH_R1):
+    register_template(_builtin)
 
 
 def available_templates() -> list[str]:
-    return sorted(_TEMPLATES)
+    return TEMPLATES.names()
 
 
 def get_template(name: str) -> PromptTemplate:
-    """A registered template; unknown names raise KeyError listing the known ones."""
-    try:
-        return _TEMPLATES[name]
-    except KeyError:
-        raise KeyError(f"unknown prompt template {name!r}; known: {available_templates()}") from None
+    """A registered template; unknown names raise UnknownNameError listing the known ones."""
+    return TEMPLATES.get(name)
 
 
 def render_prompt(template: str, protocol: TagProtocol, question: str) -> str:
     """The prompt for `question`: `template` is a registered name or a format string with
     `{instruction}` and `{question}`."""
-    if template in _TEMPLATES:
-        return _TEMPLATES[template].render(protocol, question)
+    if template in TEMPLATES:
+        return TEMPLATES.get(template).render(protocol, question)
     return template.format(instruction=protocol.instruction(), question=question)

@@ -6,7 +6,6 @@ corpus as JSON lines with a cached line-span table, and the backend's own files.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pvpo.registry import Registry
 from pvpo.retriever.corpus import CorpusStore
 from pvpo.retriever.types import Passage
 
@@ -58,28 +58,18 @@ class Retriever(ABC):
 # --- backend registry -------------------------------------------------------------------------
 
 Loader = Callable[[Path, dict[str, Any], str | None], Retriever]
-_BACKENDS: dict[str, Loader] = {}
-# Backends living in their own module, imported when first asked for.
-_LAZY_BACKENDS = {"bm25": "pvpo.retriever.bm25"}
+# Backends living in their own module are imported when first asked for.
+BACKENDS: Registry[Loader] = Registry("retriever backend", lazy={"bm25": "pvpo.retriever.bm25"})
 
 
 def register_backend(name: str) -> Callable[[Loader], Loader]:
     """Registers `loader(index_dir, meta, device) -> Retriever` under a backend name."""
-
-    def deco(fn: Loader) -> Loader:
-        _BACKENDS[name] = fn
-        return fn
-
-    return deco
+    return BACKENDS.register(name)
 
 
 def get_backend(name: str) -> Loader:
     """The loader of a backend; unknown names fail with the list of known ones."""
-    if name not in _BACKENDS and name in _LAZY_BACKENDS:
-        importlib.import_module(_LAZY_BACKENDS[name])
-    if name not in _BACKENDS:
-        raise ValueError(f"unknown retriever backend {name!r}; known: {sorted(set(_BACKENDS) | set(_LAZY_BACKENDS))}")
-    return _BACKENDS[name]
+    return BACKENDS.get(name)
 
 
 def read_meta(index_dir: str | Path) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
 
+from pvpo.registry import Registry
+
 
 class ActionKind(str, Enum):
     """What one agent turn asks the environment to do."""
@@ -253,22 +255,22 @@ SEARCH_R1 = TagProtocol(name="search_r1")
 RESEARCH = TagProtocol(name="research", result="result", boxed_answer=True)
 """ReSearch (Chen et al., 2025): think / search / result / answer, answer in `\\boxed{}`."""
 
-_PROTOCOLS: dict[str, TagProtocol] = {p.name: p for p in (SEARCH_R1, RESEARCH)}
+PROTOCOLS: Registry[TagProtocol] = Registry("tag protocol")
 
 
 def register_protocol(protocol: TagProtocol) -> TagProtocol:
     """Make a custom protocol available by name to `get_protocol` (and so to configs)."""
-    _PROTOCOLS[protocol.name] = protocol
-    return protocol
+    return PROTOCOLS.register(protocol.name, protocol)
+
+
+for _builtin in (SEARCH_R1, RESEARCH):
+    register_protocol(_builtin)
 
 
 def get_protocol(name: str) -> TagProtocol:
-    """A registered protocol by name; unknown names raise KeyError listing the known ones."""
-    try:
-        return _PROTOCOLS[name]
-    except KeyError:
-        raise KeyError(f"unknown tag protocol {name!r}; known: {sorted(_PROTOCOLS)}") from None
+    """A registered protocol by name; unknown names raise UnknownNameError listing the known ones."""
+    return PROTOCOLS.get(name)
 
 
 def available_protocols() -> list[str]:
-    return sorted(_PROTOCOLS)
+    return PROTOCOLS.names()

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from pvpo.reward.metrics import as_golds, cover_exact_match, exact_match, f1_score
 from pvpo.reward.normalize import answer_tokens
+from pvpo.registry import Registry
 from pvpo.reward.protocol import SEARCH_R1, TagProtocol
 
 
@@ -30,17 +31,14 @@ class RewardFn(Protocol):
     def __call__(self, response: str, golds: Sequence[str] | str, protocol: TagProtocol = SEARCH_R1) -> RewardResult: ...
 
 
-_REWARDS: dict[str, Callable[..., RewardResult]] = {}
+REWARDS: Registry[Callable[..., RewardResult]] = Registry("reward")
 
 
 def register_reward(name: str) -> Callable[[Callable[..., RewardResult]], Callable[..., RewardResult]]:
     """Decorator: make a reward function available to `get_reward(name)`."""
 
     def deco(fn: Callable[..., RewardResult]) -> Callable[..., RewardResult]:
-        if name in _REWARDS:
-            raise ValueError(f"reward {name!r} is already registered")
-        _REWARDS[name] = _total(fn)
-        return _REWARDS[name]
+        return REWARDS.register(name, _total(fn))
 
     return deco
 
@@ -65,16 +63,13 @@ def _total(fn: Callable[..., RewardResult]) -> Callable[..., RewardResult]:
 
 def get_reward(name: str, **params: Any) -> RewardFn:
     """A registered reward by name, with its parameters bound (e.g. `get_reward("pvpo", length_ratio=4)`).
-    Unknown names raise KeyError listing the known ones."""
-    try:
-        fn = _REWARDS[name]
-    except KeyError:
-        raise KeyError(f"unknown reward {name!r}; known: {available_rewards()}") from None
+    Unknown names raise UnknownNameError listing the known ones."""
+    fn = REWARDS.get(name)
     return partial(fn, **params) if params else fn  # type: ignore[return-value]
 
 
 def available_rewards() -> list[str]:
-    return sorted(_REWARDS)
+    return REWARDS.names()
 
 
 def _accuracy_vs_length(prediction: str, golds: list[str], length_ratio: float) -> float:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pvpo.trainer.config import ConfigError, load_config
-from pvpo.trainer.engine import _ENGINES, _load_builtin_engines
+from pvpo.trainer.engine import ENGINES
 from pvpo.trainer.hf_engine import HFEngine
 from pvpo.trainer.trajectory import collate
 from pvpo.trainer.update import batch_logprobs, policy_update
@@ -30,8 +30,7 @@ def test_choosing_the_vllm_engine_without_vllm_fails_at_config_load_naming_the_f
 @pytest.fixture
 def vllm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let configs name the vllm engine on a machine without vLLM (the engine is never built)."""
-    _load_builtin_engines()
-    monkeypatch.setattr(_ENGINES["vllm"], "check_available", lambda: None)
+    monkeypatch.setattr(ENGINES.get("vllm"), "check_available", lambda: None)
 
 
 def test_engine_options_are_the_selected_engines_section(vllm_allowed: None) -> None:

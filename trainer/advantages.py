@@ -24,6 +24,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from pvpo.registry import Registry
+
 
 class Estimator(Protocol):
     """An advantage estimator: per-trajectory rewards and group ids in, advantages out."""
@@ -39,7 +41,7 @@ class Estimator(Protocol):
     ) -> torch.Tensor: ...
 
 
-_REGISTRY: dict[str, Estimator] = {}
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def register_estimator(
@@ -53,31 +55,23 @@ def register_estimator(
     `fn.name`)."""
 
     def decorate(fn: Estimator) -> Estimator:
-        if name in _REGISTRY:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
         fn.name = name  # type: ignore[attr-defined]
         fn.needs_anchors = needs_anchors  # type: ignore[attr-defined]
         fn.level = level  # type: ignore[attr-defined]
         fn.loss_agg = loss_agg  # type: ignore[attr-defined]
-        _REGISTRY[name] = fn
-        return fn
+        return ESTIMATORS.register(name, fn)
 
     return decorate
 
 
 def get_estimator(name: str) -> Estimator:
-    """The estimator registered as `name`; KeyError listing the known names otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown advantage estimator {name!r}; known: {', '.join(available_estimators())}"
-        ) from None
+    """The estimator registered as `name`; UnknownNameError listing the known names otherwise."""
+    return ESTIMATORS.get(name)
 
 
 def available_estimators() -> list[str]:
     """Names of all registered estimators, sorted."""
-    return sorted(_REGISTRY)
+    return ESTIMATORS.names()
 
 
 # ---------------------------------------------------------------------------------------------

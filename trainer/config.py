@@ -17,12 +17,9 @@ from pvpo.trainer.estimator_config import GDPOConfig, PPOConfig, PriorFusionConf
 
 
 def _registered(lookup: Any, name: str) -> str:
-    """`name` if `lookup(name)` knows it; its KeyError (which lists the known names) as the
-    ValueError pydantic reports against the key."""
-    try:
-        lookup(name)
-    except KeyError as e:
-        raise ValueError(str(e).strip("'\"")) from None
+    """`name` if `lookup(name)` knows it; otherwise the registry's UnknownNameError (a ValueError
+    listing the known names), which pydantic reports against the key."""
+    lookup(name)
     return name
 
 
@@ -143,8 +140,7 @@ class EnvConfig(_Section):
     def _known_protocol(cls, v: str) -> str:
         from pvpo.reward import get_protocol
 
-        get_protocol(v)
-        return v
+        return _registered(get_protocol, v)
 
 
 class VLLMConfig(_Section):
@@ -186,12 +182,9 @@ class RolloutConfig(_Section):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        from pvpo.trainer.engine import _ENGINES, _load_builtin_engines
+        from pvpo.trainer.engine import ENGINES
 
-        _load_builtin_engines()
-        if v not in _ENGINES:
-            raise ValueError(f"unknown rollout engine {v!r}; known: {sorted(_ENGINES)}")
-        check = getattr(_ENGINES[v], "check_available", None)  # e.g. vllm: is the package installed
+        check = getattr(ENGINES.get(v), "check_available", None)  # e.g. vllm: is the package installed
         if check is not None:
             try:
                 check()
@@ -276,11 +269,9 @@ class GTConfig(_Section):
     @field_validator("source")
     @classmethod
     def _known_source(cls, v: str) -> str:
-        from pvpo.trainer.gt import available_gt_sources
+        from pvpo.trainer.gt import GT_SOURCES
 
-        if v not in available_gt_sources():
-            raise ValueError(f"unknown GT source {v!r}; known: {available_gt_sources()}")
-        return v
+        return _registered(GT_SOURCES.get, v)
 
 
 class AlgorithmConfig(_Section):

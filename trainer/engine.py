@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pvpo.registry import Registry
+
 if TYPE_CHECKING:
     import torch
 
@@ -91,38 +93,21 @@ class ViewSyncEngine(RolloutEngine):
 
 
 EngineFactory = Callable[..., RolloutEngine]
-_ENGINES: dict[str, EngineFactory] = {}
+# The built-in engines live in their own modules, imported when first asked for (the vLLM engine
+# module imports vllm itself only when an engine is built).
+ENGINES: Registry[EngineFactory] = Registry(
+    "rollout engine", lazy={"hf": "pvpo.trainer.hf_engine", "vllm": "pvpo.trainer.vllm_engine"})
 
 
 def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
     """Decorator: make an engine factory available to `build_engine(name, ...)`."""
-
-    def deco(factory: EngineFactory) -> EngineFactory:
-        _ENGINES[name] = factory
-        return factory
-
-    return deco
+    return ENGINES.register(name)
 
 
 def available_engines() -> list[str]:
-    return sorted(_ENGINES)
+    return ENGINES.names()
 
 
 def build_engine(name: str, **kwargs: Any) -> RolloutEngine:
-    """Construct a registered engine; unknown names raise KeyError listing the known ones."""
-    _load_builtin_engines()
-    try:
-        factory = _ENGINES[name]
-    except KeyError:
-        raise KeyError(f"unknown rollout engine {name!r}; known: {available_engines()}") from None
-    return factory(**kwargs)
-
-
-def _load_builtin_engines() -> None:
-    # Imported lazily: the vLLM engine module imports vllm only when an engine is built.
-    import importlib
-    import importlib.util
-
-    for module in ("pvpo.trainer.hf_engine", "pvpo.trainer.vllm_engine"):
-        if importlib.util.find_spec(module) is not None:
-            importlib.import_module(module)
+    """Construct a registered engine; unknown names raise UnknownNameError listing the known ones."""
+    return ENGINES.get(name)(**kwargs)

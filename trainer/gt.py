@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.envs.vector import info_at
+from pvpo.registry import Registry
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.agent_loop import LoopConfig, prompt_ids, run_agent_loop, vector_env
 from pvpo.trainer.trajectory import Trajectory
@@ -64,30 +65,21 @@ class GTSource(Protocol):
 
 
 SourceFactory = Callable[[Any, GTContext], GTSource]
-_SOURCES: dict[str, SourceFactory] = {}
+GT_SOURCES: Registry[SourceFactory] = Registry("GT source")
 
 
 def register_gt_source(name: str) -> Callable[[SourceFactory], SourceFactory]:
     """Make a GT source factory `(gt_config, context) -> GTSource` available by name."""
-
-    def deco(factory: SourceFactory) -> SourceFactory:
-        if name in _SOURCES:
-            raise ValueError(f"GT source {name!r} is already registered")
-        _SOURCES[name] = factory
-        return factory
-
-    return deco
+    return GT_SOURCES.register(name)
 
 
 def available_gt_sources() -> list[str]:
-    return sorted(_SOURCES)
+    return GT_SOURCES.names()
 
 
 def build_gt_source(name: str, gt_config: Any, context: GTContext) -> GTSource:
-    """The registered source `name`; KeyError listing the known ones otherwise."""
-    if name not in _SOURCES:
-        raise KeyError(f"unknown GT source {name!r}; known: {available_gt_sources()}")
-    return _SOURCES[name](gt_config, context)
+    """The registered source `name`; UnknownNameError listing the known ones otherwise."""
+    return GT_SOURCES.get(name)(gt_config, context)
 
 
 # ---------------------------------------------------------------------------------------------
