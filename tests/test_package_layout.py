@@ -1,0 +1,37 @@
+"""Issue 17 item 11: `pvpo.<component>` resolves on disk, so static tools (pyright, mypy, IDEs)
+follow imports from a checkout without the editable install's import hook."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COMPONENTS = ("reward", "retriever", "envs", "trainer", "configs")
+
+
+def test_each_component_folder_is_linked_into_the_pvpo_package_by_a_relative_symlink() -> None:
+    for name in COMPONENTS:
+        link = REPO / "pvpo" / name
+        assert link.is_symlink(), f"pvpo/{name} should be a symlink to the root folder {name}/"
+        assert Path(link.readlink()) == Path("..") / name  # relative: valid in any clone or copy
+        assert link.resolve() == (REPO / name).resolve()
+
+
+def test_the_packages_setuptools_ships_are_exactly_the_folders_on_disk() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "package-dir" not in config  # a mapping would bring back the import hook
+    on_disk = {"pvpo"} | {f"pvpo.{p.name}" for p in (REPO / "pvpo").iterdir() if (p / "__init__.py").is_file()}
+    assert set(config["packages"]) == on_disk
+
+
+def test_the_namespace_imports_from_the_checkout_with_no_install_and_no_site_packages(tmp_path: Path) -> None:
+    # -S: no site-packages and so no editable finder; only the checkout on sys.path
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import pvpo.reward, pvpo.registry; "
+            "print(pvpo.reward.__file__); print(pvpo.reward.get_reward('em')('<answer>x</answer>', 'x').total)")
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, check=True).stdout.split()  # fmt: skip
+    assert Path(out[0]) == REPO / "pvpo" / "reward" / "__init__.py"
+    assert float(out[1]) == 1.0
