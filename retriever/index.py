@@ -59,7 +59,8 @@ class Retriever(ABC):
 
 Loader = Callable[[Path, dict[str, Any], str | None], Retriever]
 # Backends living in their own module are imported when first asked for.
-BACKENDS: Registry[Loader] = Registry("retriever backend", lazy={"bm25": "pvpo.retriever.bm25"})
+BACKENDS: Registry[Loader] = Registry("retriever backend", lazy={"bm25": "pvpo.retriever.bm25",
+                                                                          "hybrid": "pvpo.retriever.hybrid"})
 
 
 def register_backend(name: str) -> Callable[[Loader], Loader]:
