@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -90,14 +91,61 @@ def _encode_chunks(store: CorpusStore, emb_dir: Path, encoder: Any, *, chunk_siz
     return paths
 
 
-def _gather(paths: list[Path], chunk_size: int, rows: np.ndarray) -> np.ndarray:
-    """Rows (sorted) of the chunked embedding matrix."""
-    out = []
-    for c, path in enumerate(paths):
-        sel = rows[(rows >= c * chunk_size) & (rows < (c + 1) * chunk_size)] - c * chunk_size
+def _gather(chunks: Sequence[np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """Rows (sorted) of the matrix the consecutive chunks form."""
+    out, start = [], 0
+    for chunk in chunks:
+        sel = rows[(rows >= start) & (rows < start + len(chunk))] - start
         if sel.size:
-            out.append(np.load(path, mmap_mode="r")[sel])
+            out.append(np.asarray(chunk[sel]))
+        start += len(chunk)
     return np.concatenate(out)
+
+
+def write_dense_index(
+    out: Path,
+    chunks: Sequence[np.ndarray],
+    *,
+    index_type: str,
+    rerank_depth: int = 0,
+    search_params: dict[str, Any] | None = None,
+    max_train: int = 200_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Trains (when needed) and fills a FAISS index of `index_type` with the vectors of the
+    consecutive `chunks` (arrays or memory maps), writes it to out/index.faiss and, with
+    `rerank_depth` > 0, the same vectors in fp16 to out/vectors.f16.npy for exact re-ranking of
+    a shortlist of that depth. Returns the meta.json entries of the index."""
+    import faiss
+
+    from pvpo.retriever.rerank import VECTORS_FILE, write_fp16_store
+
+    if rerank_depth < 0:
+        raise ValueError(f"rerank_depth must be >= 0 (0 = no re-ranking), got {rerank_depth}")
+    n = sum(len(c) for c in chunks)
+    dim = int(chunks[0].shape[1])
+    index = make_faiss_index(dim, index_type)
+    if not index.is_trained:
+        rows = np.sort(np.random.default_rng(seed).choice(n, size=min(n, max_train), replace=False))
+        train_if_needed(index, _gather(chunks, rows), max_train=max_train, seed=seed)
+    for chunk in chunks:
+        index.add(np.ascontiguousarray(chunk, dtype=np.float32))
+    tmp_index = out / (INDEX_FILE + ".tmp")
+    try:
+        faiss.write_index(index, str(tmp_index))
+        os.replace(tmp_index, out / INDEX_FILE)
+    finally:
+        tmp_index.unlink(missing_ok=True)
+    params = dict(DEFAULT_SEARCH_PARAMS) | (search_params or {})
+    meta: dict[str, Any] = {"backend": "faiss", "index_type": index_type, "index_file": INDEX_FILE, "dim": dim}
+    if rerank_depth:
+        write_fp16_store(out / VECTORS_FILE, chunks, n, dim)
+        meta["rerank_file"] = VECTORS_FILE
+        params["rerank_depth"] = rerank_depth
+    else:
+        (out / VECTORS_FILE).unlink(missing_ok=True)  # a rebuild without re-ranking drops a stale store
+    meta["search_params"] = params
+    return meta
 
 
 def build_index(
@@ -114,15 +162,20 @@ def build_index(
     keep_embeddings: bool = True,
     max_train: int = 200_000,
     seed: int = 0,
+    rerank_depth: int = 0,
+    search_params: dict[str, Any] | None = None,
 ) -> Path:
     """Builds an index directory from a corpus file (any supported format) and returns its path.
 
     `index_type` is a FAISS `index_factory` string (inner product) or "bm25" for the lexical
-    backend. Re-running after an interruption resumes encoding at the first missing chunk."""
-    import faiss
-
+    backend. `rerank_depth` > 0 keeps the vectors in fp16 beside the index and re-scores that many
+    candidates exactly (for compressed types such as IVF65536,PQ64); `search_params` (nprobe,
+    efSearch, rerank_depth) are stored in meta.json and applied at load. Re-running after an
+    interruption resumes encoding at the first missing chunk."""
     from pvpo.retriever.encoder import Encoder
 
+    if rerank_depth < 0:
+        raise ValueError(f"rerank_depth must be >= 0 (0 = no re-ranking), got {rerank_depth}")
     out = Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -143,25 +196,14 @@ def build_index(
             meta |= {"backend": "bm25", "index_type": "bm25", "model": "bm25", "dim": 0}
         else:
             encoder = Encoder(model, device=device, max_length=max_length)
-            index = make_faiss_index(encoder.dim, index_type)  # a bad factory string fails before encoding
+            make_faiss_index(encoder.dim, index_type)  # a bad factory string fails before encoding
             paths = _encode_chunks(store, out / EMB_DIR, encoder, chunk_size=chunk_size, batch_size=batch_size,
                                    show_progress=show_progress)
-            if not index.is_trained:
-                rng = np.random.default_rng(seed)
-                rows = np.sort(rng.choice(len(store), size=min(len(store), max_train), replace=False))
-                train_if_needed(index, _gather(paths, chunk_size, rows), max_train=max_train, seed=seed)
-            for path in paths:
-                index.add(np.ascontiguousarray(np.load(path)))
-            tmp_index = out / (INDEX_FILE + ".tmp")
-            try:
-                faiss.write_index(index, str(tmp_index))
-                os.replace(tmp_index, out / INDEX_FILE)
-            finally:
-                tmp_index.unlink(missing_ok=True)
-            meta |= {"backend": "faiss", "index_type": index_type, "index_file": INDEX_FILE,
-                     "model": encoder.name, "dim": encoder.dim, "query_prefix": encoder.prefixes.query,
-                     "passage_prefix": encoder.prefixes.passage, "max_length": max_length,
-                     "search_params": DEFAULT_SEARCH_PARAMS}
+            meta |= write_dense_index(out, [np.load(p, mmap_mode="r") for p in paths], index_type=index_type,
+                                      rerank_depth=rerank_depth, search_params=search_params, max_train=max_train,
+                                      seed=seed)
+            meta |= {"model": encoder.name, "query_prefix": encoder.prefixes.query,
+                     "passage_prefix": encoder.prefixes.passage, "max_length": max_length}
             if not keep_embeddings:
                 shutil.rmtree(out / EMB_DIR)
     finally:

@@ -1,0 +1,164 @@
+"""The wiki-18-scale index recipe on small synthetic data: a compressed FAISS index whose shortlist
+is re-scored exactly from fp16 vectors in a memory-mapped file, through build, load and search."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pvpo.retriever.build import build_index, write_dense_index
+from pvpo.retriever.index import apply_search_params, load_retriever, make_faiss_index, train_if_needed
+from pvpo.retriever.rerank import VECTORS_FILE, Fp16Store, RerankedIndex, rerank, write_fp16_store
+from pvpo.retriever.testing import TINY_CORPUS, write_tiny_corpus
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _clustered(n: int, dim: int, seed: int) -> np.ndarray:
+    """Unit vectors around 20 seeded centres (float32)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(20, dim))
+    x = centres[rng.integers(0, 20, n)] + 0.6 * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _store(tmp_path: Path, x: np.ndarray) -> Fp16Store:
+    return Fp16Store(write_fp16_store(tmp_path / VECTORS_FILE, [x[:1000], x[1000:]], len(x), x.shape[1]))
+
+
+def test_reranked_top_k_equals_exact_search_when_the_shortlist_covers_it(tmp_path: Path) -> None:
+    x, q = _clustered(3000, 32, seed=0), _clustered(50, 32, seed=1)
+    coarse = make_faiss_index(32, "IVF16,PQ8")
+    train_if_needed(coarse, x, seed=0)
+    coarse.add(x)
+    apply_search_params(coarse, {"nprobe": 16})
+    k, depth = 5, 300
+    _, shortlist = coarse.search(q, depth)
+    x16 = x.astype(np.float16).astype(np.float32)  # the stored vectors, exactly
+    exact_ids = np.argsort(-(q @ x16.T), axis=1)[:, :k]
+    assert all(set(e) <= set(s) for e, s in zip(exact_ids, shortlist)), "precondition: shortlist covers the top k"
+
+    index = RerankedIndex(coarse, _store(tmp_path, x), depth=depth)
+    scores, ids = index.search(q, k)
+    assert np.array_equal(ids, exact_ids)
+    assert np.allclose(scores, np.take_along_axis(q @ x16.T, exact_ids, axis=1), atol=1e-5)
+    # Against fp32 exact search the fp16 store loses nothing at this k on this data.
+    assert np.array_equal(ids, np.argsort(-(q @ x.T), axis=1)[:, :k])
+    # The compressed codes alone rank differently: the re-ranking is what makes it exact.
+    assert not np.array_equal(coarse.search(q, k)[1], exact_ids)
+
+
+def test_short_or_padded_shortlists_come_back_as_minus_one(tmp_path: Path) -> None:
+    x = _clustered(1200, 8, seed=2)
+    store = _store(tmp_path, x)
+    q = x[:2]
+    candidates = np.array([[5, -1, 7], [-1, -1, -1]])
+    scores, ids = rerank(store, q, candidates, 4)
+    want = sorted([5, 7], key=lambda r: -float(q[0] @ x[r].astype(np.float16).astype(np.float32)))
+    assert ids.tolist() == [want + [-1, -1], [-1, -1, -1, -1]]
+    assert np.isneginf(scores[0, 2:]).all() and np.isneginf(scores[1]).all()
+
+
+def test_fp16_store_is_memory_mapped_not_read(tmp_path: Path) -> None:
+    x = np.random.default_rng(3).normal(size=(4096, 64)).astype(np.float32)
+    rows = 24 << 10  # 24k rows x 1024 dims x 2 bytes = 48 MB on disk
+    path = write_fp16_store(tmp_path / VECTORS_FILE, (np.tile(x, (1, 16)) for _ in range(rows // 4096)), rows, 1024)
+    assert path.stat().st_size > 48 << 20
+    before = _rss_anon_kb()
+    store = Fp16Store(path)
+    assert isinstance(store.vectors, np.memmap) and store.vectors.dtype == np.float16
+    scores, ids = rerank(store, np.tile(x[:3], (1, 16)), np.array([[0, 1, 2, 4097]] * 3), 2)
+    assert ids[0, 0] == 0 and ids[1, 0] in (1, 4097) and ids[2, 0] in (2, 4098)
+    if before is not None:  # Linux: the process's own memory did not take the file in
+        assert _rss_anon_kb() - before < 8 << 10
+
+
+def _rss_anon_kb() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def test_a_store_of_other_rows_is_refused(tmp_path: Path) -> None:
+    x = _clustered(1200, 8, seed=4)
+    flat = make_faiss_index(8, "Flat")
+    flat.add(x[:1100])
+    with pytest.raises(ValueError, match="1200 x 8 vectors, the index 1100 x 8"):
+        RerankedIndex(flat, _store(tmp_path, x))
+    flat.add(x[1100:])
+    with pytest.raises(ValueError, match="rerank_depth must be >= 1, got 0"):
+        RerankedIndex(flat, _store(tmp_path, x), depth=0)
+
+
+def test_write_dense_index_writes_index_store_and_params(tmp_path: Path) -> None:
+    x = _clustered(2000, 16, seed=5)
+    meta = write_dense_index(tmp_path, [x[:700], x[700:]], index_type="IVF8,SQ8", rerank_depth=50,
+                             search_params={"nprobe": 8})
+    assert meta["rerank_file"] == VECTORS_FILE and meta["search_params"]["nprobe"] == 8
+    assert meta["search_params"]["rerank_depth"] == 50
+    stored = np.load(tmp_path / VECTORS_FILE)
+    assert stored.dtype == np.float16 and np.array_equal(stored, x.astype(np.float16))
+    meta = write_dense_index(tmp_path, [x], index_type="Flat")
+    assert "rerank_file" not in meta and not (tmp_path / VECTORS_FILE).exists()
+    with pytest.raises(ValueError, match="rerank_depth must be >= 0"):
+        write_dense_index(tmp_path, [x], index_type="Flat", rerank_depth=-1)
+
+
+@pytest.fixture(scope="module")
+def reranked_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("scale")
+    corpus = write_tiny_corpus(base / "tiny_corpus.json")
+    return build_index(corpus, base / "ivfpq_rerank", index_type="IVF2,PQ8x4", rerank_depth=len(TINY_CORPUS),
+                       search_params={"nprobe": 2}, show_progress=False, batch_size=64)
+
+
+def test_recipe_round_trips_build_load_search_and_equals_flat(reranked_dir: Path, tiny) -> None:
+    r = load_retriever(reranked_dir, device="cpu")
+    try:
+        info = r.info()
+        assert info["index_type"] == "IVF2,PQ8x4" and info["rerank"]["depth"] == len(TINY_CORPUS)
+        queries = ["capital city", "a musical instrument", "who discovered things", "space"]
+        for got, want in zip(r.search(queries, topk=5), tiny.search(queries, topk=5)):
+            assert [p.id for p in got] == [p.id for p in want]
+            assert np.allclose([p.score for p in got], [p.score for p in want], atol=2e-3)
+    finally:
+        r.close()
+
+
+def test_rerank_depth_is_a_search_param_overridable_at_load(reranked_dir: Path) -> None:
+    r = load_retriever(reranked_dir, device="cpu", search_params={"nprobe": 1, "rerank_depth": 3})
+    try:
+        assert r.info()["rerank"]["depth"] == 3 and r.index.index.nprobe == 1
+        assert len(r.search(["capital city"], topk=5)[0]) == 5  # depth below k: k candidates are re-scored
+    finally:
+        r.close()
+    with pytest.raises(FileNotFoundError, match="re-ranking vector file .*nope.npy does not exist"):
+        load_retriever(reranked_dir, device="cpu", rerank_file="nope.npy")
+
+
+def _faiss_gpus() -> int:
+    import faiss
+
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_faiss_gpus() == 0, reason="needs CUDA and faiss with GPU support")
+def test_recipe_on_gpu_fp16_sharded_matches_cpu(reranked_dir: Path) -> None:
+    cpu = load_retriever(reranked_dir, device="cpu")
+    gpu = load_retriever(reranked_dir, device="cuda")
+    try:
+        assert gpu.info()["index_device"].startswith("cuda") and "rerank" in gpu.info()
+        queries = ["capital city", "a musical instrument", "space", "a drink"]
+        for a, b in zip(gpu.search(queries, topk=5), cpu.search(queries, topk=5)):
+            assert [p.id for p in a] == [p.id for p in b]
+    finally:
+        cpu.close()
+        gpu.close()
