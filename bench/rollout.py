@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     world = SyntheticWorld.generate(args.seed, 40, n_relations=3, max_hops=3, questions_per_hop=16)
     train = world.questions("train")
     epcfg = EpisodeConfig(protocol="search_r1", max_turns=args.max_turns, topk=args.topk, max_obs_chars=200)
-    protocol = epcfg.protocol
+    protocol = epcfg.tag_protocol
     examples = [train[i % len(train)] for i in range(args.prompts)]
     policy = _policy(args, world, protocol, train)
     # Before bm25s: it imports numba/llvmlite, which vLLM 0.32's CPU kernel-override scan trips on.

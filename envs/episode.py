@@ -39,6 +39,12 @@ class EpisodeConfig:
             raise ValueError("max_turns and topk must be >= 1")
         get_reward(self.reward)  # unknown reward names fail here, not at the first answer
 
+    @property
+    def tag_protocol(self) -> TagProtocol:
+        """`protocol` as the TagProtocol it names (a name given to the constructor is resolved there)."""
+        assert isinstance(self.protocol, TagProtocol)
+        return self.protocol
+
     def reward_fn(self) -> RewardFn:
         return get_reward(self.reward, **dict(self.reward_params))
 
@@ -46,7 +52,7 @@ class EpisodeConfig:
         """`prompt_template`: a name in `pvpo.envs.templates` (`default`, `search_r1`) or a format string."""
         from pvpo.envs.templates import render_prompt
 
-        return render_prompt(self.prompt_template, self.protocol, example.question)
+        return render_prompt(self.prompt_template, self.tag_protocol, example.question)
 
 
 @dataclass
@@ -94,7 +100,7 @@ class Episode:
         self.response += text
         self.judged += text
         self.turns += 1
-        self._action = self.config.protocol.parse_action(text)
+        self._action = self.config.tag_protocol.parse_action(text)
         if self._action.kind is ActionKind.SEARCH and self.turns < self.config.max_turns:
             return self._action.content
         return None
@@ -115,10 +121,10 @@ class Episode:
             self.queries.append(action.content)
             retrieved = [{"id": p.id, "title": p.title, "score": p.score} for p in passages or []]
             self.retrieved_ids.append([p.id for p in passages or []])
-            observation = cfg.protocol.wrap_observation(format_passages(passages or [], cfg.max_obs_chars))
+            observation = cfg.tag_protocol.wrap_observation(format_passages(passages or [], cfg.max_obs_chars))
             self.judged += observation
         else:
-            observation = cfg.protocol.correction_message()
+            observation = cfg.tag_protocol.correction_message()
         self.response += observation
         info = self._step_info(action.kind.value)
         info["retrieved"] = retrieved
@@ -144,7 +150,7 @@ class Episode:
     def _score(self, info: dict[str, Any]) -> float:
         """Score the finished response; add the prediction, metrics and reward parts to `info`."""
         golds = list(self.example.golden_answers)
-        result = self._reward_fn(self.judged, golds, self.config.protocol)
+        result = self._reward_fn(self.judged, golds, self.config.tag_protocol)
         info.update(
             prediction=result.prediction,
             metrics=answer_metrics(result.prediction, golds),

@@ -39,7 +39,7 @@ def format_passages(passages: Sequence[Passage], max_chars: int | None = None) -
     the text is cut at the last whitespace before the budget and ends with '...'."""
     lines = []
     for i, p in enumerate(passages, 1):
-        contents = p.contents if isinstance(p, Passage) else str(p.get("contents", ""))  # type: ignore[union-attr]
+        contents = p.contents if isinstance(p, Passage) else str(p.get("contents", ""))
         title, text = split_contents(contents)
         lines.append(f"Doc {i}(Title: {title}) {text.strip()}")
     return trim(("\n".join(lines)).strip(), max_chars)

@@ -104,7 +104,7 @@ class SearchVectorEnv(VectorEnv):
         if seed is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seeds[0] if isinstance(seeds[0], int) else None)
         infos: dict[str, Any] = {}
-        for i in np.flatnonzero(mask):
+        for i in map(int, np.flatnonzero(mask)):
             if seeds[i] is not None:
                 self._rngs[i] = np.random.default_rng(seeds[i])
             given = questions is not None and questions[i] is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import click
+import typer
 from typer.core import TyperGroup
 
 # exit status of a refused command (as a bad option, click's usage error)
@@ -46,7 +46,8 @@ class UserErrorGroup(TyperGroup):
     """The root command group: a user mistake raised by any subcommand ends with `describe`'s lines
     on stderr and exit status 2, unless the root `--debug` option asks for the traceback."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    # ctx is typer's vendored click Context (typer >= 0.2x ships its own click as a private module)
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except Exception as err:
@@ -55,5 +56,5 @@ class UserErrorGroup(TyperGroup):
             message = describe(err)
             if message is None:
                 raise
-            click.echo(f"{message}\n  (pvpo --debug {ctx.invoked_subcommand or '...'} ... shows the traceback)", err=True)
+            typer.echo(f"{message}\n  (pvpo --debug {ctx.invoked_subcommand or '...'} ... shows the traceback)", err=True)
             ctx.exit(USER_ERROR_EXIT)

@@ -65,7 +65,7 @@ def get_reward(name: str, **params: Any) -> RewardFn:
     """A registered reward by name, with its parameters bound (e.g. `get_reward("pvpo", length_ratio=4)`).
     Unknown names raise UnknownNameError listing the known ones."""
     fn = REWARDS.get(name)
-    return partial(fn, **params) if params else fn  # type: ignore[return-value]
+    return partial(fn, **params) if params else fn
 
 
 def available_rewards() -> list[str]:

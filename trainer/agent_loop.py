@@ -81,7 +81,7 @@ def run_agent_loop(
     """One trajectory per example (repeat an example n times for a group of n), in order."""
     if not examples:
         return []
-    protocol = episode_config.protocol
+    protocol = episode_config.tag_protocol
     env = vector_env(searcher, episode_config, len(examples))
     try:
         prompts, _ = env.reset(options={"questions": list(examples)})

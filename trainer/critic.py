@@ -11,6 +11,7 @@ it couples the critic's gradient to the policy's and makes critic warm-up steps 
 from __future__ import annotations
 
 import copy
+from typing import Any
 from collections import defaultdict
 
 import torch
@@ -19,8 +20,10 @@ from pvpo.trainer.trajectory import Batch
 
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper
-    return base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    hf: Any = model  # transformers' / peft's API on top of nn.Module
+    base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf  # a peft wrapper
+    decoder: torch.nn.Module = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    return decoder
 
 
 class Critic(torch.nn.Module):
@@ -31,7 +34,8 @@ class Critic(torch.nn.Module):
         super().__init__()
         self.backbone = copy.deepcopy(_decoder(policy_model)).float()
         self.backbone.requires_grad_(True)
-        hidden = policy_model.config.hidden_size
+        hf: Any = policy_model
+        hidden = int(hf.config.hidden_size)
         self.head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.head.weight)  # V = bias = 0 at start: GAE begins as plain returns
         torch.nn.init.zeros_(self.head.bias)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+from typing import Any
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -80,13 +81,14 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Recompute each decoder layer's activations in the backward pass (transformers' own
     checkpointing, non-reentrant so it composes with FSDP2 and frozen inputs); generation in
     eval mode still uses the KV cache."""
+    hf: Any = model  # transformers' API on top of nn.Module (torch types unknown attributes as Tensor | Module)
     # transformers 5 renamed it activation_checkpointing_enable (the old name warns, removal in v6)
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(hf, "activation_checkpointing_enable"):
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if getattr(model.config, "use_cache", False):
-        model.config.use_cache = False  # training forwards; the engines pass use_cache explicitly
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if getattr(hf.config, "use_cache", False):
+        hf.config.use_cache = False  # training forwards; the engines pass use_cache explicitly
 
 
 @dataclass
@@ -114,10 +116,11 @@ def place_policy_model(model: torch.nn.Module, where: Placement) -> torch.nn.Mod
     """Move the trained policy to its device in float32 (master weights), set its attention kernel
     and activation checkpointing; returns the same module (moved in place)."""
     model.to(device=where.device, dtype=torch.float32)
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(where.attn_implementation)
-    elif getattr(model, "config", None) is not None:
-        model.config._attn_implementation = where.attn_implementation
+    hf: Any = model  # transformers' API on top of nn.Module
+    if hasattr(hf, "set_attn_implementation"):
+        hf.set_attn_implementation(where.attn_implementation)
+    elif getattr(hf, "config", None) is not None:
+        hf.config._attn_implementation = where.attn_implementation
     if where.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model

@@ -86,7 +86,7 @@ def load_sharded_checkpoint(ckpt: str | Path, *, model: Any, optimizer: torch.op
         raise CheckpointError(f"{ckpt} was saved by {saved_world} ranks, this run has {world_size()}: resume with "
                               f"--nproc_per_node matching {saved_world}")  # fmt: skip
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    target = {"model": model_sd, "optimizer": optim_sd}
+    target: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(target, checkpoint_id=str(ckpt / "dcp"))
     set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"])
     set_rng_state(load_trainer_state(ckpt / f"rank_{rank()}")["rng"])

@@ -234,7 +234,8 @@ def full_state_dict(model: torch.nn.Module, *, cpu_offload: bool = False) -> dic
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))
+    return {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
 
 
 class FullStateView:

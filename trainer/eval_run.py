@@ -193,7 +193,8 @@ def token_policy(model: str | Path, engine: str = "hf", *, dtype: str = "auto", 
 
     policy = load_policy(model, dtype=dtype)
     target = device or ("cuda" if cuda else "cpu")
-    policy.model.to(target)
+    module: torch.nn.Module = policy.model
+    module.to(target)
     eng = build_engine("hf", model=policy.model, tokenizer=policy.tokenizer, micro_batch_size=batch_size, **dict(engine_options or {}))
     return TokenPolicy(eng, policy.tokenizer)
 

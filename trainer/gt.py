@@ -101,7 +101,7 @@ class OracleSource:
         from pvpo.trainer.warmstart import oracle_trajectories
 
         c = self.ctx
-        protocol = c.episode_config.protocol
+        protocol = c.episode_config.tag_protocol
         return list(oracle_trajectories(examples, lambda ex: c.world.oracle_trajectory(ex, protocol), c.tokenizer,
                                         c.searcher, c.episode_config, chat_template=c.loop.chat_template, eos=False))  # fmt: skip
 
@@ -159,7 +159,7 @@ class EndpointSource:
     def _chat(self, messages: list[dict[str, str]], seed: int) -> str:
         from pvpo.trainer.openai_engine import restore_stop
 
-        c, p = self.cfg, self.ctx.episode_config.protocol
+        c, p = self.cfg, self.ctx.episode_config.tag_protocol
         body = {"messages": messages, "temperature": c.temperature, "seed": seed,
                 "max_tokens": self.ctx.loop.max_new_tokens, "stop": list(p.stop_strings)}  # fmt: skip
         choice = self.client.post("chat/completions", body)["choices"][0]

@@ -76,7 +76,7 @@ class HFEngine(RolloutEngine):
     def _decode_tail(self, ids: list[int], n_chars: int) -> str:
         # Enough trailing tokens to contain any stop string (each token decodes to >= 1 char,
         # except partial bytes, hence the margin).
-        return self.tokenizer.decode(ids[-(n_chars + 4) :], skip_special_tokens=False)
+        return str(self.tokenizer.decode(ids[-(n_chars + 4) :], skip_special_tokens=False))
 
     @torch.no_grad()
     def _generate_batch(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, gen: torch.Generator) -> list[Completion]:
@@ -146,7 +146,7 @@ class HFEngine(RolloutEngine):
                 logprobs=logps[i],
                 finish_reason=finish[i] or "length",
                 stop_string=stop_hit[i],
-                text=self.tokenizer.decode(tokens[i], skip_special_tokens=False),
+                text=str(self.tokenizer.decode(tokens[i], skip_special_tokens=False)),
             )
             for i in range(b)
         ]

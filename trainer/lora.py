@@ -124,5 +124,6 @@ def load_lora_weights(model: Any, ckpt: str | Path) -> None:
     for f in files:
         state.update(load_file(str(f)))
     result = set_peft_model_state_dict(model, state)
-    if getattr(result, "unexpected_keys", None):
-        raise ValueError(f"{folder}: adapter keys the model does not have: {result.unexpected_keys[:5]}")
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if unexpected:
+        raise ValueError(f"{folder}: adapter keys the model does not have: {unexpected[:5]}")

@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from pvpo.trainer.config import ModelConfig, TinyModelConfig
+
+M = TypeVar("M", bound="torch.nn.Module")
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -71,8 +74,8 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig, *
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
     )
+    config.dtype = torch.float32  # transformers 5's name (torch_dtype in 4.x, which still reads it)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
@@ -109,7 +112,7 @@ def save_policy(policy: Policy, path: str | Path) -> None:
     policy.tokenizer.save_pretrained(path)
 
 
-def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+def frozen_copy(model: M) -> M:
     """A deep copy with gradients off, in eval mode (the reference policy)."""
     import copy
 

@@ -56,8 +56,8 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         world = SyntheticWorld.generate(s.seed, s.n_entities, n_relations=s.n_relations, max_hops=s.max_hops,
                                         questions_per_hop=s.questions_per_hop, test_fraction=s.test_fraction)  # fmt: skip
         train, evals = world.questions("train"), world.questions("test")
-        corpus_path = world.write_corpus(run_dir / "corpus.jsonl")
-        protocol = episode_config(cfg).protocol
+        corpus_path: Path | None = world.write_corpus(run_dir / "corpus.jsonl")
+        protocol = episode_config(cfg).tag_protocol
         texts = [p.contents for p in world.passages] + [protocol.instruction()]
         texts += [q.question for q in train] + ["".join(world.oracle_trajectory(q, protocol)) for q in train[:200]]
         rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=d.warm_start_examples,
@@ -114,6 +114,6 @@ def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy,
     saved = run_dir / "initial_policy"
     if (saved / "config.json").exists():
         return load_policy(saved, dtype=cfg.model.dtype), False
-    protocol = episode_config(cfg).protocol
+    protocol = episode_config(cfg).tag_protocol
     tags = (protocol.think, protocol.search, protocol.result, protocol.answer)
     return policy_from_config(cfg.model, corpus_texts=data.texts, tags=tags, seed=cfg.run.seed), True

@@ -105,7 +105,8 @@ class Trainer:
         ddp.check_supported(cfg)
         self.memory = PhaseMemory(self.where.device)
         place_policy_model(policy.model, self.where)
-        self.model, self.tokenizer = policy.model, policy.tokenizer
+        self.model: torch.nn.Module = policy.model  # a transformers model, or peft's wrapper of one
+        self.tokenizer = policy.tokenizer
         self.engine: RolloutEngine = self._build_engine(self.model)
         if fresh:
             if cfg.model.warm_start_steps and data.world is not None:
@@ -202,7 +203,7 @@ class Trainer:
 
         m, t0 = self.cfg.model, time.perf_counter()
         questions = self.data.warm_start
-        trajs = oracle_trajectories(questions, lambda ex: self.data.world.oracle_trajectory(ex, self.epcfg.protocol),
+        trajs = oracle_trajectories(questions, lambda ex: self.data.world.oracle_trajectory(ex, self.epcfg.tag_protocol),
                                     self.tokenizer, self.searcher, self.epcfg, chat_template=m.chat_template)  # fmt: skip
         self.result.warm_start_losses = warm_start(
             self.model, trajs, self.tokenizer.pad_token_id, steps=m.warm_start_steps, lr=m.warm_start_lr,
@@ -239,7 +240,8 @@ class Trainer:
         current = at > 0 and a.refresh_from == "current"
         # before this run's first update (and not resumed) the policy is the reference: no second engine
         is_reference = self.start_step == 0 and self.result.steps_done == 0
-        engine = self.engine if current or is_reference or self.ref_model is None else self.ref_engine
+        ref_engine = None if current or is_reference else self.ref_engine
+        engine = ref_engine if ref_engine is not None else self.engine
         source = "current" if current else "reference"
 
         def rollout_fn(exs: list[QAExample]) -> list[tuple[str, float, float]]:
