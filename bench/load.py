@@ -173,8 +173,8 @@ def main() -> None:
             rows = []
             for name, n_large in (("small only", 0), (f"small + {args.large_clients} large", args.large_clients)):
                 cpu0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-                s, l = asyncio.run(_phase(port, args.clients, args.seconds, n_large, large if n_large else None, small))
-                rows.append(_row(name, args.seconds, s, l, sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0))
+                small_lat, large_lat = asyncio.run(_phase(port, args.clients, args.seconds, n_large, large if n_large else None, small))
+                rows.append(_row(name, args.seconds, small_lat, large_lat, sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0))
                 time.sleep(1.0)
             info = httpx.get(f"http://127.0.0.1:{port}/info", timeout=30).json()["batching"]
             rss1 = _rss_mb(server.pid)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,8 +15,8 @@ data_app = typer.Typer(name="data", help="QA datasets: corpora from their paragr
 def corpus(
     dataset: str = typer.Argument(..., help="Questions file (format detected from its content) or a registered dataset name."),
     out: Path = typer.Argument(..., help="Corpus jsonl to write ({id, contents}, title on the first line)."),
-    name: Optional[str] = typer.Option(None, help="Dataset name used as uid prefix (default: from the file name)."),
-    format: Optional[str] = typer.Option(None, "--format", help="Force a format instead of detecting it."),
+    name: str | None = typer.Option(None, help="Dataset name used as uid prefix (default: from the file name)."),
+    format: str | None = typer.Option(None, "--format", help="Force a format instead of detecting it."),
 ) -> None:
     """Write the distinct paragraphs a dataset ships with its questions as a retriever corpus."""
     from pvpo.envs.corpus import corpus_from_examples, write_corpus

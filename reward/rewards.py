@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+from pvpo.registry import Registry
 from pvpo.reward.metrics import as_golds, cover_exact_match, exact_match, f1_score
 from pvpo.reward.normalize import answer_tokens
-from pvpo.registry import Registry
 from pvpo.reward.protocol import SEARCH_R1, TagProtocol
 
 

@@ -103,7 +103,7 @@ def test_random_text_actions_never_raise_and_episodes_end_by_max_turns(world, se
     env.action_space.seed(0)
     for episode in range(20):
         env.reset(seed=episode)
-        for t in range(4):
+        for _ in range(4):
             obs, reward, term, trunc, info = env.step(env.action_space.sample())
             assert obs in env.observation_space and 0.0 <= reward <= 1.0
             if term or trunc:

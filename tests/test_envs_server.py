@@ -12,7 +12,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import pvpo.envs  # noqa: F401
-from pvpo.envs import SearchEnv, SearchVectorEnv, SyntheticWorld, info_at
+from pvpo.envs import SearchEnv, SyntheticWorld, info_at
 
 pytestmark = pytest.mark.slow
 SEED, N_ENTITIES, PER_HOP = 11, 30, 20

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer_core import TINY, WORLD, OverlapSearcher
 from typer.testing import CliRunner
 
 from pvpo.trainer.checkpoint import save_checkpoint
 from pvpo.trainer.config import dump_config, load_config
 from pvpo.trainer.run_dir import RunDirError, check_resume_config, prepare_fresh, resume_config
-
-from test_trainer_core import TINY, WORLD, OverlapSearcher
 
 
 def _run_with_config(tmp_path: Path, *overrides: str) -> Path:

@@ -58,7 +58,7 @@ def _closed_by_server(s: socket.socket, within: float) -> bool:
         while s.recv(65536):
             pass
         return True
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return False
     except OSError:  # reset
         return True
@@ -85,7 +85,7 @@ def _stream_until_answered(s: socket.socket, chunk: bytes, budget: int) -> tuple
             reply = s.recv(65536)
             if reply:
                 return sent, reply
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             continue
         except OSError:
             break

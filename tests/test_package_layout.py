@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 COMPONENTS = ("reward", "retriever", "envs", "trainer", "configs")

@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_trainer_core import TINY, WORLD, OverlapSearcher
 
 from pvpo.trainer.config import load_config
 from pvpo.trainer.hf_engine import HFEngine
 from pvpo.trainer.metrics_log import MetricsLogger
-
-from test_trainer_core import TINY, WORLD, OverlapSearcher
 
 
 class Boom(RuntimeError):

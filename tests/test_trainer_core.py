@@ -11,11 +11,10 @@ import torch
 
 from pvpo.envs.synthetic import SyntheticWorld
 from pvpo.retriever.types import Passage
-from pvpo.trainer.config import ConfigError, load_config
+from pvpo.trainer.config import ConfigError, TinyModelConfig, load_config
 from pvpo.trainer.engine import SamplingConfig
 from pvpo.trainer.hf_engine import HFEngine
 from pvpo.trainer.policy import build_tiny_policy
-from pvpo.trainer.config import TinyModelConfig
 
 TAGS = ("think", "search", "information", "answer")
 WORLD = SyntheticWorld.generate(0, 12, n_relations=2, max_hops=2, questions_per_hop=6)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 
 import torch
+from test_trainer_core import TINY, WORLD, OverlapSearcher
 
 from pvpo.trainer.config import load_config
 from pvpo.trainer.train import train
-
-from test_trainer_core import TINY, WORLD, OverlapSearcher
 
 
 def _train(tmp_path, *overrides: str):

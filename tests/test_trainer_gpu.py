@@ -48,8 +48,8 @@ def test_qwen2_5_3b_shaped_model_runs_one_pvpo_step_with_vllm_colocated(tmp_path
     from train_step import SHAPES
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from pvpo.trainer.policy import train_tokenizer
     from pvpo.envs.synthetic import SyntheticWorld
+    from pvpo.trainer.policy import train_tokenizer
 
     world = SyntheticWorld.generate(0, 16, n_relations=2, max_hops=2, questions_per_hop=8)
     tok = train_tokenizer([p.contents for p in world.passages], vocab_size=512,

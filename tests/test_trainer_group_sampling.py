@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from test_trainer_core import TINY, WORLD, OverlapSearcher
 
 from pvpo.trainer.anchor import AnchorStat
 from pvpo.trainer.config import load_config
@@ -15,8 +16,6 @@ from pvpo.trainer.group_sampling import load_partition, partition, save_partitio
 from pvpo.trainer.gt import GTCache, fetch_gt
 from pvpo.trainer.trajectory import Trajectory, collate
 from pvpo.trainer.update import gt_ratio_stats
-
-from test_trainer_core import TINY, WORLD, OverlapSearcher
 
 
 def _stat(acc: float) -> AnchorStat:
@@ -215,9 +214,9 @@ def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path, 
     """Anchor refreshed every step from the current policy, checkpoints every 2 steps, a crash after
     step 4 is logged but before its checkpoint: on resume, steps 3-4 must see the anchor computed at
     step 2 (restored from checkpoint 2), not the step-3 anchor the crashed run left on disk."""
-    from pvpo.trainer.train import train
-
     from test_trainer_loop import Crash, crash_after_logging
+
+    from pvpo.trainer.train import train
 
     cfg = load_config(None, GS + ["run.steps=4", "run.checkpoint_every=2", "algorithm.anchor.refresh_every=1",
                                   "algorithm.anchor.refresh_from=current", "rollout.n=2", "algorithm.gt.replace_per_group=1"])
@@ -305,7 +304,6 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
     from pvpo.trainer.agent_loop import LoopConfig
     from pvpo.trainer.gt import GTContext, build_gt_source
     from pvpo.trainer.policy import load_policy, policy_from_config
-
     from tests.eval_support import searching_policy
 
     questions = ["What is the capital of Germany?", "Which city is Germany's capital?", "Where does the German chancellor sit?"]

@@ -8,15 +8,14 @@ import importlib.util
 
 import pytest
 import torch
+from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
+from test_trainer_loop import _rollout, search_biased
 
 from pvpo.trainer.config import ConfigError, load_config
 from pvpo.trainer.engine import ENGINES
 from pvpo.trainer.hf_engine import HFEngine
 from pvpo.trainer.trajectory import collate
 from pvpo.trainer.update import batch_logprobs, policy_update
-
-from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
-from test_trainer_loop import _rollout, search_biased
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

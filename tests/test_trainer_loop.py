@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.trainer.agent_loop import LoopConfig, run_agent_loop
@@ -22,8 +23,6 @@ from pvpo.trainer.hf_engine import HFEngine
 from pvpo.trainer.losses import token_logprobs
 from pvpo.trainer.trajectory import collate, response_logits
 from pvpo.trainer.update import loss_config, micro_batch_loss
-
-from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,9 +201,9 @@ def test_the_loop_steps_the_vector_env_with_one_retriever_call_per_turn(policy):
 
 
 def test_eos_without_answer_and_the_token_budget_end_trajectories_scored_as_they_stand(policy):
-    from pvpo.reward import get_protocol, get_reward
-
     from test_trainer_core import ScriptedLM
+
+    from pvpo.reward import get_protocol, get_reward
 
     tok = policy.tokenizer
     ex = WORLD.questions("train")[:3]

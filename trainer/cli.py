@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,11 +21,11 @@ def _load(config: Path | None, overrides: list[str]) -> object:
 
 
 def train_cmd(
-    overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides, e.g. run.steps=10 "
+    overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides, e.g. run.steps=10 "
                                                              "(`pvpo config keys` lists every key)")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML config file, or a shipped preset's "
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file, or a shipped preset's "
                                                    "name: demo, smoke, search_r1_nq_hotpotqa_qwen2.5_3b")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the run dir's latest checkpoint, with the run's "
                                          "own config.yaml (overrides: only keys safe to change, e.g. run.steps)")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="delete what the run dir holds and start over")] = False,
@@ -63,7 +63,7 @@ def train_cmd(
 
 
 def demo_cmd(
-    overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides of the demo config")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides of the demo config")] = None,
     config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file or shipped preset name "
                                          "(default: the demo preset shipped with the package)")] = Path("demo"),
     run_dir: Annotated[Path, typer.Option("--run-dir", help="output folder")] = Path("runs/demo"),

@@ -4,7 +4,7 @@ resolved config as YAML)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,7 +14,7 @@ config_app = typer.Typer(name="config", help="List the training config's keys, o
 
 @config_app.command("keys")
 def keys_cmd(
-    prefix: Annotated[Optional[str], typer.Argument(help="only keys starting with this, e.g. rollout or optim.lr")] = None,
+    prefix: Annotated[str | None, typer.Argument(help="only keys starting with this, e.g. rollout or optim.lr")] = None,
 ) -> None:
     """Every config key with its default, type and description."""
     from pvpo.trainer.config_doc import config_keys, format_keys
@@ -28,8 +28,8 @@ def keys_cmd(
 
 @config_app.command("show")
 def show_cmd(
-    overrides: Annotated[Optional[list[str]], typer.Argument(help="key.sub=value overrides")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML file or shipped preset name "
+    overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML file or shipped preset name "
                                                    "(default: the built-in defaults)")] = None,
 ) -> None:
     """The config `pvpo train` would run with, every key resolved, as YAML."""

@@ -11,8 +11,8 @@ it couples the critic's gradient to the policy's and makes critic warm-up steps 
 from __future__ import annotations
 
 import copy
-from typing import Any
 from collections import defaultdict
+from typing import Any
 
 import torch
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pvpo.trainer.config import TrainConfig
 from pvpo.trainer.resources import load_data, retriever_session
-from pvpo.trainer.train import TrainResult, Trainer
+from pvpo.trainer.train import Trainer, TrainResult
 
 
 def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from typing import Any
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 

@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from pvpo.trainer.checkpoint import STATE_FILES_DIR, CheckpointError, atomic_write_text, load_trainer_state, rng_state, set_rng_state
+from pvpo.trainer.checkpoint import (
+    STATE_FILES_DIR,
+    CheckpointError,
+    atomic_write_text,
+    load_trainer_state,
+    rng_state,
+    set_rng_state,
+)
 from pvpo.trainer.distributed import barrier, full_state_dict, is_main, rank, world_size
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -47,14 +47,14 @@ def _judge(base_url: str, model: str, api_key: str | None, api: str, concurrency
 @eval_app.callback()
 def eval_cmd(
     ctx: typer.Context,
-    model: Annotated[Optional[str], typer.Option("--model", help="Local HF model folder (engines hf, vllm); with --engine openai, only the run's label")] = None,
-    dataset: Annotated[Optional[list[str]], typer.Option("--dataset", "-d", help="Benchmark name (nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle) or a FlashRAG jsonl file; repeat for several")] = None,
-    retriever_url: Annotated[Optional[list[str]], typer.Option("--retriever-url", help="Search-R1 /retrieve server(s), round-robin")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder; each dataset goes to OUT/<dataset>/")] = None,
-    split: Annotated[Optional[str], typer.Option(help="Split (default: the benchmark's evaluation split, test or dev)")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", envvar="PVPO_DATA_DIR", help="Folder of FlashRAG datasets (<name>/<split>.jsonl)")] = None,
-    limit: Annotated[Optional[int], typer.Option(help="Evaluate N questions (the first N, or a draw with --sample-seed)")] = None,
-    sample_seed: Annotated[Optional[int], typer.Option("--sample-seed", help="Seed of the random N-question subset (recorded in metrics.json)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Local HF model folder (engines hf, vllm); with --engine openai, only the run's label")] = None,
+    dataset: Annotated[list[str] | None, typer.Option("--dataset", "-d", help="Benchmark name (nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle) or a FlashRAG jsonl file; repeat for several")] = None,
+    retriever_url: Annotated[list[str] | None, typer.Option("--retriever-url", help="Search-R1 /retrieve server(s), round-robin")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder; each dataset goes to OUT/<dataset>/")] = None,
+    split: Annotated[str | None, typer.Option(help="Split (default: the benchmark's evaluation split, test or dev)")] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", envvar="PVPO_DATA_DIR", help="Folder of FlashRAG datasets (<name>/<split>.jsonl)")] = None,
+    limit: Annotated[int | None, typer.Option(help="Evaluate N questions (the first N, or a draw with --sample-seed)")] = None,
+    sample_seed: Annotated[int | None, typer.Option("--sample-seed", help="Seed of the random N-question subset (recorded in metrics.json)")] = None,
     engine: Annotated[str, typer.Option(help="hf | vllm | openai")] = "hf",
     template: Annotated[str, typer.Option(help="Prompt template / tag protocol, e.g. search_r1, research")] = "search_r1",
     temperature: Annotated[float, typer.Option(help="0 = greedy (default); PVPO used 0.6")] = 0.0,
@@ -64,21 +64,21 @@ def eval_cmd(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Per turn")] = 512,
     max_response_tokens: Annotated[int, typer.Option("--max-response-tokens", help="Whole response (model + env tokens; openai: model tokens)")] = 4096,
     topk: Annotated[int, typer.Option(help="Passages per search")] = 3,
-    max_obs_chars: Annotated[Optional[int], typer.Option("--max-obs-chars", help="Trim a search result to this many characters (default: no trim)")] = None,
+    max_obs_chars: Annotated[int | None, typer.Option("--max-obs-chars", help="Trim a search result to this many characters (default: no trim)")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Questions rolled out together (also the resume unit)")] = 32,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
-    chat_template: Annotated[Optional[bool], typer.Option("--chat-template/--no-chat-template", help="Wrap the prompt in the tokenizer's chat template (default: when it has one)")] = None,
+    chat_template: Annotated[bool | None, typer.Option("--chat-template/--no-chat-template", help="Wrap the prompt in the tokenizer's chat template (default: when it has one)")] = None,
     dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")] = "auto",
-    base_url: Annotated[Optional[str], typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (engine openai)")] = None,
-    model_name: Annotated[Optional[str], typer.Option("--model-name", help="Model name at --base-url")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (engine openai)")] = None,
+    model_name: Annotated[str | None, typer.Option("--model-name", help="Model name at --base-url")] = None,
     api: Annotated[str, typer.Option(help="completions (text prompt) | chat (messages)")] = "completions",
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for --base-url")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for --base-url")] = None,
     concurrency: Annotated[int, typer.Option(help="Concurrent requests to --base-url")] = 16,
-    judge_base_url: Annotated[Optional[str], typer.Option("--judge-base-url", help="OpenAI-compatible endpoint of the LLM judge")] = None,
-    judge_model: Annotated[Optional[str], typer.Option("--judge-model", help="Judge model name")] = None,
-    judge_api_key: Annotated[Optional[str], typer.Option("--judge-api-key", envvar="PVPO_JUDGE_API_KEY")] = None,
+    judge_base_url: Annotated[str | None, typer.Option("--judge-base-url", help="OpenAI-compatible endpoint of the LLM judge")] = None,
+    judge_model: Annotated[str | None, typer.Option("--judge-model", help="Judge model name")] = None,
+    judge_api_key: Annotated[str | None, typer.Option("--judge-api-key", envvar="PVPO_JUDGE_API_KEY")] = None,
     judge_api: Annotated[str, typer.Option("--judge-api", help="chat | completions")] = "chat",
-    label: Annotated[Optional[str], typer.Option(help="Method name in report tables (default: the model's name)")] = None,
+    label: Annotated[str | None, typer.Option(help="Method name in report tables (default: the model's name)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Full tracebacks")] = False,
 ) -> None:
@@ -157,8 +157,8 @@ def _model_label(path: Path) -> str:
 def report_cmd(
     dirs: Annotated[list[Path], typer.Argument(help="Run folders (OUT of pvpo eval, or one dataset's folder); one table row per method")],
     metric: Annotated[str, typer.Option(help="em | f1 | acc | lasj | format_ok | searches")] = "em",
-    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the table as CSV")] = None,
-    md_path: Annotated[Optional[Path], typer.Option("--md", help="Also write the markdown table to a file")] = None,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV")] = None,
+    md_path: Annotated[Path | None, typer.Option("--md", help="Also write the markdown table to a file")] = None,
 ) -> None:
     """Merge runs into one markdown table (datasets as columns, Avg last, N per column) and a CSV."""
     from pvpo.trainer.eval_report import build_table, find_runs, markdown_table, write_csv
@@ -181,8 +181,8 @@ def report_cmd(
 @eval_app.command("rescore")
 def rescore_cmd(
     path: Annotated[Path, typer.Argument(help="FlashRAG-format predictions (jsonl, or FlashRAG's intermediate_data.json)")],
-    extract: Annotated[Optional[str], typer.Option(help="Re-read each pred from output.final_response with this tag protocol (search_r1, research)")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write the re-scored items (jsonl) here")] = None,
+    extract: Annotated[str | None, typer.Option(help="Re-read each pred from output.final_response with this tag protocol (search_r1, research)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the re-scored items (jsonl) here")] = None,
 ) -> None:
     """Recompute EM / F1 / ACC (cover-EM) of every item and the totals, as FlashRAG's metric_score.txt."""
     from pvpo.reward import get_protocol
@@ -206,7 +206,7 @@ def judge_cmd(
     dirs: Annotated[list[Path], typer.Argument(help="Run folders (one dataset each, or OUT holding several)")],
     judge_base_url: Annotated[str, typer.Option("--judge-base-url", help="OpenAI-compatible endpoint of the judge")],
     judge_model: Annotated[str, typer.Option("--judge-model", help="Judge model name")],
-    judge_api_key: Annotated[Optional[str], typer.Option("--judge-api-key", envvar="PVPO_JUDGE_API_KEY")] = None,
+    judge_api_key: Annotated[str | None, typer.Option("--judge-api-key", envvar="PVPO_JUDGE_API_KEY")] = None,
     judge_api: Annotated[str, typer.Option("--judge-api", help="chat | completions")] = "chat",
     concurrency: Annotated[int, typer.Option(help="Concurrent judge requests")] = 16,
     quiet: Annotated[bool, typer.Option("--quiet")] = False,

@@ -23,22 +23,30 @@ import torch
 from pvpo.envs.data import QAExample
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
-from pvpo.trainer.advantages import advantage_stats, get_estimator
+from pvpo.trainer import distributed as ddp
 from pvpo.trainer.advantage_inputs import VALUE_MODEL_FILE, AdvantageInputs
+from pvpo.trainer.advantages import advantage_stats, get_estimator
 from pvpo.trainer.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.anchor import AnchorStore, build_anchor, needs_refresh
-from pvpo.trainer.checkpoint import (atomic_write_dir, latest_checkpoint, load_trainer_state, load_weights, read_jsonl,
-                                     restore_state_files, save_checkpoint, set_rng_state)
+from pvpo.trainer.checkpoint import (
+    atomic_write_dir,
+    latest_checkpoint,
+    load_trainer_state,
+    load_weights,
+    read_jsonl,
+    restore_state_files,
+    save_checkpoint,
+    set_rng_state,
+)
+from pvpo.trainer.config import TrainConfig, dump_config
 from pvpo.trainer.cost import CostCounter
-from pvpo.trainer import distributed as ddp
 from pvpo.trainer.device import PhaseMemory, place_policy_model, place_reference_model, placement
 from pvpo.trainer.dist_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
-from pvpo.trainer.lora import apply_lora, checkpoint_view, is_lora, load_lora_weights
-from pvpo.trainer.config import TrainConfig, dump_config
 from pvpo.trainer.engine import RolloutEngine, build_engine
 from pvpo.trainer.evaluate import evaluate
 from pvpo.trainer.group_sampling import Partition, load_partition, partition, save_partition, savings
 from pvpo.trainer.gt import GTCache, GTContext, build_gt_source, fetch_gt
+from pvpo.trainer.lora import apply_lora, checkpoint_view, is_lora, load_lora_weights
 from pvpo.trainer.metrics_log import MetricsLogger
 from pvpo.trainer.policy import frozen_copy, save_policy
 from pvpo.trainer.resources import Data, episode_config, initial_policy, load_data, retriever_session

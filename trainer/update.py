@@ -22,10 +22,10 @@ import torch
 
 from pvpo.trainer.advantages import broadcast_to_tokens
 from pvpo.trainer.config import ImportanceCorrectionConfig, OptimConfig
+from pvpo.trainer.distributed import all_reduce_min, clip_grad_norm
 from pvpo.trainer.engine import RolloutEngine
 from pvpo.trainer.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
 from pvpo.trainer.losses import LossConfig, entropy_from_logits, token_logprobs
-from pvpo.trainer.distributed import all_reduce_min, clip_grad_norm
 from pvpo.trainer.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
 from pvpo.trainer.trajectory import Batch, response_logits
 

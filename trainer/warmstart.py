@@ -16,9 +16,9 @@ import torch
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
+from pvpo.envs.vector import info_at
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
-from pvpo.envs.vector import info_at
 from pvpo.trainer.agent_loop import prompt_ids, vector_env
 from pvpo.trainer.trajectory import Trajectory, collate, response_logits
 
