@@ -100,13 +100,13 @@ def free_port() -> int:
 
 
 def start_server(index_dir: Path, *, batching: bool, max_batch: int, max_wait_ms: float, max_delay_ms: float,
-                 threads: int) -> tuple[subprocess.Popen, str]:
+                 threads: int, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
     cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index_dir), "--port", str(port),
            "--device", "cpu", "--max-batch-size", str(max_batch), "--max-wait-ms", str(max_wait_ms),
-           "--max-delay-ms", str(max_delay_ms), "--threads", str(threads), "--log-level", "warning"] + (["--no-batching"] if not batching else [])
+           "--max-delay-ms", str(max_delay_ms), "--threads", str(threads), "--log-level", "warning", *extra] + (["--no-batching"] if not batching else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180

