@@ -36,7 +36,7 @@ def build(
                                      "or a JSON object title -> sentences (HotpotQA)."),
     out: Path = typer.Option(..., "--out", help="Index directory to write (re-run to resume encoding)."),
     model: Optional[str] = typer.Option(None, "--model", help="sentence-transformers model (default: packaged all-MiniLM-L6-v2)."),
-    index_type: str = typer.Option("Flat", "--index-type", help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ64, ...) or bm25."),
+    index_type: str = typer.Option("Flat", "--index-type", help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ64, ...), bm25, or hybrid[:FACTORY] (dense + bm25 fused)."),
     batch_size: int = typer.Option(256, "--batch-size", min=1),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     keep_embeddings: bool = typer.Option(True, "--keep-embeddings/--drop-embeddings",
@@ -47,11 +47,29 @@ def build(
                                           "--index-type IVF65536,PQ64 --rerank-depth 100 (wiki-18 on one GPU)."),
     nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1,
                                          help="IVF lists visited per query, stored in meta.json (default 32)."),
+    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", callback=_backend_option,
+                                                  help=ENCODER_BACKEND_HELP),
+    hybrid_weights: str = typer.Option("1,1", "--hybrid-weights",
+                                       help="With --index-type hybrid[:FACTORY]: dense,bm25 weights of the rank fusion."),
 ) -> None:
     """Encode a corpus and build its index directory."""
     from pvpo.retriever.build import build_index
+    from pvpo.retriever.encoder import set_default_backend
     from pvpo.retriever.index import read_meta
 
+    set_default_backend(encoder_backend)
+    if index_type.lower().split(":", 1)[0] == "hybrid":  # dense (FAISS type after the colon) + BM25, fused
+        from pvpo.retriever.hybrid import build_hybrid
+
+        try:
+            weights = [float(w) for w in hybrid_weights.split(",")]
+        except ValueError:
+            raise typer.BadParameter(f"--hybrid-weights {hybrid_weights!r}: give two numbers, e.g. 1,0.5") from None
+        path = build_hybrid(corpus, out, dense_index_type=index_type.partition(":")[2] or "Flat", weights=weights,
+                            model=model, batch_size=batch_size, device=device, keep_embeddings=keep_embeddings,
+                            show_progress=True)
+        typer.echo(f"built hybrid index (dense + bm25) of {read_meta(path)['size']} passages in {path}")
+        return
     path = build_index(corpus, out, model=model, index_type=index_type, batch_size=batch_size, device=device,
                        keep_embeddings=keep_embeddings, show_progress=True, rerank_depth=rerank_depth,
                        search_params=None if nprobe is None else {"nprobe": nprobe})

@@ -106,3 +106,22 @@ def test_link_hybrid_refuses_parts_of_different_corpora(tmp_path: Path) -> None:
         link_hybrid(dense, bm25, tmp_path / "h")
     with pytest.raises(ValueError, match="the lexical side must be bm25"):
         link_hybrid(dense, dense, tmp_path / "h2")
+
+
+def test_build_command_makes_a_hybrid_directory(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+
+    corpus = write_tiny_corpus(tmp_path / "c.json")
+    res = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "h"),
+                                   "--index-type", "hybrid:HNSW32", "--hybrid-weights", "1,0.5",
+                                   "--encoder-backend", "torch"])
+    assert res.exit_code == 0, res.output
+    h = load_retriever(tmp_path / "h", device="cpu")
+    assert h.info()["index_type"] == "hybrid(HNSW32+bm25)" and h.info()["weights"] == [1.0, 0.5]
+    assert h.search(["who wrote Hamlet"], topk=1)[0][0].title == "Shakespeare"
+    h.close()
+    bad = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "x"),
+                                   "--encoder-backend", "onx"])
+    assert bad.exit_code == 2 and "unknown encoder backend 'onx'" in " ".join(bad.output.replace("│", " ").split())
