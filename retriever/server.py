@@ -158,6 +158,7 @@ def create_app(
     async def info() -> dict[str, Any]:
         """Model, index type, size, dim, device, batching settings and counters, limits."""
         return retriever.info() | {
+            "encoder": _encoder_info(retriever),
             "default_topk": retriever.default_topk,
             "batching": {"enabled": batching, "max_batch_size": max_batch_size, "max_batch_chars": max_batch_chars,
                          "max_wait_ms": max_wait_ms, "max_delay_ms": max_delay_ms, "batches": batcher.batches,
@@ -169,6 +170,14 @@ def create_app(
         _add_bearer_scheme(app)
     app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout)
     return app
+
+
+def _encoder_info(retriever: Retriever) -> dict[str, Any] | None:
+    """The query encoder's backend and dtype (a hybrid retriever's dense side); None for BM25."""
+    encoder = getattr(retriever, "encoder", None) or getattr(getattr(retriever, "dense", None), "encoder", None)
+    if encoder is None:
+        return None
+    return {"backend": getattr(encoder, "backend", "torch"), "dtype": getattr(encoder, "dtype", "float32")}
 
 
 def _add_bearer_scheme(app: FastAPI) -> None:

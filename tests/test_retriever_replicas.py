@@ -77,7 +77,9 @@ def test_two_replicas_share_the_clients_requests_and_stop_on_sigterm(tmp_path: P
         with RetrieverClient(urls, topk=1, retries=0) as client:
             for q, title in TINY_QUERIES:
                 assert client.search([q])[0][0].title == title
-        served = [httpx.get(u + "/info").json()["batching"]["queries"] for u in urls]
+        infos = [httpx.get(u + "/info").json() for u in urls]
+        assert all(i["encoder"] == {"backend": "torch", "dtype": "float32"} for i in infos)
+        served = [i["batching"]["queries"] for i in infos]
         assert served == [len(TINY_QUERIES) // 2] * 2  # round-robin: every other request to each
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=30) == 0
