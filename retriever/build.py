@@ -265,6 +265,76 @@ def link_prebuilt(
     return out
 
 
+class FlatRows:
+    """Rows [start, stop) of a flat FAISS index read lazily: behaves as an (n, dim) array where
+    `write_dense_index` needs one (len, shape, row selection, conversion), reconstructing only the
+    rows asked for, so a 64 GB memory-mapped e5_Flat.index is re-indexed a chunk at a time."""
+
+    def __init__(self, index: Any, start: int, stop: int) -> None:
+        self.index, self.start, self.stop = index, start, stop
+        self.shape = (stop - start, int(index.d))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, rows: np.ndarray) -> np.ndarray:
+        ids = np.asarray(rows, dtype=np.int64) + self.start
+        return self.index.reconstruct_batch(ids)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.index.reconstruct_n(self.start, len(self))
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def reindex_prebuilt(
+    faiss_index: str | Path,
+    corpus_jsonl: str | Path,
+    out_dir: str | Path,
+    *,
+    index_type: str,
+    model: str = "intfloat/e5-base-v2",
+    rerank_depth: int = 0,
+    search_params: dict[str, Any] | None = None,
+    max_length: int = 256,
+    chunk_size: int = 262_144,
+    max_train: int = 200_000,
+    seed: int = 0,
+) -> Path:
+    """An index directory of another type built from the vectors of a prebuilt flat index (e.g.
+    Search-R1's e5_Flat.index of wiki-18, memory-mapped; nothing is re-encoded): the corpus is
+    checked and used as `link_prebuilt` does, then `write_dense_index` trains and fills
+    `index_type` (and the fp16 re-ranking store) from the flat vectors, chunk by chunk."""
+    import faiss
+
+    from pvpo.retriever.index import read_faiss_index, read_meta
+
+    if rerank_depth < 0:
+        raise ValueError(f"rerank_depth must be >= 0 (0 = no re-ranking), got {rerank_depth}")
+    if not Path(faiss_index).exists():
+        raise FileNotFoundError(f"{faiss_index} does not exist")
+    flat = read_faiss_index(Path(faiss_index), mmap=True)  # faiss returns it as its own class
+    if not isinstance(flat, faiss.IndexFlat):
+        raise ValueError(f"{faiss_index} is a {type(flat).__name__}: only a flat index holds the vectors to re-index")
+    make_faiss_index(int(flat.d), index_type)  # a bad factory string fails before anything is written
+    created = not Path(out_dir).exists()
+    out = link_prebuilt(faiss_index, corpus_jsonl, out_dir, model=model, index_type="Flat", max_length=max_length)
+    n = int(flat.ntotal)
+    chunks = [FlatRows(flat, s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
+    t0 = time.perf_counter()
+    try:
+        meta = read_meta(out)
+        meta |= write_dense_index(out, chunks, index_type=index_type, rerank_depth=rerank_depth,
+                                  search_params=search_params, max_train=max_train, seed=seed)
+    except BaseException:
+        if created:  # not even the link is kept: the directory would not be the index asked for
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    meta |= {"mmap": False, "source_index": str(Path(faiss_index).resolve()),
+             "build_seconds": round(time.perf_counter() - t0, 2)}
+    write_meta(out, meta)
+    return out
+
+
 def _vector_count(faiss_index: Path) -> int:
     """How many vectors a FAISS index file holds, memory-mapping it where FAISS can (a 60 GB flat
     index is not read into memory for this)."""

@@ -47,12 +47,17 @@ def build(
                                           "--index-type IVF65536,PQ64 --rerank-depth 100 (wiki-18 on one GPU)."),
     nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1,
                                          help="IVF lists visited per query, stored in meta.json (default 32)."),
+    from_faiss_index: Optional[Path] = typer.Option(None, "--from-faiss-index", exists=True, dir_okay=False,
+                                                    help="Take the vectors from this prebuilt flat index (e.g. Search-R1's "
+                                                         "e5_Flat.index, memory-mapped) instead of encoding the corpus "
+                                                         "(jsonl, same row order); --model then names the encoder it was "
+                                                         "built with (default intfloat/e5-base-v2)."),
     encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", callback=_backend_option,
                                                   help=ENCODER_BACKEND_HELP),
     hybrid_weights: str = typer.Option("1,1", "--hybrid-weights",
                                        help="With --index-type hybrid[:FACTORY]: dense,bm25 weights of the rank fusion."),
 ) -> None:
-    """Encode a corpus and build its index directory."""
+    """Encode a corpus (or re-index a prebuilt flat index's vectors) and build its index directory."""
     from pvpo.retriever.build import build_index
     from pvpo.retriever.encoder import set_default_backend
     from pvpo.retriever.index import read_meta
@@ -70,9 +75,16 @@ def build(
                             show_progress=True)
         typer.echo(f"built hybrid index (dense + bm25) of {read_meta(path)['size']} passages in {path}")
         return
-    path = build_index(corpus, out, model=model, index_type=index_type, batch_size=batch_size, device=device,
-                       keep_embeddings=keep_embeddings, show_progress=True, rerank_depth=rerank_depth,
-                       search_params=None if nprobe is None else {"nprobe": nprobe})
+    params = None if nprobe is None else {"nprobe": nprobe}
+    if from_faiss_index is not None:  # re-index a prebuilt flat index's vectors: nothing is encoded
+        from pvpo.retriever.build import reindex_prebuilt
+
+        path = reindex_prebuilt(from_faiss_index, corpus, out, index_type=index_type,
+                                model=model or "intfloat/e5-base-v2", rerank_depth=rerank_depth, search_params=params)
+    else:
+        path = build_index(corpus, out, model=model, index_type=index_type, batch_size=batch_size, device=device,
+                           keep_embeddings=keep_embeddings, show_progress=True, rerank_depth=rerank_depth,
+                           search_params=params)
     meta = read_meta(path)
     typer.echo(f"built {meta['index_type']} index of {meta['size']} passages in {path} ({meta['build_seconds']} s)")
 

@@ -162,3 +162,52 @@ def test_recipe_on_gpu_fp16_sharded_matches_cpu(reranked_dir: Path) -> None:
     finally:
         cpu.close()
         gpu.close()
+
+
+def test_a_prebuilt_flat_index_is_reindexed_without_encoding(tmp_path: Path, tiny, monkeypatch) -> None:
+    from pvpo.retriever import encoder as encoder_mod
+    from pvpo.retriever.build import reindex_prebuilt
+    from pvpo.retriever.index import read_meta
+
+    flat_dir = tiny.corpus.path.parent
+    out = tmp_path / "from_flat"
+    monkeypatch.setattr(encoder_mod.Encoder, "encode_passages", _no_encoding)
+    reindex_prebuilt(flat_dir / "index.faiss", flat_dir / "corpus.jsonl", out, index_type="IVF2,PQ8x4",
+                     model=read_meta(flat_dir)["model"], rerank_depth=len(TINY_CORPUS), search_params={"nprobe": 2})
+    meta = read_meta(out)
+    assert meta["index_type"] == "IVF2,PQ8x4" and meta["index_file"] == "index.faiss" and meta["mmap"] is False
+    assert np.array_equal(np.load(out / VECTORS_FILE), tiny.index.reconstruct_n(0, len(TINY_CORPUS)).astype(np.float16))
+    r = load_retriever(out, device="cpu")
+    try:
+        queries = ["capital city", "a musical instrument", "space"]
+        for got, want in zip(r.search(queries, topk=5), tiny.search(queries, topk=5)):
+            assert [p.id for p in got] == [p.id for p in want]
+    finally:
+        r.close()
+    with pytest.raises(ValueError, match="bad FAISS index type 'IVF2,Nope'"):
+        reindex_prebuilt(flat_dir / "index.faiss", flat_dir / "corpus.jsonl", tmp_path / "bad", index_type="IVF2,Nope")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="is a IndexIVFPQ: only a flat index"):
+        reindex_prebuilt(out / "index.faiss", flat_dir / "corpus.jsonl", tmp_path / "bad", index_type="Flat")
+
+
+def _no_encoding(*args: object, **kwargs: object) -> None:
+    raise AssertionError("re-indexing a prebuilt index must not encode passages")
+
+
+def test_build_cli_reindexes_a_flat_index_with_rerank_and_nprobe(tmp_path: Path, tiny) -> None:
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+    from pvpo.retriever.index import read_meta
+
+    flat_dir = tiny.corpus.path.parent
+    out = tmp_path / "cli_idx"
+    res = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(flat_dir / "corpus.jsonl"), "--out", str(out),
+                                   "--from-faiss-index", str(flat_dir / "index.faiss"), "--model",
+                                   read_meta(flat_dir)["model"], "--index-type", "IVF2,SQ8", "--rerank-depth", "10",
+                                   "--nprobe", "2"])
+    assert res.exit_code == 0, res.output
+    meta = read_meta(out)
+    assert meta["index_type"] == "IVF2,SQ8" and meta["rerank_file"] == VECTORS_FILE
+    assert meta["search_params"] | {"nprobe": 2, "rerank_depth": 10} == meta["search_params"]
