@@ -117,7 +117,9 @@ def write_dense_index(
     `rerank_depth` > 0, the same vectors in fp16 to out/vectors.f16.npy for exact re-ranking of
     a shortlist of that depth. Returns the meta.json entries of the index."""
     import faiss
+    from faiss.contrib.ivf_tools import add_preassigned
 
+    from pvpo.retriever.index import coarse_assigner, faiss_gpus
     from pvpo.retriever.rerank import VECTORS_FILE, write_fp16_store
 
     if rerank_depth < 0:
@@ -128,8 +130,16 @@ def write_dense_index(
     if not index.is_trained:
         rows = np.sort(np.random.default_rng(seed).choice(n, size=min(n, max_train), replace=False))
         train_if_needed(index, _gather(chunks, rows), max_train=max_train, seed=seed)
+    assign = coarse_assigner(index, gpu=True) if faiss_gpus() else None
     for chunk in chunks:
-        index.add(np.ascontiguousarray(chunk, dtype=np.float32))
+        x = np.ascontiguousarray(chunk, dtype=np.float32)
+        if assign is None:
+            index.add(x)
+        else:  # lists found on the GPUs, codes written on CPU
+            # A named array: add_preassigned rebinds its `ids` argument to a raw pointer, and an
+            # inline temporary is then freed before faiss reads it (garbage ids, caught by a test).
+            ids = np.arange(index.ntotal, index.ntotal + len(x), dtype=np.int64)
+            add_preassigned(index, x, assign(x), ids=ids)
     tmp_index = out / (INDEX_FILE + ".tmp")
     try:
         faiss.write_index(index, str(tmp_index))

@@ -111,6 +111,29 @@ def test_write_dense_index_writes_index_store_and_params(tmp_path: Path) -> None
         write_dense_index(tmp_path, [x], index_type="Flat", rerank_depth=-1)
 
 
+def test_adding_with_precomputed_lists_equals_ivf_add(tmp_path: Path) -> None:
+    from faiss.contrib.ivf_tools import add_preassigned
+
+    from pvpo.retriever.index import coarse_assigner
+
+    x, q = _clustered(3000, 32, seed=6), _clustered(40, 32, seed=7)
+    plain = make_faiss_index(32, "IVF16,SQ8")
+    train_if_needed(plain, x, seed=0)
+    pre = make_faiss_index(32, "IVF16,SQ8")
+    pre.quantizer.add(plain.quantizer.reconstruct_n(0, 16))
+    train_if_needed(pre, x, seed=0)
+    plain.add(x)
+    assign = coarse_assigner(pre, gpu=False)
+    assert assign is not None and coarse_assigner(make_faiss_index(32, "Flat"), gpu=False) is None
+    for start in range(0, 3000, 1000):  # chunked, as write_dense_index adds
+        ids = np.arange(start, start + 1000, dtype=np.int64)  # named: see write_dense_index
+        add_preassigned(pre, x[start : start + 1000], assign(x[start : start + 1000]), ids=ids)
+    for index in (plain, pre):
+        apply_search_params(index, {"nprobe": 4})
+    assert np.array_equal(pre.search(q, 10)[1], plain.search(q, 10)[1])
+    assert pre.ntotal == plain.ntotal == 3000
+
+
 @pytest.fixture(scope="module")
 def reranked_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("scale")
@@ -211,3 +234,17 @@ def test_build_cli_reindexes_a_flat_index_with_rerank_and_nprobe(tmp_path: Path,
     meta = read_meta(out)
     assert meta["index_type"] == "IVF2,SQ8" and meta["rerank_file"] == VECTORS_FILE
     assert meta["search_params"] | {"nprobe": 2, "rerank_depth": 10} == meta["search_params"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_faiss_gpus() == 0, reason="needs CUDA and faiss with GPU support")
+def test_gpu_trained_and_assigned_build_reranks_exactly(tmp_path: Path) -> None:
+    import faiss
+
+    x, q = _clustered(20000, 32, seed=8), _clustered(30, 32, seed=9)
+    meta = write_dense_index(tmp_path, [x[:12000], x[12000:]], index_type="IVF64,PQ8", rerank_depth=500,
+                             search_params={"nprobe": 64})
+    index = RerankedIndex(faiss.read_index(str(tmp_path / meta["index_file"])), Fp16Store(tmp_path / VECTORS_FILE))
+    apply_search_params(index, meta["search_params"])
+    x16 = x.astype(np.float16).astype(np.float32)
+    assert np.array_equal(index.search(q, 5)[1], np.argsort(-(q @ x16.T), axis=1)[:, :5])
