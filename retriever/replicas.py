@@ -57,7 +57,8 @@ class ReplicaSet:
         base = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", *self.serve_args, "--host", self.host]
         try:
             for i in range(self.replicas):
-                self.procs.append(subprocess.Popen([*base, "--port", str(self.port + i)], env=self.env))
+                self.procs.append(subprocess.Popen([*base, "--port", str(self.port + i)], env=self.env,
+                                                   preexec_fn=_die_with_parent))
             deadline = time.monotonic() + wait
             for proc, url in zip(self.procs, self.urls):
                 while not _healthy(url):
@@ -114,6 +115,16 @@ class ReplicaSet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In a replica, before exec: Linux sends it SIGTERM when the parent dies, even by SIGKILL,
+    so no replica outlives a killed `serve --replicas` (elsewhere stop() is the only cleanup)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _healthy(url: str) -> bool:

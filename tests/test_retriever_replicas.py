@@ -89,5 +89,26 @@ def test_two_replicas_share_the_clients_requests_and_stop_on_sigterm(tmp_path: P
         assert not any(_alive(p) for p in pids), "a replica outlived its parent"
     finally:
         if parent.poll() is None:
+            parent.kill()  # the replicas get SIGTERM from the kernel (PR_SET_PDEATHSIG)
+            parent.wait()
+
+
+def test_replicas_of_a_killed_parent_stop_too(tmp_path: Path) -> None:
+    index = build_tiny_index(tmp_path)
+    port = _free_consecutive_ports(2)
+    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--host", "127.0.0.1",
+           "--port", str(port), "--replicas", "2", "--device", "cpu", "--log-level", "warning"]
+    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    try:
+        line = next((x for x in (parent.stdout.readline() for _ in range(3)) if "replicas (pids" in x), "")
+        pids = [int(p) for p in line.split("(pids ", 1)[1].split(")", 1)[0].split()]
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a replica outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
             parent.kill()
             parent.wait()
