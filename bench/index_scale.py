@@ -187,7 +187,9 @@ def candidates(nlist: int) -> list[Candidate]:
     return [
         Candidate("Flat (exact, fp32)", "Flat", {}),
         Candidate(f"{ivf},SQ8", f"{ivf},SQ8", {"nprobe": 32}),
+        Candidate(f"{ivf},SQ4", f"{ivf},SQ4", {"nprobe": 32}),
         Candidate(f"{ivf},SQ4 + rerank 100", f"{ivf},SQ4", {"nprobe": 32}, 100),
+        Candidate(f"{ivf},SQ4 + rerank 100, nprobe 16", f"{ivf},SQ4", {"nprobe": 16}, 100),
         Candidate(f"{ivf},PQ64", f"{ivf},PQ64", {"nprobe": 32}),
         Candidate(f"{ivf},PQ64 + rerank 100", f"{ivf},PQ64", {"nprobe": 32}, 100),
         Candidate(f"{ivf},PQ64 + rerank 100, nprobe 16", f"{ivf},PQ64", {"nprobe": 16}, 100),
@@ -389,19 +391,21 @@ def main() -> None:
     out: list[str] = [f"machine: {machine()}", f"command: {shlex.join([Path(sys.executable).name] + sys.argv)}",
                       f"load average at start (1/5/15 min): {load_average()}; faiss threads {faiss.omp_get_max_threads()}", ""]
     print("\n".join(out), flush=True)
-    t_run = time.perf_counter()
-    if "indexes" not in args.skip:
-        out += index_section(args)
-    if "corpus" not in args.skip:
-        out += corpus_section(args)
-    if "server" not in args.skip:
-        out += server_section(args)
-    out += ["", f"load average at end: {load_average()}; run took {time.perf_counter() - t_run:.0f} s"]
-    text = "\n".join(out)
-    print("\n".join(out[4:]))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / f"index_scale-{time.strftime('%Y%m%d-%H%M%S')}.md"
-    path.write_text(text + "\n")
+    path.write_text("\n".join(out) + "\n")  # each section is appended as it finishes
+    t_run = time.perf_counter()
+    for name, section in (("indexes", index_section), ("corpus", corpus_section), ("server", server_section)):
+        if name not in args.skip:
+            lines = section(args)
+            out += lines
+            with path.open("a") as f:
+                f.write("\n".join(lines) + "\n")
+    tail = ["", f"load average at end: {load_average()}; run took {time.perf_counter() - t_run:.0f} s"]
+    out += tail
+    with path.open("a") as f:
+        f.write("\n".join(tail) + "\n")
+    print("\n".join(out[4:]))
     print(f"\nwritten to {path}")
 
 
@@ -457,8 +461,7 @@ def index_section(args: argparse.Namespace) -> list[str]:
               "centroids x dim x 4 (the list count the recipe uses at 21M); the fp16 store stays in host "
               "page cache (memory-mapped, not process memory)."]
     lines += hnsw_rows(data, queries, args)
-    lines += scaling_rows(data, queries, args, (nlist, recalls[f"IVF{nlist},PQ64 + rerank 100"],
-                                                  recalls[f"IVF{nlist},PQ64"]))
+    lines += scaling_rows(data, queries, args, recalls, nlist)
     lines += ["", "### The same on GPU (faiss GPU, fp16, sharded over all GPUs)", ""]
     lines += gpu_rows if any(not r.startswith("skipped") for r in gpu_rows) else \
         ["skipped: no CUDA device / this faiss has no GPU support (faiss-cpu); no GPU figure is claimed."]
@@ -493,6 +496,7 @@ def hnsw_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -
     import faiss
 
     from pvpo.retriever.index import apply_search_params, make_faiss_index, train_if_needed
+    from pvpo.retriever.rerank import Fp16Store, RerankedIndex, write_fp16_store
 
     n = min(args.hnsw_n, len(data))
     sub = data[:n]
@@ -514,27 +518,36 @@ def hnsw_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -
              "|" + "---|" * 8,
              f"| Flat on the same {n:,} | - | {args.dim * 4} | 1.000 | {flat_speed[0]:,.0f} | {flat_speed[1]:,.0f} | "
              f"{flat_speed[2]:,.0f} | {args.dim * 4 * WIKI18 / 2**30:.1f} GiB |"]
-    for ef in (64, 128, 256):
-        apply_search_params(index, {"efSearch": ef})
-        r = recall(search_all(index, queries, RECALL_K), truth)
-        speeds = [qps(index, queries, b, RECALL_K, args.budget) for b in (1, 64, 512)]
-        lines.append(f"| HNSW32,SQ8 efSearch {ef} | {build_s:.0f} | {per_vec} | {r:.3f} | {speeds[0]:,.0f} | "
-                     f"{speeds[1]:,.0f} | {speeds[2]:,.0f} | {per_vec * WIKI18 / 2**30:.1f} GiB |")
+    store_path = args.work_dir / "hnsw.f16.npy"
+    store = Fp16Store(write_fp16_store(store_path, [sub[i : i + 131072] for i in range(0, n, 131072)], n, args.dim))
+    for ef, depth in ((64, 0), (128, 0), (256, 0), (128, 100)):
+        searchable = RerankedIndex(index, store, depth) if depth else index
+        apply_search_params(searchable, {"efSearch": ef})
+        r = recall(search_all(searchable, queries, RECALL_K), truth)
+        speeds = [qps(searchable, queries, b, RECALL_K, args.budget) for b in (1, 64, 512)]
+        ram = per_vec * WIKI18 / 2**30
+        lines.append(f"| HNSW32,SQ8 efSearch {ef}{f' + rerank {depth}' if depth else ''} | {build_s:.0f} | {per_vec} | "
+                     f"{r:.3f} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | {speeds[2]:,.0f} | {ram:.1f} GiB"
+                     f"{' + 30.1 GiB fp16 mmap' if depth else ''} |")
         print(lines[-1], flush=True)
+    del searchable, store
+    store_path.unlink()
     return lines
 
 
 def scaling_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace,
-                 full: tuple[int, float, float]) -> list[str]:
-    """The recommended recipe on 1/16 and 1/4 of the vectors (lists scaled by sqrt), each against
-    its own exact truth, beside the full-size row (`full`: lists, recall, PQ-alone recall): how
-    recall at fixed nprobe / depth moves as N grows."""
+                 full: dict[str, float], nlist_full: int) -> list[str]:
+    """The two re-ranked recipes on 1/16 and 1/4 of the vectors (lists ~ sqrt(N)), each against
+    its own exact truth, beside the full-size rows (`full`: recall by candidate name): how recall
+    at fixed nprobe / depth moves as N grows."""
     import faiss
 
     from pvpo.retriever.rerank import Fp16Store, write_fp16_store
 
-    lines = ["", "### Recall against N (IVF-PQ64 + rerank 100, nprobe 32; lists ~ sqrt(N))", "",
-             "| N | lists | recall@5 | PQ64 alone recall@5 |", "|---|---|---|---|"]
+    codes = ("PQ64", "SQ4")
+    lines = ["", "### Recall@5 against N (nprobe 32, rerank depth 100; lists ~ sqrt(N); each N against its own "
+             "exact search)", "", "| N | lists | " + " | ".join(f"{c} + rerank 100 | {c} alone" for c in codes) + " |",
+             "|---|---|" + "---|---|" * len(codes)]
     for n in (len(data) // 16, len(data) // 4):
         sub = data[:n]
         flat = faiss.IndexFlatIP(args.dim)
@@ -545,15 +558,20 @@ def scaling_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace
         centroids, _ = train_quantizer(sub, nlist, args.seed)
         path = args.work_dir / f"scale-{n}.f16.npy"
         sub_store = Fp16Store(write_fp16_store(path, [sub[i : i + 131072] for i in range(0, n, 131072)], n, args.dim))
-        c = Candidate("", f"IVF{nlist},PQ64", {"nprobe": 32}, 100)
-        index, *_ = build_candidate(c, sub, centroids, sub_store, args.seed)
-        r = recall(search_all(index, queries, RECALL_K), truth)
-        r_pq = recall(search_all(index.index, queries, RECALL_K), truth)
-        lines.append(f"| {n:,} | {nlist} | {r:.3f} | {r_pq:.3f} |")
+        cells = []
+        for code in codes:
+            c = Candidate("", f"IVF{nlist},{code}", {"nprobe": 32}, 100)
+            index, *_ = build_candidate(c, sub, centroids, sub_store, args.seed)
+            cells += [recall(search_all(index, queries, RECALL_K), truth),
+                      recall(search_all(index.index, queries, RECALL_K), truth)]
+            del index
+        lines.append(f"| {n:,} | {nlist} | " + " | ".join(f"{r:.3f}" for r in cells) + " |")
         print(lines[-1], flush=True)
-        del index, sub_store
+        del sub_store
         path.unlink(missing_ok=True)
-    lines.append(f"| {len(data):,} | {full[0]} | {full[1]:.3f} | {full[2]:.3f} |")
+    ivf = f"IVF{nlist_full}"
+    cells = [full[f"{ivf},{c}{suffix}"] for c in codes for suffix in (" + rerank 100", "")]
+    lines.append(f"| {len(data):,} | {nlist_full} | " + " | ".join(f"{r:.3f}" for r in cells) + " |")
     return lines
 
 
