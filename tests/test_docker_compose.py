@@ -107,8 +107,19 @@ def docker_env() -> Iterator[dict[str, str]]:
             daemon.kill()
             daemon.wait()
         log.close()
+        _unmount_under(home, data_root)
         shutil.rmtree(data_root, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def _unmount_under(*roots: Path) -> None:
+    """Unmount what a stopped dockerd left mounted under `roots` (its exec root keeps the network
+    namespace bind mount netns/default after a clean shutdown), deepest first, so they can be removed."""
+    prefixes = tuple(f"{root}/" for root in roots)
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f if line.split()[1].startswith(prefixes)]
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "--lazy", point], capture_output=True, timeout=60)
 
 
 def _free_port() -> int:
@@ -127,6 +138,13 @@ def stack(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     for d in (data, runs):
         d.mkdir()
         os.chown(d, IMAGE_UID, IMAGE_UID)  # the images' non-root user writes the volumes
+    # the config volume holds the smoke preset with Group Sampling on: its oracle GT trajectories search,
+    # so the run calls the retriever (the smoke policy itself, untrained, never writes a search)
+    config = work / "config"
+    config.mkdir()
+    smoke = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
+    smoke["algorithm"]["group_sampling"] = {"enabled": True}
+    (config / "smoke-gt.yaml").write_text(yaml.safe_dump(smoke))
     token = uuid.uuid4().hex
     (work / "token.env").write_text(f"PVPO_RETRIEVER_TOKEN={token}\n")
     port = _free_port()
@@ -134,7 +152,8 @@ def stack(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         "PVPO_CPU_BASE": base, "PVPO_PIP_OFFLINE": "1", "PVPO_IMAGE_TAG": f"test-{build_id}",
         "PVPO_BUILD_LABEL": build_id, "PVPO_ENV_FILE": str(work / "token.env"), "PVPO_DATA": str(data),
         "PVPO_RUNS": str(runs), "PVPO_HF_CACHE": str(work / "hf"), "PVPO_RETRIEVER_PORT": str(port),
-        "PVPO_CONFIG": "smoke", "PVPO_RUN": "smoke", "PVPO_SYNTHETIC_WORLD": SMOKE_WORLD,
+        "PVPO_CONFIG_DIR": str(config),
+        "PVPO_CONFIG": "/config/smoke-gt.yaml", "PVPO_RUN": "smoke", "PVPO_SYNTHETIC_WORLD": SMOKE_WORLD,
     }  # fmt: skip
     (work / "hf").mkdir()
     os.chown(work / "hf", IMAGE_UID, IMAGE_UID)
@@ -273,11 +292,15 @@ def test_cpu_profile_trains_against_the_retriever_and_resumes(stack: dict[str, o
     hits = body["result"][0]
     assert hits[0]["document"]["id"] == first["id"] and len(hits) == 2 and hits[0]["score"] >= hits[1]["score"]
 
-    # the run: 2 PVPO steps of finite reward, checkpointed, written by the image's user
+    # the run: 2 PVPO steps of finite reward whose searches went to this retriever (the trainer built
+    # no index of its own), checkpointed, written by the image's user
     run_dir = stack["runs"] / "smoke"  # type: ignore[operator]
-    rows = [r for r in _metrics(run_dir) if "reward/mean" in r]
+    rows = _metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2], rows
     assert all(math.isfinite(r["reward/mean"]) for r in rows)
+    assert rows[-1]["cost/cum_tool_calls"] > 0, rows[-1]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["retriever"]["url"] == f"http://127.0.0.1:{port}"
+    assert not (run_dir / "index").exists()
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert (run_dir / "metrics.jsonl").stat().st_uid == IMAGE_UID
 
@@ -289,7 +312,7 @@ def test_cpu_profile_trains_against_the_retriever_and_resumes(stack: dict[str, o
         timeout=RUN_TIMEOUT_S,
     )  # type: ignore[list-item, arg-type]
     resume_s = time.monotonic() - t0
-    rows = [r for r in _metrics(run_dir) if "reward/mean" in r]
+    rows = _metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3], rows
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000003"
     timings = stack["timings"] | {"up_to_trained_s": up_s, "resume_s": resume_s}  # type: ignore[operator]
