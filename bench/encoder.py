@@ -1,7 +1,7 @@
 """Encoder backends on CPU: torch vs ONNX Runtime (fp32, int8) vs OpenVINO, for the packaged
 all-MiniLM-L6-v2, measured in one run with the arms interleaved (the machine is shared):
 
-- passages/s encoding the musique_mini + hotpotqa_mini corpora (2,884 passages, batch 256), i.e.
+- passages/s encoding the musique_mini + hotpotqa_mini corpora (2,884 passages, batch 32), i.e.
   index build speed; recall@5 of the supporting passages with each backend's own vectors
   (FAISS Flat), which is what decides whether a backend may replace torch;
 - in-process queries/s at batch 32 (what the server coalesces at 32 clients);
@@ -35,7 +35,7 @@ def recall_with(encoder, passages: list[str], ids: list[str], questions: list[st
     import faiss
 
     t0 = time.perf_counter()
-    vectors = encoder.encode_passages(passages, batch_size=256)
+    vectors = encoder.encode_passages(passages, batch_size=32)
     rate = len(passages) / (time.perf_counter() - t0)
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
@@ -91,6 +91,7 @@ def main() -> None:
         for b in backends:
             r, rate = recall_with(encoders[b], passages, ids, questions, gold, 5)
             res[b][f"recall_{name}"] = r
+            print(f"{name} {b}: recall@5 {r:.3f}, {rate:.1f} passages/s", flush=True)
             res[b].setdefault("psg_s", []).append(rate)  # type: ignore[union-attr]
     # In-process query encoding at the server's batch at this concurrency.
     for _ in range(args.rounds):

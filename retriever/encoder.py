@@ -208,5 +208,15 @@ class Encoder:
         return self._encode(passages, self.prefixes.passage, batch_size)
 
 
-# The CPU default, decided by bench/encoder.py (see README "Encoder backends"); PENDING.
+# The CPU default, decided by `python bench/encoder.py` (2026-11-22, 2 cores shared with other
+# jobs, load average 3.5-4.9, 1 encoder thread, arms interleaved; ratios to torch):
+#   backend     recall@5 musique / hotpotqa   passages/s   queries/s in-process b32   served q/s, 32 clients
+#   torch       0.603 / 0.785                 1.00x        1.00x                       1.00x (80 q/s)
+#   onnx        0.603 / 0.785                 0.76x        1.07x                       0.85x
+#   onnx-int8   0.581 / 0.790                 1.18x        2.65x                       1.06x
+#   openvino    0.603 / 0.785                 1.17x        1.00x                       0.92x
+# The bar for a new default (recall@5 within 0.005 of torch, served q/s >= 1.5x) is met by none:
+# int8 loses 0.022 on musique; the fp32 runtimes match torch's vectors but are no faster here
+# (torch already length-sorts small batches). Served q/s stays near 80 whatever the encoder:
+# on this box HTTP and the load generator, not encoding, bound it. So torch stays the default.
 DEFAULT_BACKEND = "torch"

@@ -29,6 +29,10 @@ RUNTIMES = ("onnx", "onnx-int8", "openvino")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 ONNX_OPSET = 17
 EXTRA_HINT = "pip install 'pvpo-search[onnx]'"
+# The exported graph materialises each layer's attention scores (batch x heads x len^2): one batch
+# of 256 musique passages grew ONNX Runtime and OpenVINO to 5.5 GB RSS (a bench run of 4 backends
+# was OOM-killed at 17 GB); 32 rows at a time stay under 1 GB and encode as fast on CPU.
+MAX_RUNTIME_BATCH = 32
 
 
 class MissingRuntime(ImportError):
@@ -157,6 +161,7 @@ class ExportedEncoderModel:
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = n
             opts.inter_op_num_threads = 1
+            opts.enable_cpu_mem_arena = False  # the arena keeps its peak (one per input shape) for good
             self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
             self._names = [i.name for i in self._session.get_inputs()]
 
@@ -178,8 +183,10 @@ def torch_threads() -> int:
 def encode_sorted(run: ExportedEncoderModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int,
                   max_length: int) -> np.ndarray:
     """Encodes texts in batches of similar length (longest first, as sentence-transformers does,
-    so each batch is padded only to its own longest text) and returns rows in input order."""
+    so each batch is padded only to its own longest text; at most MAX_RUNTIME_BATCH rows) and
+    returns rows in input order."""
     order = np.argsort([-len(t) for t in texts], kind="stable")
+    batch_size = min(batch_size, MAX_RUNTIME_BATCH)
     parts = []
     for start in range(0, len(texts), batch_size):
         batch = [texts[i] for i in order[start:start + batch_size]]
