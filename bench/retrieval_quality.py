@@ -85,7 +85,7 @@ def main() -> None:
             hw.close()
     rows = list(next(iter(table.values())))
     width = max(len(r) for r in rows)
-    print(f"\n| recall@{args.k} (100 questions each) {''.ljust(max(0, width - 30))}| " + " | ".join(DATASETS) + " |")
+    print(f"\n| {f'recall@{args.k}, 100 questions each'.ljust(width)} | " + " | ".join(DATASETS) + " |")
     print(f"|{'-' * (width + 2)}|" + "|".join("-" * (len(d) + 2) for d in DATASETS) + "|")
     for r in rows:
         print(f"| {r.ljust(width)} | " + " | ".join(table[d][r].ljust(len(d)) for d in DATASETS) + " |")
