@@ -14,6 +14,20 @@ ENCODER_BACKEND_HELP = ("torch, onnx, onnx-int8 or openvino (CPU; exported once 
                         "torch on GPU.")
 
 
+ENCODER_DTYPE_HELP = "torch encoder dtype: float32, float16 or bfloat16 (default: float16 on GPU, float32 on CPU)."
+
+
+def _dtype_option(value: Optional[str]) -> Optional[str]:
+    from pvpo.retriever.encoder import check_dtype
+
+    if value is not None:
+        try:
+            check_dtype(value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    return value
+
+
 def _backend_option(value: Optional[str]) -> Optional[str]:
     from pvpo.retriever.encoder import check_backend
 
@@ -56,13 +70,16 @@ def build(
                                                   help=ENCODER_BACKEND_HELP),
     hybrid_weights: str = typer.Option("1,1", "--hybrid-weights",
                                        help="With --index-type hybrid[:FACTORY]: dense,bm25 weights of the rank fusion."),
+    encoder_dtype: Optional[str] = typer.Option(None, "--encoder-dtype", callback=_dtype_option,
+                                                help=ENCODER_DTYPE_HELP),
 ) -> None:
     """Encode a corpus (or re-index a prebuilt flat index's vectors) and build its index directory."""
     from pvpo.retriever.build import build_index
-    from pvpo.retriever.encoder import set_default_backend
+    from pvpo.retriever.encoder import set_default_backend, set_default_dtype
     from pvpo.retriever.index import read_meta
 
     set_default_backend(encoder_backend)
+    set_default_dtype(encoder_dtype)
     if index_type.lower().split(":", 1)[0] == "hybrid":  # dense (FAISS type after the colon) + BM25, fused
         from pvpo.retriever.hybrid import build_hybrid
 
@@ -143,6 +160,8 @@ def serve(
     log_level: str = typer.Option("info", "--log-level"),
     encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", callback=_backend_option,
                                                   help=ENCODER_BACKEND_HELP),
+    encoder_dtype: Optional[str] = typer.Option(None, "--encoder-dtype", callback=_dtype_option,
+                                                help=ENCODER_DTYPE_HELP),
     replicas: int = typer.Option(1, "--replicas", min=1,
                                  help="Server processes, on ports PORT..PORT+K-1 (each loads the index; give the "
                                       "client every URL). --threads is then per replica (default: cores-1 shared out)."),
@@ -159,6 +178,7 @@ def serve(
         args += ["--device", device] if device else []
         args += ["--no-batching"] if no_batching else []
         args += ["--encoder-backend", encoder_backend] if encoder_backend else []
+        args += ["--encoder-dtype", encoder_dtype] if encoder_dtype else []
         args += ["--header-timeout", str(header_timeout)] if header_timeout is not None else []
         args += ["--keep-alive", str(keep_alive)] if keep_alive is not None else []
         args += ["--max-connections", str(max_connections)] if max_connections is not None else []
@@ -171,11 +191,12 @@ def serve(
     import uvicorn
 
     from pvpo.retriever.connections import open_file_limit, uvicorn_config
-    from pvpo.retriever.encoder import set_default_backend
+    from pvpo.retriever.encoder import set_default_backend, set_default_dtype
     from pvpo.retriever.index import load_retriever
     from pvpo.retriever.server import create_app, set_torch_threads
 
     set_default_backend(encoder_backend)
+    set_default_dtype(encoder_dtype)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     set_torch_threads(threads)
     open_file_limit(raise_soft=True)

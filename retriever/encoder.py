@@ -91,6 +91,7 @@ def check_dtype(dtype: str) -> str:
 
 
 _process_backend: str | None = None
+_process_dtype: str | None = None
 
 
 def set_default_backend(backend: str | None) -> None:
@@ -99,6 +100,13 @@ def set_default_backend(backend: str | None) -> None:
     DEFAULT_BACKEND)."""
     global _process_backend
     _process_backend = None if backend is None else check_backend(backend)
+
+
+def set_default_dtype(dtype: str | None) -> None:
+    """The torch dtype Encoders of this process use when not given one (--encoder-dtype); None
+    restores the default: float16 on GPU, float32 on CPU."""
+    global _process_dtype
+    _process_dtype = None if dtype is None else check_dtype(dtype)
 
 
 def default_backend(device: str) -> tuple[str, bool]:
@@ -145,6 +153,8 @@ class Encoder:
         if self.backend != "torch" and self.device != "cpu":
             raise ValueError(f"encoder backend {self.backend!r} runs on CPU only, not on {self.device!r}; "
                              "use backend 'torch' on GPU")
+        if dtype is None and fp16 is None:
+            dtype = _process_dtype
         if dtype is None:
             dtype = "float16" if (fp16 if fp16 is not None else self.device.startswith("cuda")) else "float32"
         self.dtype = check_dtype(dtype)
@@ -196,7 +206,10 @@ class Encoder:
             normalize_embeddings=True,
             show_progress_bar=False,
         )
-        return np.ascontiguousarray(emb, dtype=np.float32)
+        emb = np.ascontiguousarray(emb, dtype=np.float32)
+        if self.dtype != "float32":  # normalised in half precision: norms were up to 1.6e-3 off 1 in bf16
+            emb /= np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)
+        return emb
 
     def encode_queries(self, queries: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """(n, dim) unit vectors of the queries, with the family's query prefix, encoded in

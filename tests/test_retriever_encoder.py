@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from pvpo.retriever import encoder as encoder_mod
-from pvpo.retriever.encoder import Encoder, check_backend, check_dtype, default_backend, set_default_backend
+from pvpo.retriever.encoder import (Encoder, check_backend, check_dtype, default_backend, set_default_backend,
+                                    set_default_dtype)
 from pvpo.retriever.testing import TINY_CORPUS, TINY_QUERIES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -95,6 +96,23 @@ def test_missing_runtime_falls_back_to_torch_only_for_the_default(monkeypatch, c
     assert "encoding with torch instead" in caplog.text
     with pytest.raises(runtimes.MissingRuntime, match="needs the onnxruntime package"):
         Encoder(device="cpu", backend="onnx", cache_dir=cache)
+
+
+def test_process_dtype_applies_and_half_precision_output_is_unit_float32(reference) -> None:
+    import torch
+
+    set_default_dtype("bfloat16")
+    try:
+        enc = Encoder(device="cpu", backend="torch")
+    finally:
+        set_default_dtype(None)
+    assert enc.dtype == "bfloat16" and next(enc.model.parameters()).dtype == torch.bfloat16
+    q = enc.encode_queries(QUERIES)
+    assert q.dtype == np.float32 and np.allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
+    assert float(np.min(np.sum(q * reference[0], axis=1))) > 0.98
+    assert Encoder(device="cpu", backend="torch").dtype == "float32"
+    with pytest.raises(ValueError, match="encoder dtype 'float16' needs backend 'torch'"):
+        Encoder(device="cpu", backend="onnx", dtype="float16")
 
 
 @pytest.mark.gpu
