@@ -275,6 +275,9 @@ def test_cpu_profile_trains_against_the_retriever_and_resumes(stack: dict[str, o
     # the retriever built its index from the world it wrote, logged it, and is healthy on loopback
     retriever = _container(stack, "retriever-cpu")
     assert retriever["State"]["Health"]["Status"] == "healthy"
+    # compose set only the start period: the image's check itself is kept
+    assert retriever["Config"]["Healthcheck"]["Test"][-1] == "retriever"
+    assert retriever["Config"]["Healthcheck"]["StartPeriod"] == 6 * 3600 * 10**9
     assert retriever["Config"]["User"] == "pvpo" and retriever["HostConfig"]["NetworkMode"] == "host"
     retriever_log = _logs(stack, "retriever-cpu")
     assert (
