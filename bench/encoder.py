@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from retrieval_quality import DATASETS, DEFAULT_DATA, gold_sets  # noqa: E402
+
 from retriever import machine, python_load, start_server  # noqa: E402
 
 
@@ -65,7 +66,6 @@ def main() -> None:
     from pvpo.retriever.corpus import iter_corpus
     from pvpo.retriever.encoder import Encoder
     from pvpo.retriever.server import set_torch_threads
-
     from retriever import questions_and_queries
 
     threads = set_torch_threads(args.threads)

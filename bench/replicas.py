@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from retrieval_quality import DEFAULT_DATA  # noqa: E402
+
 from retriever import machine, questions_and_queries  # noqa: E402
 
 

@@ -11,8 +11,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pvpo.retriever.runtimes import ExportedEncoderModel
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +168,7 @@ class Encoder:
         self.model = SentenceTransformer(path, device=self.device)
         if max_length is not None:
             self.model.max_seq_length = min(max_length, self.model.max_seq_length or max_length)
-        self._runtime = None
+        self._runtime: ExportedEncoderModel | None = None
         if self.backend != "torch":
             from pvpo.retriever.runtimes import ExportedEncoderModel, MissingRuntime, exported_model
 
@@ -187,8 +191,11 @@ class Encoder:
         # which on musique_mini queries (16 tokens mean, 45 max) encodes about 2x faster than one
         # padded batch of 64 (measured in bench/retriever.py). GPUs prefer one big batch.
         self.query_batch_size = query_batch_size or (CPU_QUERY_BATCH if self.device == "cpu" else 128)
-        self.dim = int(self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
-                       else self.model.get_sentence_embedding_dimension())
+        dim = (self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
+               else self.model.get_sentence_embedding_dimension())
+        if dim is None:
+            raise ValueError(f"model {self.name!r} does not say its embedding dimension")
+        self.dim = int(dim)
 
     def _encode(self, texts: Sequence[str], prefix: str, batch_size: int) -> np.ndarray:
         if len(texts) == 0:
@@ -198,7 +205,7 @@ class Encoder:
             from pvpo.retriever.runtimes import encode_sorted
 
             return encode_sorted(self._runtime, self.model.tokenizer, texts, batch_size=batch_size,
-                                 max_length=int(self.model.max_seq_length))
+                                 max_length=int(self.model.max_seq_length or 512))
         emb = self.model.encode(
             texts,
             batch_size=batch_size,

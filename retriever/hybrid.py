@@ -16,8 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pvpo.retriever.index import DEFAULT_TOPK, Retriever, load_retriever, read_meta, register_backend, resolve_in, \
-    write_meta
+from pvpo.retriever.index import (
+    DEFAULT_TOPK,
+    Retriever,
+    load_retriever,
+    read_meta,
+    register_backend,
+    resolve_in,
+    write_meta,
+)
 from pvpo.retriever.types import Passage
 
 RRF_K = 60
@@ -74,7 +81,7 @@ class HybridRetriever(Retriever):
         if not queries:
             return []
         depth = [max(self.depth, int(t)) for t in topks]
-        runs = [r.search_varying(queries, depth) if w > 0 else [[] for _ in queries]
+        runs: list[list[list[Passage]]] = [r.search_varying(queries, depth) if w > 0 else [[] for _ in queries]
                 for r, w in ((self.dense, self.weights[0]), (self.lexical, self.weights[1]))]
         out = []
         for i, want in enumerate(topks):

@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 
 from pvpo.retriever import encoder as encoder_mod
-from pvpo.retriever.encoder import (Encoder, check_backend, check_dtype, default_backend, set_default_backend,
-                                    set_default_dtype)
+from pvpo.retriever.encoder import (
+    Encoder,
+    check_backend,
+    check_dtype,
+    default_backend,
+    set_default_backend,
+    set_default_dtype,
+)
 from pvpo.retriever.testing import TINY_CORPUS, TINY_QUERIES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

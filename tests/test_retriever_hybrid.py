@@ -84,8 +84,8 @@ def test_built_hybrid_index_ranks_as_rrf_of_its_parts(tmp_path: Path) -> None:
     queries = [q for q, _ in TINY_QUERIES]
     dense, lexical = h.dense.search(queries, topk=8), h.lexical.search(queries, topk=8)
     got = h.search(queries, topk=3)
-    for d, l, g in zip(dense, lexical, got):
-        want = rrf_fuse([[p.id for p in d], [p.id for p in l]], [1.0, 0.5], k=60, topk=3)
+    for d, lx, g in zip(dense, lexical, got):
+        want = rrf_fuse([[p.id for p in d], [p.id for p in lx]], [1.0, 0.5], k=60, topk=3)
         assert [(p.id, p.score) for p in g] == [(i, pytest.approx(s)) for i, s in want]
     assert [r[0].title for r in got] == [title for _, title in TINY_QUERIES]
     # weights given at load time replace the stored ones
