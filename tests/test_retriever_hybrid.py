@@ -125,3 +125,17 @@ def test_build_command_makes_a_hybrid_directory(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "x"),
                                    "--encoder-backend", "onx"])
     assert bad.exit_code == 2 and "unknown encoder backend 'onx'" in " ".join(bad.output.replace("│", " ").split())
+
+
+def test_hybrid_index_is_served_over_http(tmp_path: Path) -> None:
+    import httpx
+
+    from pvpo.retriever.server import BackgroundServer
+
+    out = build_hybrid(write_tiny_corpus(tmp_path / "c.json"), tmp_path / "h", show_progress=False, batch_size=64)
+    with BackgroundServer(out, device="cpu") as server:
+        info = httpx.get(server.url + "/info").json()
+        assert info["backend"] == "hybrid" and info["encoder"]["backend"] in ("torch", "onnx", "onnx-int8", "openvino")
+        r = httpx.post(server.url + "/retrieve", json={"query": "who wrote Hamlet", "top_k": 2, "return_scores": True})
+        [[first, _]] = r.json()["result"]
+        assert first["document"]["contents"].startswith('"Shakespeare"') and first["score"] > 0
