@@ -113,6 +113,7 @@ class RetrieverConfig(_Section):
     url: str | list[str] | None = Field(None, description="an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g. one per node of a multi-node run); null = index the corpus and serve it on loopback")
     index_dir: str | None = Field(None, description="reuse a built index; null = build one under the run dir")
     encoder: str | None = Field(None, description="sentence-transformers model of a built index; null = the packaged MiniLM")
+    encoder_backend: str | None = Field(None, description="runtime of the loopback index's encoder (build and queries): torch | onnx | onnx-int8 | openvino; null = $PVPO_ENCODER_BACKEND, else torch (pvpo.retriever.encoder)")
     topk: int = Field(2, ge=1, description="passages returned per search")
     token: str | None = Field(None, description="bearer token of an authenticated `url`; null = the "
                               "PVPO_RETRIEVER_TOKEN environment variable (keeps the secret out of the run's config.yaml)")
@@ -121,6 +122,13 @@ class RetrieverConfig(_Section):
                          "with backoff 0.2 s doubling up to max_backoff: the default 8 wait about 18 s in all, "
                          "enough to ride out a server restart (~10 s to reload an index)")
     max_backoff: float = Field(4.0, gt=0, description="the longest wait between two retries, in seconds")
+
+    @field_validator("encoder_backend")
+    @classmethod
+    def _known_encoder_backend(cls, v: str | None) -> str | None:
+        from pvpo.retriever.encoder import check_backend
+
+        return None if v is None else check_backend(v)
 
 
 class EnvConfig(_Section):

@@ -89,19 +89,25 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
             client.close()
         return
     from pvpo.retriever.build import build_index
+    from pvpo.retriever.encoder import set_default_backend
     from pvpo.retriever.server import BackgroundServer
 
     index_dir = Path(cfg.retriever.index_dir) if cfg.retriever.index_dir else run_dir / "index"
-    if not (index_dir / "meta.json").exists() and not any(index_dir.glob("*.faiss")):
-        if corpus_path is None:
-            raise ValueError("no retriever.url, no retriever.index_dir and no corpus to index: set one of them")
-        build_index(corpus_path, index_dir, model=cfg.retriever.encoder)
-    with BackgroundServer(str(index_dir)) as server:
-        client = RetrieverClient(server.url, topk=r.topk, timeout=r.timeout, retries=r.retries, max_backoff=r.max_backoff)
-        try:
-            yield client
-        finally:
-            client.close()
+    set_default_backend(r.encoder_backend)  # the loopback server's encoders live in this process
+    try:
+        if not (index_dir / "meta.json").exists() and not any(index_dir.glob("*.faiss")):
+            if corpus_path is None:
+                raise ValueError("no retriever.url, no retriever.index_dir and no corpus to index: set one of them")
+            build_index(corpus_path, index_dir, model=cfg.retriever.encoder)
+        with BackgroundServer(str(index_dir)) as server:
+            client = RetrieverClient(server.url, topk=r.topk, timeout=r.timeout, retries=r.retries,
+                                     max_backoff=r.max_backoff)  # fmt: skip
+            try:
+                yield client
+            finally:
+                client.close()
+    finally:
+        set_default_backend(None)
 
 
 def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy, bool]:
