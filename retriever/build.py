@@ -127,6 +127,13 @@ def write_dense_index(
     n = sum(len(c) for c in chunks)
     dim = int(chunks[0].shape[1])
     index = make_faiss_index(dim, index_type)
+    try:
+        nlist = int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:  # not an IVF index
+        nlist = 0
+    # faiss's k-means wants >= 39 points a list: 65,536 lists (wiki-18) train on 2.6M points
+    # (8 GB of 768-d float32), not the default sample of 200,000.
+    max_train = max(max_train, 40 * nlist)
     if not index.is_trained:
         rows = np.sort(np.random.default_rng(seed).choice(n, size=min(n, max_train), replace=False))
         train_if_needed(index, _gather(chunks, rows), max_train=max_train, seed=seed)

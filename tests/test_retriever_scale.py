@@ -134,6 +134,15 @@ def test_adding_with_precomputed_lists_equals_ivf_add(tmp_path: Path) -> None:
     assert pre.ntotal == plain.ntotal == 3000
 
 
+def test_ivf_training_sample_grows_with_the_list_count(tmp_path: Path) -> None:
+    x = _clustered(6000, 16, seed=10)
+    # 100 points cannot train 128 lists; the sample is raised to 40 a list (capped at the data).
+    meta = write_dense_index(tmp_path, [x], index_type="IVF128,Flat", max_train=100)
+    assert meta["index_type"] == "IVF128,Flat" and (tmp_path / meta["index_file"]).exists()
+    with pytest.raises(ValueError, match="cannot train the index on 100 vectors"):
+        train_if_needed(make_faiss_index(16, "IVF128,Flat"), x, max_train=100)
+
+
 @pytest.fixture(scope="module")
 def reranked_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("scale")
