@@ -58,14 +58,19 @@ def machine() -> str:
 
     cpu = platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    return (f"{platform.node()} | {cpu} | {os.cpu_count()} cores, {mem:.0f} GiB RAM | faiss {faiss.__version__} "
-            f"({gpus} GPUs visible to faiss) | numpy {np.__version__} | Python {platform.python_version()}")
+    return (
+        f"{platform.node()} | {cpu} | {os.cpu_count()} cores, {mem:.0f} GiB RAM | faiss {faiss.__version__} "
+        f"({gpus} GPUs visible to faiss) | numpy {np.__version__} | Python {platform.python_version()}"
+    )
 
 
 def load_average() -> str:
@@ -93,8 +98,11 @@ class Mixture:
         mean_dir = rng.normal(size=dim)
         mean_dir /= np.linalg.norm(mean_dir)
         topic_c = rng.normal(size=(topics, dim)) / np.sqrt(dim)
-        centres = (1.6 * mean_dir + topic_c[rng.integers(0, topics, clusters)]
-                   + 0.6 * rng.normal(size=(clusters, dim)) / np.sqrt(dim)).astype(np.float32)
+        centres = (
+            1.6 * mean_dir
+            + topic_c[rng.integers(0, topics, clusters)]
+            + 0.6 * rng.normal(size=(clusters, dim)) / np.sqrt(dim)
+        ).astype(np.float32)
         bases = np.linalg.qr(rng.normal(size=(clusters, dim, rank)))[0].transpose(0, 2, 1).astype(np.float32)
         spectrum = np.arange(1, rank + 1) ** -0.5
         scales = (0.45 * spectrum[None, :] * rng.lognormal(0.0, 0.3, size=(clusters, 1))).astype(np.float32)
@@ -214,11 +222,18 @@ def train_quantizer(data: np.ndarray, nlist: int, seed: int) -> tuple[np.ndarray
     rows = np.sort(np.random.default_rng(seed).choice(len(data), size=min(len(data), 64 * nlist), replace=False))
     km = faiss.Kmeans(data.shape[1], nlist, niter=20, seed=seed, spherical=True)
     km.train(data[rows])
+    assert km.centroids is not None  # set by train
     return km.centroids, time.perf_counter() - t0
 
 
-def build_candidate(c: Candidate, data: np.ndarray, centroids: np.ndarray | None, store: Any,
-                    seed: int, built: dict[str, tuple[Any, float, int, int]] | None = None) -> tuple[Any, float, int, int]:
+def build_candidate(
+    c: Candidate,
+    data: np.ndarray,
+    centroids: np.ndarray | None,
+    store: Any,
+    seed: int,
+    built: dict[str, tuple[Any, float, int, int]] | None = None,
+) -> tuple[Any, float, int, int]:
     """(searchable index, build seconds, bytes per vector, fixed bytes (IVF centroids)) of one
     candidate, built with the retriever's own helpers; candidates of one factory string share
     one build through `built` (they differ only in search parameters)."""
@@ -235,8 +250,9 @@ def build_candidate(c: Candidate, data: np.ndarray, centroids: np.ndarray | None
     return searchable, seconds, per_vector, fixed
 
 
-def _build(factory: str, data: np.ndarray, centroids: np.ndarray | None, store: Any,
-           seed: int) -> tuple[Any, float, int, int]:
+def _build(
+    factory: str, data: np.ndarray, centroids: np.ndarray | None, store: Any, seed: int
+) -> tuple[Any, float, int, int]:
     import faiss
 
     from pvpo.retriever.index import make_faiss_index, train_if_needed
@@ -273,8 +289,12 @@ def write_corpus(path: Path, lines: int, seed: int) -> None:
     pool = [" ".join(vocab[rng.integers(0, len(vocab), int(rng.integers(80, 120)))]) for _ in range(4096)]
     with path.open("w", encoding="utf-8") as f:
         for start in range(0, lines, 100_000):
-            f.write("".join(f'{{"id": "{i}", "contents": "\\"Title {i}\\"\\n{pool[i % 4096]}"}}\n'
-                            for i in range(start, min(lines, start + 100_000))))
+            f.write(
+                "".join(
+                    f'{{"id": "{i}", "contents": "\\"Title {i}\\"\\n{pool[i % 4096]}"}}\n'
+                    for i in range(start, min(lines, start + 100_000))
+                )
+            )
 
 
 PROBE = """
@@ -308,8 +328,9 @@ print(json.dumps({"n": len(store), "open_s": opened, "rss_before": before, "rss_
 
 
 def corpus_probe(corpus: Path, offsets: Path) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", PROBE, str(corpus), str(offsets)], capture_output=True, text=True,
-                         check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, str(corpus), str(offsets)], capture_output=True, text=True, check=True, cwd=REPO
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -326,37 +347,67 @@ def server_startup(index_dir: Path) -> dict[str, Any]:
 
     port = free_port()
     log_path = index_dir / "serve.log"
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index_dir), "--port", str(port),
-           "--device", "cpu", "--log-level", "info"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index_dir),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--log-level",
+        "info",
+    ]
     t0 = time.perf_counter()
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=os.environ | {"HF_HUB_OFFLINE": "1"}
+        )
         try:
             first = None
             while time.perf_counter() - t0 < 600:
                 if proc.poll() is not None:
                     raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
                 try:
-                    r = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["who wrote Hamlet"], "topk": 5},
-                                   timeout=30)
+                    r = httpx.post(
+                        f"http://127.0.0.1:{port}/retrieve",
+                        json={"queries": ["who wrote Hamlet"], "topk": 5},
+                        timeout=30,
+                    )
                     if r.status_code == 200 and len(r.json()["result"][0]) == 5:
                         first = time.perf_counter() - t0
                         break
                 except httpx.TransportError:
                     time.sleep(0.1)
-            rss = next((int(line.split()[1]) / 1024 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                        if line.startswith("RssAnon:")), float("nan"))
+            rss = next(
+                (
+                    int(line.split()[1]) / 1024
+                    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                    if line.startswith("RssAnon:")
+                ),
+                float("nan"),
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     text = log_path.read_text()
-    opened = next((float(line.split(" opened in ")[1].split("s")[0]) for line in text.splitlines()
-                   if "index + corpus opened in" in line), float("nan"))
-    loaded = next((float(line.rsplit(" in ", 1)[1].rstrip("s")) for line in text.splitlines()
-                   if "passages) in " in line), float("nan"))
-    return {"first_answer_s": first, "index_corpus_open_s": opened, "load_retriever_s": loaded,
-            "rss_anon_mb": rss}
+    opened = next(
+        (
+            float(line.split(" opened in ")[1].split("s")[0])
+            for line in text.splitlines()
+            if "index + corpus opened in" in line
+        ),
+        float("nan"),
+    )
+    loaded = next(
+        (float(line.rsplit(" in ", 1)[1].rstrip("s")) for line in text.splitlines() if "passages) in " in line),
+        float("nan"),
+    )
+    return {"first_answer_s": first, "index_corpus_open_s": opened, "load_retriever_s": loaded, "rss_anon_mb": rss}
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -371,10 +422,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1_000_000, help="vectors (1M x 768 fits 24 GB with room)")
     ap.add_argument("--dim", type=int, default=768)
     ap.add_argument("--queries", type=int, default=1000)
-    ap.add_argument("--hnsw-n", type=int, default=200_000,
-                    help="vectors for HNSW32,SQ8 (its build is the slowest: measured on a prefix)")
+    ap.add_argument(
+        "--hnsw-n",
+        type=int,
+        default=200_000,
+        help="vectors for HNSW32,SQ8 (its build is the slowest: measured on a prefix)",
+    )
     ap.add_argument("--corpus-lines", type=int, default=2_100_000)
-    ap.add_argument("--server-lines", type=int, default=None, help="passages of the startup test (default: corpus lines)")
+    ap.add_argument(
+        "--server-lines", type=int, default=None, help="passages of the startup test (default: corpus lines)"
+    )
     ap.add_argument("--budget", type=float, default=4.0, help="seconds per queries/s measurement")
     ap.add_argument("--quick", action="store_true", help="smoke run: 60k vectors, 200k corpus lines, 1 s budgets")
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "pvpo-index-scale")
@@ -388,8 +445,12 @@ def main() -> None:
     import faiss
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    out: list[str] = [f"machine: {machine()}", f"command: {shlex.join([Path(sys.executable).name] + sys.argv)}",
-                      f"load average at start (1/5/15 min): {load_average()}; faiss threads {faiss.omp_get_max_threads()}", ""]
+    out: list[str] = [
+        f"machine: {machine()}",
+        f"command: {shlex.join([Path(sys.executable).name] + sys.argv)}",
+        f"load average at start (1/5/15 min): {load_average()}; faiss threads {faiss.omp_get_max_threads()}",
+        "",
+    ]
     print("\n".join(out), flush=True)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / f"index_scale-{time.strftime('%Y%m%d-%H%M%S')}.md"
@@ -410,7 +471,6 @@ def main() -> None:
 
 
 def index_section(args: argparse.Namespace) -> list[str]:
-    import faiss
 
     from pvpo.retriever.rerank import Fp16Store, write_fp16_store
 
@@ -424,14 +484,21 @@ def index_section(args: argparse.Namespace) -> list[str]:
     store = Fp16Store(store_path)
     nlist = nlist_for(args.n)
     centroids, kmeans_s = train_quantizer(data, nlist, args.seed)
-    lines = ["", f"## Index candidates: {args.n:,} x {args.dim} synthetic vectors, {args.queries} queries, "
-             f"recall@{RECALL_K} vs exact Flat", "",
-             f"data generated in {gen_s:.0f} s; mean cosine of random pairs {mean_cos:.2f}; IVF coarse k-means "
-             f"({nlist} lists, {64 * nlist:,} points) {kmeans_s:.0f} s, once, shared (not in the build column); "
-             f"fp16 re-ranking store {store_path.stat().st_size / 2**30:.2f} GiB, memory-mapped", ""]
+    lines = [
+        "",
+        f"## Index candidates: {args.n:,} x {args.dim} synthetic vectors, {args.queries} queries, "
+        f"recall@{RECALL_K} vs exact Flat",
+        "",
+        f"data generated in {gen_s:.0f} s; mean cosine of random pairs {mean_cos:.2f}; IVF coarse k-means "
+        f"({nlist} lists, {64 * nlist:,} points) {kmeans_s:.0f} s, once, shared (not in the build column); "
+        f"fp16 re-ranking store {store_path.stat().st_size / 2**30:.2f} GiB, memory-mapped",
+        "",
+    ]
     print("\n".join(lines), flush=True)
-    header = ("| index | build s | bytes/vector | recall@5 | q/s batch 1 | q/s batch 64 | q/s batch 512 "
-              "| 21M: index memory | 21M: host fp16 store |")
+    header = (
+        "| index | build s | bytes/vector | recall@5 | q/s batch 1 | q/s batch 64 | q/s batch 512 "
+        "| 21M: index memory | 21M: host fp16 store |"
+    )
     rows = [header, "|" + "---|" * 9]
     truth = None
     gpu_rows: list[str] = []
@@ -447,8 +514,10 @@ def index_section(args: argparse.Namespace) -> list[str]:
         speeds = [qps(index, queries, b, RECALL_K, args.budget) for b in (1, 64, 512)]
         mem21 = per_vec * WIKI18 + (65536 * args.dim * 4 if fixed else 0)
         host21 = f"{WIKI18 * args.dim * 2 / 2**30:.1f} GiB (mmap)" if c.rerank_depth else "-"
-        row = (f"| {c.name} | {build_s:.0f} | {per_vec} | {r:.3f} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | "
-               f"{speeds[2]:,.0f} | {mem21 / 2**30:.1f} GiB | {host21} |")
+        row = (
+            f"| {c.name} | {build_s:.0f} | {per_vec} | {r:.3f} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | "
+            f"{speeds[2]:,.0f} | {mem21 / 2**30:.1f} GiB | {host21} |"
+        )
         rows.append(row)
         print(row, f"(search {time.perf_counter() - t_search:.0f} s, load {load_average()})", flush=True)
         if c.gpu and c.factory != "Flat":
@@ -456,15 +525,21 @@ def index_section(args: argparse.Namespace) -> list[str]:
         del index
     built.clear()
     lines += rows
-    lines += ["", "IVF rows: nprobe 32 unless named; rows of one factory string share one build (the build column "
-              "repeats it); 21M index memory = bytes/vector x 21,015,324 + 65,536 "
-              "centroids x dim x 4 (the list count the recipe uses at 21M); the fp16 store stays in host "
-              "page cache (memory-mapped, not process memory)."]
+    lines += [
+        "",
+        "IVF rows: nprobe 32 unless named; rows of one factory string share one build (the build column "
+        "repeats it); 21M index memory = bytes/vector x 21,015,324 + 65,536 "
+        "centroids x dim x 4 (the list count the recipe uses at 21M); the fp16 store stays in host "
+        "page cache (memory-mapped, not process memory).",
+    ]
     lines += hnsw_rows(data, queries, args)
     lines += scaling_rows(data, queries, args, recalls, nlist)
     lines += ["", "### The same on GPU (faiss GPU, fp16, sharded over all GPUs)", ""]
-    lines += gpu_rows if any(not r.startswith("skipped") for r in gpu_rows) else \
-        ["skipped: no CUDA device / this faiss has no GPU support (faiss-cpu); no GPU figure is claimed."]
+    lines += (
+        gpu_rows
+        if any(not r.startswith("skipped") for r in gpu_rows)
+        else ["skipped: no CUDA device / this faiss has no GPU support (faiss-cpu); no GPU figure is claimed."]
+    )
     del data
     store_path.unlink()
     return lines
@@ -512,12 +587,16 @@ def hnsw_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -
     build_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         per_vec = file_bytes(index, Path(tmp) / "h.faiss") // n
-    lines = ["", f"### HNSW32,SQ8 (CPU only) on the first {n:,} vectors (its build dominates: "
-             f"{build_s / n * 1e6:.0f} s per million here)", "",
-             "| index | build s | bytes/vector | recall@5 | q/s batch 1 | q/s batch 64 | q/s batch 512 | 21M: RAM |",
-             "|" + "---|" * 8,
-             f"| Flat on the same {n:,} | - | {args.dim * 4} | 1.000 | {flat_speed[0]:,.0f} | {flat_speed[1]:,.0f} | "
-             f"{flat_speed[2]:,.0f} | {args.dim * 4 * WIKI18 / 2**30:.1f} GiB |"]
+    lines = [
+        "",
+        f"### HNSW32,SQ8 (CPU only) on the first {n:,} vectors (its build dominates: "
+        f"{build_s / n * 1e6:.0f} s per million here)",
+        "",
+        "| index | build s | bytes/vector | recall@5 | q/s batch 1 | q/s batch 64 | q/s batch 512 | 21M: RAM |",
+        "|" + "---|" * 8,
+        f"| Flat on the same {n:,} | - | {args.dim * 4} | 1.000 | {flat_speed[0]:,.0f} | {flat_speed[1]:,.0f} | "
+        f"{flat_speed[2]:,.0f} | {args.dim * 4 * WIKI18 / 2**30:.1f} GiB |",
+    ]
     store_path = args.work_dir / "hnsw.f16.npy"
     store = Fp16Store(write_fp16_store(store_path, [sub[i : i + 131072] for i in range(0, n, 131072)], n, args.dim))
     for ef, depth in ((64, 0), (128, 0), (256, 0), (128, 100)):
@@ -526,17 +605,20 @@ def hnsw_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace) -
         r = recall(search_all(searchable, queries, RECALL_K), truth)
         speeds = [qps(searchable, queries, b, RECALL_K, args.budget) for b in (1, 64, 512)]
         ram = per_vec * WIKI18 / 2**30
-        lines.append(f"| HNSW32,SQ8 efSearch {ef}{f' + rerank {depth}' if depth else ''} | {build_s:.0f} | {per_vec} | "
-                     f"{r:.3f} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | {speeds[2]:,.0f} | {ram:.1f} GiB"
-                     f"{' + 30.1 GiB fp16 mmap' if depth else ''} |")
+        lines.append(
+            f"| HNSW32,SQ8 efSearch {ef}{f' + rerank {depth}' if depth else ''} | {build_s:.0f} | {per_vec} | "
+            f"{r:.3f} | {speeds[0]:,.0f} | {speeds[1]:,.0f} | {speeds[2]:,.0f} | {ram:.1f} GiB"
+            f"{' + 30.1 GiB fp16 mmap' if depth else ''} |"
+        )
         print(lines[-1], flush=True)
     del searchable, store
     store_path.unlink()
     return lines
 
 
-def scaling_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace,
-                 full: dict[str, float], nlist_full: int) -> list[str]:
+def scaling_rows(
+    data: np.ndarray, queries: np.ndarray, args: argparse.Namespace, full: dict[str, float], nlist_full: int
+) -> list[str]:
     """The two re-ranked recipes on 1/16 and 1/4 of the vectors (lists ~ sqrt(N)), each against
     its own exact truth, beside the full-size rows (`full`: recall by candidate name): how recall
     at fixed nprobe / depth moves as N grows."""
@@ -545,9 +627,13 @@ def scaling_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace
     from pvpo.retriever.rerank import Fp16Store, write_fp16_store
 
     codes = ("PQ64", "SQ4")
-    lines = ["", "### Recall@5 against N (nprobe 32, rerank depth 100; lists ~ sqrt(N); each N against its own "
-             "exact search)", "", "| N | lists | " + " | ".join(f"{c} + rerank 100 | {c} alone" for c in codes) + " |",
-             "|---|---|" + "---|---|" * len(codes)]
+    lines = [
+        "",
+        "### Recall@5 against N (nprobe 32, rerank depth 100; lists ~ sqrt(N); each N against its own exact search)",
+        "",
+        "| N | lists | " + " | ".join(f"{c} + rerank 100 | {c} alone" for c in codes) + " |",
+        "|---|---|" + "---|---|" * len(codes),
+    ]
     for n in (len(data) // 16, len(data) // 4):
         sub = data[:n]
         flat = faiss.IndexFlatIP(args.dim)
@@ -562,8 +648,10 @@ def scaling_rows(data: np.ndarray, queries: np.ndarray, args: argparse.Namespace
         for code in codes:
             c = Candidate("", f"IVF{nlist},{code}", {"nprobe": 32}, 100)
             index, *_ = build_candidate(c, sub, centroids, sub_store, args.seed)
-            cells += [recall(search_all(index, queries, RECALL_K), truth),
-                      recall(search_all(index.index, queries, RECALL_K), truth)]
+            cells += [
+                recall(search_all(index, queries, RECALL_K), truth),
+                recall(search_all(index.index, queries, RECALL_K), truth),
+            ]
             del index
         lines.append(f"| {n:,} | {nlist} | " + " | ".join(f"{r:.3f}" for r in cells) + " |")
         print(lines[-1], flush=True)
@@ -586,19 +674,28 @@ def corpus_section(args: argparse.Namespace) -> list[str]:
     again = corpus_probe(corpus, offsets)
     size = corpus.stat().st_size
     scale = WIKI18 / args.corpus_lines
-    lines = ["", f"## Corpus store: {args.corpus_lines:,}-line JSON-lines file ({size / 2**30:.2f} GiB, "
-             f"{size / args.corpus_lines:.0f} bytes a passage; written in {write_s:.0f} s, so in page cache)", "",
-             "| open | seconds | RssAnon after open | RssFile after open | 512-id fetch p50 / p90 (first) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"## Corpus store: {args.corpus_lines:,}-line JSON-lines file ({size / 2**30:.2f} GiB, "
+        f"{size / args.corpus_lines:.0f} bytes a passage; written in {write_s:.0f} s, so in page cache)",
+        "",
+        "| open | seconds | RssAnon after open | RssFile after open | 512-id fetch p50 / p90 (first) |",
+        "|---|---|---|---|---|",
+    ]
     for name, p in (("first (scans lines, writes offsets)", first), ("cached (offsets memory-mapped)", again)):
-        lines.append(f"| {name} | {p['open_s']:.2f} | {p['rss_after']['RssAnon'] - p['rss_before']['RssAnon']:+.0f} MB | "
-                     f"{p['rss_after']['RssFile'] - p['rss_before']['RssFile']:+.0f} MB | "
-                     f"{p['fetch512_p50_ms']:.1f} / {p['fetch512_p90_ms']:.1f} ms ({p['fetch512_first_ms']:.1f}) |")
-    lines += ["", f"21M extrapolation: first open ~ {first['open_s'] * scale:.0f} s once (linear in bytes: the scan "
-              f"reads the whole file, {size / args.corpus_lines * WIKI18 / 2**30:.1f} GiB at this passage length); "
-              f"offsets file {WIKI18 * 16 / 2**20:.0f} MB; cached open {again['open_s']:.2f} s here and does not grow "
-              "with N (np.load with mmap reads the header and the last row); a 512-id fetch touches 512 lines "
-              "whatever N (warm page cache here; on a cold cache it costs up to 512 random reads)."]
+        lines.append(
+            f"| {name} | {p['open_s']:.2f} | {p['rss_after']['RssAnon'] - p['rss_before']['RssAnon']:+.0f} MB | "
+            f"{p['rss_after']['RssFile'] - p['rss_before']['RssFile']:+.0f} MB | "
+            f"{p['fetch512_p50_ms']:.1f} / {p['fetch512_p90_ms']:.1f} ms ({p['fetch512_first_ms']:.1f}) |"
+        )
+    lines += [
+        "",
+        f"21M extrapolation: first open ~ {first['open_s'] * scale:.0f} s once (linear in bytes: the scan "
+        f"reads the whole file, {size / args.corpus_lines * WIKI18 / 2**30:.1f} GiB at this passage length); "
+        f"offsets file {WIKI18 * 16 / 2**20:.0f} MB; cached open {again['open_s']:.2f} s here and does not grow "
+        "with N (np.load with mmap reads the header and the last row); a 512-id fetch touches 512 lines "
+        "whatever N (warm page cache here; on a cold cache it costs up to 512 random reads).",
+    ]
     print("\n".join(lines), flush=True)
     offsets.unlink(missing_ok=True)
     if "server" in args.skip:
@@ -620,25 +717,50 @@ def server_section(args: argparse.Namespace) -> list[str]:
     t0 = time.perf_counter()
     data, _ = clustered_vectors(n, dim, 1, args.seed)
     nlist = nlist_for(n)
-    meta = write_dense_index(idx, [data[i : i + 262144] for i in range(0, n, 262144)], index_type=f"IVF{nlist},SQ4",
-                             rerank_depth=100, search_params={"nprobe": 32}, max_train=64 * nlist, seed=args.seed)
+    meta = write_dense_index(
+        idx,
+        [data[i : i + 262144] for i in range(0, n, 262144)],
+        index_type=f"IVF{nlist},SQ4",
+        rerank_depth=100,
+        search_params={"nprobe": 32},
+        max_train=64 * nlist,
+        seed=args.seed,
+    )
     build_s = time.perf_counter() - t0
     del data
-    write_meta(idx, meta | {"format": 1, "corpus": str(corpus), "size": n, "model": None, "query_prefix": "",
-                            "passage_prefix": "", "max_length": 256})
+    write_meta(
+        idx,
+        meta
+        | {
+            "format": 1,
+            "corpus": str(corpus),
+            "size": n,
+            "model": None,
+            "query_prefix": "",
+            "passage_prefix": "",
+            "max_length": 256,
+        },
+    )
     (idx / "corpus.offsets.npy").unlink(missing_ok=True)
     cold = server_startup(idx)  # the first start also scans the corpus for its offsets
     warm = server_startup(idx)
     index_mb = (idx / meta["index_file"]).stat().st_size / 2**20
-    lines = ["", f"## Server startup to first answer: {n:,} passages, IVF{nlist},SQ4 + rerank 100 ({index_mb:.0f} MB index "
-             f"file, fp16 store "
-             f"{n * dim * 2 / 2**30:.2f} GiB mmap), packaged MiniLM 384-d on CPU (index built by write_dense_index "
-             f"from synthetic vectors in {build_s:.0f} s)", "",
-             "| start | spawn -> first /retrieve answer | load_retriever (index + corpus + encoder) | "
-             "of which index + corpus | server RssAnon |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"## Server startup to first answer: {n:,} passages, IVF{nlist},SQ4 + rerank 100 ({index_mb:.0f} MB index "
+        f"file, fp16 store "
+        f"{n * dim * 2 / 2**30:.2f} GiB mmap), packaged MiniLM 384-d on CPU (index built by write_dense_index "
+        f"from synthetic vectors in {build_s:.0f} s)",
+        "",
+        "| start | spawn -> first /retrieve answer | load_retriever (index + corpus + encoder) | "
+        "of which index + corpus | server RssAnon |",
+        "|---|---|---|---|---|",
+    ]
     for name, s in (("first (offsets built)", cold), ("again (offsets cached)", warm)):
-        lines.append(f"| {name} | {s['first_answer_s']:.1f} s | {s['load_retriever_s']:.1f} s | "
-                     f"{s['index_corpus_open_s']:.1f} s | {s['rss_anon_mb']:.0f} MB |")
+        lines.append(
+            f"| {name} | {s['first_answer_s']:.1f} s | {s['load_retriever_s']:.1f} s | "
+            f"{s['index_corpus_open_s']:.1f} s | {s['rss_anon_mb']:.0f} MB |"
+        )
     print("\n".join(lines), flush=True)
     for p in idx.iterdir():
         p.unlink()

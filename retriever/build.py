@@ -8,8 +8,8 @@ import logging
 import os
 import shutil
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,7 +91,7 @@ def _encode_chunks(store: CorpusStore, emb_dir: Path, encoder: Any, *, chunk_siz
     return paths
 
 
-def _gather(chunks: Sequence[np.ndarray], rows: np.ndarray) -> np.ndarray:
+def _gather(chunks: Sequence[Any], rows: np.ndarray) -> np.ndarray:
     """Rows (sorted) of the matrix the consecutive chunks form."""
     out, start = [], 0
     for chunk in chunks:
@@ -104,7 +104,7 @@ def _gather(chunks: Sequence[np.ndarray], rows: np.ndarray) -> np.ndarray:
 
 def write_dense_index(
     out: Path,
-    chunks: Sequence[np.ndarray],
+    chunks: Sequence[Any],
     *,
     index_type: str,
     rerank_depth: int = 0,
@@ -113,7 +113,7 @@ def write_dense_index(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Trains (when needed) and fills a FAISS index of `index_type` with the vectors of the
-    consecutive `chunks` (arrays or memory maps), writes it to out/index.faiss and, with
+    consecutive `chunks` (arrays, memory maps or `FlatRows`), writes it to out/index.faiss and, with
     `rerank_depth` > 0, the same vectors in fp16 to out/vectors.f16.npy for exact re-ranking of
     a shortlist of that depth. Returns the meta.json entries of the index."""
     import faiss

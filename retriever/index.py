@@ -130,7 +130,7 @@ def train_if_needed(index: Any, vectors: np.ndarray, *, max_train: int = 200_000
     if index.is_trained:
         return
     try:
-        ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+        ivf: Any = faiss.downcast_index(faiss.extract_index_ivf(index))
     except RuntimeError:  # not an IVF index
         ivf = None
     if ivf is not None and getattr(ivf, "do_polysemous_training", False):
@@ -171,7 +171,7 @@ def coarse_assigner(index: Any, *, gpu: bool) -> Callable[[np.ndarray], np.ndarr
 
     if type(index).__name__.startswith("IndexPreTransform") or not type(index).__name__.startswith("IndexIVF"):
         return None
-    flat = faiss.IndexFlat(index.d, index.metric_type)
+    flat: Any = faiss.IndexFlat(index.d, index.metric_type)
     flat.add(index.quantizer.reconstruct_n(0, index.nlist))
     if gpu:
         flat = faiss.index_cpu_to_all_gpus(flat)
@@ -229,7 +229,7 @@ def to_device(index: Any, device: str, *, temp_mb: int = GPU_TEMP_MB) -> tuple[A
         res.setTempMemory(temp_mb << 20)
         resources.append(res)
     try:
-        gpu_index = faiss.index_cpu_to_gpu_multiple_py(resources, index, co)
+        gpu_index: Any = faiss.index_cpu_to_gpu_multiple_py(resources, index, co)
     except RuntimeError as e:  # e.g. HNSW has no GPU implementation
         log.warning("index type cannot move to GPU (%s): it stays on CPU", e)
         return index, "cpu"

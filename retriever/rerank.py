@@ -91,8 +91,11 @@ def rerank(store: Fp16Store, queries: np.ndarray, candidates: np.ndarray, k: int
         block = slice(start, min(nq, start + _QUERY_BLOCK))
         exact = np.matmul(vectors[inverse[block]], queries[block, :, None])[..., 0]
         exact[~valid[block]] = -np.inf
-        top = np.argpartition(-exact, keep - 1, axis=1)[:, :keep] if keep < depth else \
-            np.broadcast_to(np.arange(depth), (exact.shape[0], depth))
+        top = (
+            np.argpartition(-exact, keep - 1, axis=1)[:, :keep]
+            if keep < depth
+            else np.broadcast_to(np.arange(depth), (exact.shape[0], depth))
+        )
         top_scores = np.take_along_axis(exact, top, axis=1)
         order = np.argsort(-top_scores, axis=1, kind="stable")
         top = np.take_along_axis(top, order, axis=1)
@@ -113,8 +116,10 @@ class RerankedIndex:
 
     def __init__(self, index: Any, store: Fp16Store, depth: int = DEFAULT_RERANK_DEPTH) -> None:
         if len(store) != index.ntotal or store.dim != index.d:
-            raise ValueError(f"re-ranking store {store.path} holds {len(store)} x {store.dim} vectors, "
-                             f"the index {index.ntotal} x {index.d}: they must be the same rows")
+            raise ValueError(
+                f"re-ranking store {store.path} holds {len(store)} x {store.dim} vectors, "
+                f"the index {index.ntotal} x {index.d}: they must be the same rows"
+            )
         self.index = index
         self.store = store
         self.depth = 0
