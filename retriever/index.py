@@ -318,9 +318,10 @@ def _load_dense(index_dir: Path, meta: dict[str, Any], device: str | None) -> De
     index = read_faiss_index(resolve_in(index_dir, meta["index_file"]), mmap=bool(meta.get("mmap", False)))
     index, where = to_device(index, device, temp_mb=int(meta.get("gpu_temp_mb", GPU_TEMP_MB)))
     if meta.get("rerank_file"):  # a compressed index whose shortlist is re-scored from fp16 vectors
-        from pvpo.retriever.rerank import Fp16Store, RerankedIndex
+        from pvpo.retriever.rerank import GPU_MAX_DEPTH, Fp16Store, RerankedIndex
 
-        index = RerankedIndex(index, Fp16Store(resolve_in(index_dir, meta["rerank_file"])))
+        index = RerankedIndex(index, Fp16Store(resolve_in(index_dir, meta["rerank_file"])),
+                              max_depth=GPU_MAX_DEPTH if where.startswith("cuda") else None)
     corpus = open_corpus(index_dir, meta)
     log.info("index + corpus opened in %.1fs", time.perf_counter() - t0)
     prefixes = Prefixes(meta["query_prefix"], meta.get("passage_prefix", "")) if "query_prefix" in meta else None

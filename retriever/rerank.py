@@ -19,6 +19,7 @@ import numpy as np
 
 VECTORS_FILE = "vectors.f16.npy"
 DEFAULT_RERANK_DEPTH = 100
+GPU_MAX_DEPTH = 2048  # faiss GPU search returns at most 2048 neighbours a query
 # Queries re-scored per numpy batch: 64 x depth 100 x 768 floats = 20 MB of gathered rows at a time.
 _QUERY_BLOCK = 64
 
@@ -114,7 +115,9 @@ class RerankedIndex:
     Search cost: the coarse search at k = max(k, depth), plus reading depth x batch rows of
     2 x dim bytes from the mapped file (a random read each on a cold page cache)."""
 
-    def __init__(self, index: Any, store: Fp16Store, depth: int = DEFAULT_RERANK_DEPTH) -> None:
+    def __init__(
+        self, index: Any, store: Fp16Store, depth: int = DEFAULT_RERANK_DEPTH, *, max_depth: int | None = None
+    ) -> None:
         if len(store) != index.ntotal or store.dim != index.d:
             raise ValueError(
                 f"re-ranking store {store.path} holds {len(store)} x {store.dim} vectors, "
@@ -122,6 +125,7 @@ class RerankedIndex:
             )
         self.index = index
         self.store = store
+        self.max_depth = max_depth  # GPU_MAX_DEPTH for an index on GPU, None on CPU
         self.depth = 0
         self.set_depth(depth)
 
@@ -129,6 +133,8 @@ class RerankedIndex:
         """How many candidates the coarse index returns for re-scoring (at least the k asked)."""
         if int(depth) < 1:
             raise ValueError(f"rerank_depth must be >= 1, got {depth!r}")
+        if self.max_depth is not None and int(depth) > self.max_depth:
+            raise ValueError(f"rerank_depth {depth} is more than this index returns ({self.max_depth} on GPU)")
         self.depth = int(depth)
 
     @property
@@ -142,5 +148,7 @@ class RerankedIndex:
     def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k inner products among the coarse index's top max(k, depth)."""
         shortlist = min(max(k, self.depth), self.ntotal)
+        if self.max_depth is not None:
+            shortlist = min(shortlist, max(k, self.max_depth))
         _, candidates = self.index.search(np.ascontiguousarray(x, dtype=np.float32), shortlist)
         return rerank(self.store, x, candidates, k)

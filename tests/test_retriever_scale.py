@@ -103,6 +103,8 @@ def test_a_store_of_other_rows_is_refused(tmp_path: Path) -> None:
     flat.add(x[1100:])
     with pytest.raises(ValueError, match="rerank_depth must be >= 1, got 0"):
         RerankedIndex(flat, _store(tmp_path, x), depth=0)
+    with pytest.raises(ValueError, match="rerank_depth 3000 is more than this index returns \\(2048 on GPU\\)"):
+        RerankedIndex(flat, _store(tmp_path, x), depth=3000, max_depth=2048)
 
 
 def test_write_dense_index_writes_index_store_and_params(tmp_path: Path) -> None:
@@ -211,6 +213,8 @@ def test_recipe_on_gpu_fp16_sharded_matches_cpu(reranked_dir: Path) -> None:
     gpu = load_retriever(reranked_dir, device="cuda")
     try:
         assert gpu.info()["index_device"].startswith("cuda") and "rerank" in gpu.info()
+        assert isinstance(gpu, DenseRetriever) and isinstance(gpu.index, RerankedIndex)
+        assert gpu.index.max_depth == 2048
         queries = ["capital city", "a musical instrument", "space", "a drink"]
         for a, b in zip(gpu.search(queries, topk=5), cpu.search(queries, topk=5)):
             assert [p.id for p in a] == [p.id for p in b]
