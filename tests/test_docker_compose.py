@@ -37,20 +37,21 @@ COMPOSE_CPU = ["-f", "compose.yaml", "-f", "docker/compose.host.yaml", "--profil
 # the world of configs/smoke.yaml's data.synthetic, which the trainer's questions come from
 SMOKE_WORLD = "--seed 0 --n-entities 16 --n-relations 2 --max-hops 2 --questions-per-hop 8"
 IMAGE_UID = 1000  # docker/Dockerfile's `pvpo` user
-# Measured on 2 shared cores: base 50 s, wheelhouse 15 s (pip cache warm), images 6 min, index +
-# smoke run about 2 min; the limits leave room for a cold pip cache and a busy machine.
+# Measured on 2 shared cores (make test-docker, two runs): base 40-103 s, wheelhouse 9-10 s with a warm
+# pip cache, both images 161-199 s, `up` to the trained smoke run 24-38 s, resume 6-11 s; the limits
+# leave room for a cold pip cache and a busier machine.
 BUILD_TIMEOUT_S = 1500
 RUN_TIMEOUT_S = 600
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Run `cmd` in the repository root; on failure (or timeout) fail with its output's tail."""
     try:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"")[-3000:]
         pytest.fail(f"{' '.join(cmd)} did not finish in {timeout:.0f} s; output ends:\n{out!r}")
-    if check and done.returncode != 0:
+    if done.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n{(done.stdout + done.stderr)[-4000:]}")
     return done
 
