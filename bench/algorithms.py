@@ -153,7 +153,10 @@ def table(res: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
     for (alg, n), runs in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         em, se = _mean_se([r["em"] for r in runs])
         b, _ = _mean_se([r["em_before"] for r in runs])
-        avg = {k: sum(r[k] for r in runs) / len(runs) for k in ("steps", "rollouts", "tool_calls", "pvpo_cost", "wall_s", "adv_var")}
+        avg = {
+            k: sum(r[k] for r in runs) / len(runs)
+            for k in ("steps", "rollouts", "tool_calls", "pvpo_cost", "wall_s", "adv_var")
+        }
         rows.append(f"| {alg} | {n} | {len(runs)} | {b:.3f} -> {em:.3f} +- {se:.3f} | {avg['steps']:.0f} | {avg['rollouts']:.0f} | "
                     f"{avg['tool_calls']:.0f} | {avg['pvpo_cost']:.0f} | {avg['wall_s']:.0f} | {avg['adv_var']:.4f} |")  # fmt: skip
     return "\n".join(rows)
@@ -215,11 +218,16 @@ def main(argv: list[str] | None = None) -> None:
                 every = max(1, (args.budget // per_step) // args.evals)
                 for alg in algs:
                     k += 1
-                    print(f"[{k}/{total}] {alg} N={n} seed={seed} ({time.perf_counter() - t_start:.0f}s so far)", file=sys.stderr)
+                    print(
+                        f"[{k}/{total}] {alg} N={n} seed={seed} ({time.perf_counter() - t_start:.0f}s so far)",
+                        file=sys.stderr,
+                    )
                     cfg = load_config(args.config, args.overrides + algorithm_overrides(alg) + [
                         f"rollout.n={n}", f"run.seed={seed}", "run.steps=100000", f"run.rollout_budget={args.budget}",
                         f"run.eval_every={every}", "run.checkpoint_every=0", "run.tensorboard=false"])  # fmt: skip
-                    res.setdefault((alg, n), []).append(run_one(cfg, data, searcher, warm, args.out / "runs" / f"{alg}_n{n}_s{seed}"))
+                    res.setdefault((alg, n), []).append(
+                        run_one(cfg, data, searcher, warm, args.out / "runs" / f"{alg}_n{n}_s{seed}")
+                    )
         if searcher is not None:
             searcher.close()
     plot(res, args.out / "em_vs_cost.png")

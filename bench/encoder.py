@@ -30,8 +30,9 @@ from retrieval_quality import DATASETS, DEFAULT_DATA, gold_sets  # noqa: E402
 from retriever import machine, python_load, start_server  # noqa: E402
 
 
-def recall_with(encoder, passages: list[str], ids: list[str], questions: list[str], gold: list[set[str]],
-                k: int) -> tuple[float, float]:
+def recall_with(
+    encoder, passages: list[str], ids: list[str], questions: list[str], gold: list[set[str]], k: int
+) -> tuple[float, float]:
     """(recall@k, passages/s) of an encoder: encodes the passages, searches a Flat index."""
     import faiss
 
@@ -58,8 +59,10 @@ def main() -> None:
     ap.add_argument("--index", type=Path, default=None, help="index dir to serve (default: build musique_mini Flat)")
     args = ap.parse_args()
     if not (args.data / DATASETS[0]).exists():
-        sys.exit(f"bench/encoder.py needs the samples under {args.data} (../shared/data beside the checkout, or "
-                 "set PVPO_SHARED_DATA); they are not on this machine.")
+        sys.exit(
+            f"bench/encoder.py needs the samples under {args.data} (../shared/data beside the checkout, or "
+            "set PVPO_SHARED_DATA); they are not on this machine."
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("PVPO_CACHE_DIR", str(args.work_dir / "cache"))
     from pvpo.retriever.build import build_index
@@ -105,10 +108,21 @@ def main() -> None:
     load_avg.append(os.getloadavg()[0])
 
     if not args.skip_served:
-        index_dir = args.index or build_index(args.data / "musique_mini" / "corpus.json",
-                                              args.work_dir / "musique_mini_Flat", show_progress=False)
-        servers = {b: start_server(index_dir, batching=True, max_batch=64, max_wait_ms=5.0, max_delay_ms=20.0,
-                                   threads=threads, extra=("--encoder-backend", b)) for b in backends}
+        index_dir = args.index or build_index(
+            args.data / "musique_mini" / "corpus.json", args.work_dir / "musique_mini_Flat", show_progress=False
+        )
+        servers = {
+            b: start_server(
+                index_dir,
+                batching=True,
+                max_batch=64,
+                max_wait_ms=5.0,
+                max_delay_ms=20.0,
+                threads=threads,
+                extra=("--encoder-backend", b),
+            )
+            for b in backends
+        }
         try:
             for _, url in servers.values():
                 python_load(url, pool, 4, 1.0, warmup=1.0)
@@ -124,22 +138,38 @@ def main() -> None:
         load_avg.append(os.getloadavg()[0])
 
     base = res[backends[0]]
-    print(f"\nthreads {threads}; 1-min load average at start / after encoding / after serving: "
-          + " / ".join(f"{x:.2f}" for x in load_avg))
-    head = ["backend", "load s (export if uncached)", "passages/s (x first)", *[f"recall@5 {d}" for d in DATASETS],
-            f"in-process q/s batch {args.clients} (x first)"]
+    print(
+        f"\nthreads {threads}; 1-min load average at start / after encoding / after serving: "
+        + " / ".join(f"{x:.2f}" for x in load_avg)
+    )
+    head = [
+        "backend",
+        "load s (export if uncached)",
+        "passages/s (x first)",
+        *[f"recall@5 {d}" for d in DATASETS],
+        f"in-process q/s batch {args.clients} (x first)",
+    ]
     if not args.skip_served:
         head += [f"served q/s {args.clients} clients (x first)", "p50 ms", "p99 ms", "errors"]
     print("| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
     for b in backends:
         r = res[b]
         psg, inproc = float(np.mean(r["psg_s"])), float(np.mean(r["inproc"]))
-        cells = [b, f"{r['load_s']:.1f}", f"{psg:.0f} ({psg / np.mean(base['psg_s']):.2f}x)",
-                 *[f"{r[f'recall_{d}']:.3f}" for d in DATASETS], f"{inproc:.0f} ({inproc / np.mean(base['inproc']):.2f}x)"]
+        cells = [
+            b,
+            f"{r['load_s']:.1f}",
+            f"{psg:.0f} ({psg / np.mean(base['psg_s']):.2f}x)",
+            *[f"{r[f'recall_{d}']:.3f}" for d in DATASETS],
+            f"{inproc:.0f} ({inproc / np.mean(base['inproc']):.2f}x)",
+        ]
         if not args.skip_served:
             qps = float(np.mean(r["qps"]))
-            cells += [f"{qps:.0f} ({qps / np.mean(base['qps']):.2f}x)", f"{np.median(r['p50']):.0f}",
-                      f"{np.median(r['p99']):.0f}", f"{int(sum(r['errors']))}"]
+            cells += [
+                f"{qps:.0f} ({qps / np.mean(base['qps']):.2f}x)",
+                f"{np.median(r['p50']):.0f}",
+                f"{np.median(r['p99']):.0f}",
+                f"{int(sum(r['errors']))}",
+            ]
         print("| " + " | ".join(cells) + " |")
 
 

@@ -77,7 +77,9 @@ def run_single(examples: list[QAExample], searcher: TimedSearcher, args) -> dict
 
 
 def run_vector(examples: list[QAExample], searcher: TimedSearcher, args) -> dict:
-    env = SearchVectorEnv(len(examples), None, retriever=searcher, topk=args.topk, max_obs_chars=args.max_obs_chars, max_turns=8)
+    env = SearchVectorEnv(
+        len(examples), None, retriever=searcher, topk=args.topk, max_obs_chars=args.max_obs_chars, max_turns=8
+    )
     env.reset(options={"questions": examples})
     plans = [scripted_turns(ex) for ex in examples]
     steps, t0 = 0, time.perf_counter()
@@ -114,12 +116,16 @@ def main() -> None:
             v = run_vector(examples, vector, args)
             client.close()
 
-    print(f"# pvpo.envs benchmark - {platform.node()}: {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}")
+    print(
+        f"# pvpo.envs benchmark - {platform.node()}: {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}"
+    )
     print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"# data: {args.questions} ({len(examples)} questions), corpus = their {n_passages} paragraphs, "
-          f"MiniLM-L6 + FAISS Flat over HTTP loopback (index built in {build_s:.1f} s), topk={args.topk}, "
-          f"max_obs_chars={args.max_obs_chars}\n")
+    print(
+        f"# data: {args.questions} ({len(examples)} questions), corpus = their {n_passages} paragraphs, "
+        f"MiniLM-L6 + FAISS Flat over HTTP loopback (index built in {build_s:.1f} s), topk={args.topk}, "
+        f"max_obs_chars={args.max_obs_chars}\n"
+    )
     print("Supporting paragraph of the hop shown in the observation (scripted decomposition agent):\n")
     print("| question hops | hop | searches | support shown |")
     print("|---|---|---|---|")
@@ -131,7 +137,10 @@ def main() -> None:
     print("Stepping cost (same run, same server):\n")
     print("| mode | env steps | retriever calls | wall s | retrieval s | env overhead per step (excl. retrieval) |")
     print("|---|---|---|---|---|---|")
-    for name, r, t in (("SearchEnv, one call per search", s, single), ("SearchVectorEnv, one call per step", v, vector)):
+    for name, r, t in (
+        ("SearchEnv, one call per search", s, single),
+        ("SearchVectorEnv, one call per step", v, vector),
+    ):
         overhead_ms = (r["wall"] - t.seconds) / r["steps"] * 1e3
         print(f"| {name} | {r['steps']} | {t.calls} | {r['wall']:.2f} | {t.seconds:.2f} | {overhead_ms:.3f} ms |")
     print(f"\nBatched vs one-by-one wall time: {s['wall'] / v['wall']:.1f}x faster")

@@ -91,8 +91,14 @@ async def _client(port: int, bodies: list[tuple[bytes, int]], stop_at: float, ta
             writer.close()  # an unfinished large request: the server drops its remaining work
 
 
-async def _phase(port: int, clients: int, seconds: float, large_clients: int, large_body: tuple[bytes, int] | None,
-                 small: list[tuple[bytes, int]]) -> tuple[Tally, Tally]:
+async def _phase(
+    port: int,
+    clients: int,
+    seconds: float,
+    large_clients: int,
+    large_body: tuple[bytes, int] | None,
+    small: list[tuple[bytes, int]],
+) -> tuple[Tally, Tally]:
     stop_at = time.monotonic() + seconds
     small_t, large_t = Tally(), Tally()
     tasks = [_client(port, small, stop_at, small_t, 30.0) for _ in range(clients)]
@@ -137,9 +143,11 @@ def _serve(index: Path, port: int, log: Path) -> subprocess.Popen:
 def _row(name: str, seconds: float, small: Tally, large: Tally, cpu_s: float) -> str:
     lat = np.array(small.latencies) * 1000 if small.latencies else np.array([float("nan")])
     reqs = len(small.latencies) + len(large.latencies)
-    return (f"| {name} | {reqs / seconds:.0f} | {(small.queries + large.queries) / seconds:.0f} | "
-            f"{np.percentile(lat, 50):.0f} | {np.percentile(lat, 99):.0f} | {lat.max():.0f} | "
-            f"{small.errors + large.errors} | {len(large.latencies)} | {cpu_s / max(reqs, 1) * 1000:.2f} |")
+    return (
+        f"| {name} | {reqs / seconds:.0f} | {(small.queries + large.queries) / seconds:.0f} | "
+        f"{np.percentile(lat, 50):.0f} | {np.percentile(lat, 99):.0f} | {lat.max():.0f} | "
+        f"{small.errors + large.errors} | {len(large.latencies)} | {cpu_s / max(reqs, 1) * 1000:.2f} |"
+    )
 
 
 def main() -> None:
@@ -166,15 +174,28 @@ def main() -> None:
             rng = random.Random(0)
             small = [(json.dumps({"queries": [q], "topk": 3}).encode(), 1) for q in SMALL_QUERIES]
             words = " ".join(SMALL_QUERIES).split()
-            big = [" ".join(rng.choice(words) for _ in range(args.large_chars))[: args.large_chars] for _ in range(args.large_queries)]
+            big = [
+                " ".join(rng.choice(words) for _ in range(args.large_chars))[: args.large_chars]
+                for _ in range(args.large_queries)
+            ]
             large = (json.dumps({"queries": big, "topk": 3}).encode(), args.large_queries)
             asyncio.run(_phase(port, 8, 2.0, 0, None, small))  # warm up the encoder
             rss0 = _rss_mb(server.pid)
             rows = []
             for name, n_large in (("small only", 0), (f"small + {args.large_clients} large", args.large_clients)):
                 cpu0 = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-                small_lat, large_lat = asyncio.run(_phase(port, args.clients, args.seconds, n_large, large if n_large else None, small))
-                rows.append(_row(name, args.seconds, small_lat, large_lat, sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0))
+                small_lat, large_lat = asyncio.run(
+                    _phase(port, args.clients, args.seconds, n_large, large if n_large else None, small)
+                )
+                rows.append(
+                    _row(
+                        name,
+                        args.seconds,
+                        small_lat,
+                        large_lat,
+                        sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu0,
+                    )
+                )
                 time.sleep(1.0)
             info = httpx.get(f"http://127.0.0.1:{port}/info", timeout=30).json()["batching"]
             rss1 = _rss_mb(server.pid)
@@ -182,14 +203,20 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
-    print(f"\n{args.clients} small clients (1 query each), {args.seconds:g} s per phase; large requests: "
-          f"{args.large_queries} queries x {args.large_chars} chars; server {index} on {os.cpu_count()} cores\n")
-    print("| phase | req/s | queries/s | small p50 ms | small p99 ms | small max ms | errors | large done | generator CPU ms/req |")
+    print(
+        f"\n{args.clients} small clients (1 query each), {args.seconds:g} s per phase; large requests: "
+        f"{args.large_queries} queries x {args.large_chars} chars; server {index} on {os.cpu_count()} cores\n"
+    )
+    print(
+        "| phase | req/s | queries/s | small p50 ms | small p99 ms | small max ms | errors | large done | generator CPU ms/req |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
-    print(f"\nserver RSS {rss0:.0f} MB before, {rss1:.0f} MB after; batches {info['batches']}, queries searched "
-          f"{info['queries']}, dropped (client gone) {info['dropped']}, pending at the end {info['pending']}; "
-          f"error lines in the server log: {len(errors)}" + "".join(f"\n  {e}" for e in errors[:5]))
+    print(
+        f"\nserver RSS {rss0:.0f} MB before, {rss1:.0f} MB after; batches {info['batches']}, queries searched "
+        f"{info['queries']}, dropped (client gone) {info['dropped']}, pending at the end {info['pending']}; "
+        f"error lines in the server log: {len(errors)}" + "".join(f"\n  {e}" for e in errors[:5])
+    )
 
 
 if __name__ == "__main__":

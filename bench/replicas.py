@@ -54,8 +54,24 @@ def serve(index: Path, replicas: int, extra: list[str]) -> tuple[subprocess.Pope
     import httpx
 
     port = free_base_port(replicas)
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--port", str(port),
-           "--device", "cpu", "--log-level", "warning", "--replicas", str(replicas), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+        "--replicas",
+        str(replicas),
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
     deadline = time.time() + 300
@@ -85,6 +101,7 @@ async def client_load(urls: list[str], pool: list[str], clients: int, seconds: f
     t_end = t_measure + seconds
     counter = iter(range(10**9))
     async with AsyncRetrieverClient(urls, topk=3, retries=0, max_connections=clients) as client:
+
         async def one() -> None:
             while (t0 := time.perf_counter()) < t_end:
                 await client.search([pool[next(counter) % len(pool)]])
@@ -129,8 +146,10 @@ def main() -> None:
     print(f"| replicas | served q/s, {args.clients} clients (x 1 replica) | p50 ms | p99 ms |\n|---|---|---|---|")
     for k, rs in runs.items():
         qps = float(np.mean([r["qps"] for r in rs]))
-        print(f"| {k} | {qps:.1f} ({qps / one:.2f}x) | {np.median([r['p50'] for r in rs]):.0f} "
-              f"| {np.median([r['p99'] for r in rs]):.0f} |")
+        print(
+            f"| {k} | {qps:.1f} ({qps / one:.2f}x) | {np.median([r['p50'] for r in rs]):.0f} "
+            f"| {np.median([r['p99'] for r in rs]):.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ def gold_sets(data: Path, name: str) -> tuple[Path, list[str], list[set[str]]]:
     questions = json.loads((data / name / "questions.json").read_text())
     if name == "musique_mini":
         by_passage = {split_contents(contents): pid for pid, contents in iter_corpus(corpus)}
-        gold = [{by_passage[(p["title"], p["paragraph_text"])] for p in q["paragraphs"] if p["is_supporting"]}
-                for q in questions]
+        gold = [
+            {by_passage[(p["title"], p["paragraph_text"])] for p in q["paragraphs"] if p["is_supporting"]}
+            for q in questions
+        ]
     elif name == "hotpotqa_mini":  # one passage per article; its id is the title
         gold = [{title for title, _ in q["supporting_facts"]} for q in questions]
     else:
@@ -52,13 +54,19 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "pvpo" / "bench-quality")
     ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--weights", action="append", default=None,
-                    help="hybrid dense,bm25 weights (repeat for several rows; default 1,1)")
+    ap.add_argument(
+        "--weights",
+        action="append",
+        default=None,
+        help="hybrid dense,bm25 weights (repeat for several rows; default 1,1)",
+    )
     ap.add_argument("--encoder-backend", default="torch")
     args = ap.parse_args()
     if not (args.data / DATASETS[0]).exists():
-        sys.exit(f"bench/retrieval_quality.py needs the samples under {args.data} (../shared/data beside the "
-                 "checkout, or set PVPO_SHARED_DATA); they are not on this machine.")
+        sys.exit(
+            f"bench/retrieval_quality.py needs the samples under {args.data} (../shared/data beside the "
+            "checkout, or set PVPO_SHARED_DATA); they are not on this machine."
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pvpo.retriever.encoder import set_default_backend
     from pvpo.retriever.hybrid import build_hybrid
@@ -80,8 +88,9 @@ def main() -> None:
         h.close()
         for w in weights:
             hw = load_retriever(out, device="cpu", weights=list(w))
-            col[f"hybrid RRF k=60, weights dense {w[0]:g} / bm25 {w[1]:g}"] = \
+            col[f"hybrid RRF k=60, weights dense {w[0]:g} / bm25 {w[1]:g}"] = (
                 f"{recall_at_k(hw.search(questions, topk=args.k), gold):.3f}"
+            )
             hw.close()
     rows = list(next(iter(table.values())))
     width = max(len(r) for r in rows)

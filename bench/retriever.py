@@ -22,9 +22,9 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,8 +49,10 @@ def machine() -> str:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.node()} | {cpu} | {os.cpu_count()} cores visible, torch threads {torch.get_num_threads()} "
-            f"| {gpu} | Python {platform.python_version()}, torch {torch.__version__}")
+    return (
+        f"{platform.node()} | {cpu} | {os.cpu_count()} cores visible, torch threads {torch.get_num_threads()} "
+        f"| {gpu} | Python {platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def questions_and_queries(data: Path) -> tuple[list[dict], list[str]]:
@@ -99,15 +101,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(index_dir: Path, *, batching: bool, max_batch: int, max_wait_ms: float, max_delay_ms: float,
-                 threads: int, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def start_server(
+    index_dir: Path,
+    *,
+    batching: bool,
+    max_batch: int,
+    max_wait_ms: float,
+    max_delay_ms: float,
+    threads: int,
+    extra: tuple[str, ...] = (),
+) -> tuple[subprocess.Popen, str]:
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index_dir), "--port", str(port),
-           "--device", "cpu", "--max-batch-size", str(max_batch), "--max-wait-ms", str(max_wait_ms),
-           "--max-delay-ms", str(max_delay_ms), "--threads", str(threads), "--log-level", "warning", *extra] + (["--no-batching"] if not batching else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index_dir),
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--max-batch-size",
+        str(max_batch),
+        "--max-wait-ms",
+        str(max_wait_ms),
+        "--max-delay-ms",
+        str(max_delay_ms),
+        "--threads",
+        str(threads),
+        "--log-level",
+        "warning",
+        *extra,
+    ] + (["--no-batching"] if not batching else [])
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"}
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -151,7 +184,17 @@ def wrk_load(url: str, pool: list[str], clients: int, seconds: float, warmup: fl
         env = os.environ | {"WRK_BODIES": str(bodies)}
 
         def run(secs: float) -> dict[str, float]:
-            cmd = ["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(secs))}s", "--timeout", "60s", "-s", str(script), url]
+            cmd = [
+                "wrk",
+                "-t1",
+                f"-c{clients}",
+                f"-d{max(1, round(secs))}s",
+                "--timeout",
+                "60s",
+                "-s",
+                str(script),
+                url,
+            ]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
             return json.loads(out.split("WRKJSON", 1)[1])
 
@@ -160,8 +203,13 @@ def wrk_load(url: str, pool: list[str], clients: int, seconds: float, warmup: fl
         r = run(seconds)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"qps": r["requests"] / (r["duration_us"] / 1e6), "p50": r["p50_us"] / 1000, "p99": r["p99_us"] / 1000,
-            "errors": r["errors"], "gen_cpu_ms": 1000 * cpu / max(1, r["requests"])}
+    return {
+        "qps": r["requests"] / (r["duration_us"] / 1e6),
+        "p50": r["p50_us"] / 1000,
+        "p99": r["p99_us"] / 1000,
+        "errors": r["errors"],
+        "gen_cpu_ms": 1000 * cpu / max(1, r["requests"]),
+    }
 
 
 def python_load(url: str, pool: list[str], clients: int, seconds: float, warmup: float = 1.0) -> dict[str, float]:
@@ -204,8 +252,12 @@ async def load(url: str, pool: list[str], clients: int, seconds: float, warmup: 
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         await asyncio.gather(*[one(client) for _ in range(clients)])
     lat = np.array(latencies) * 1000
-    return {"qps": len(latencies) / seconds, "p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),
-            "p99": float(np.percentile(lat, 99)) if lat.size else float("nan"), "errors": errors}
+    return {
+        "qps": len(latencies) / seconds,
+        "p50": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+        "p99": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+        "errors": errors,
+    }
 
 
 def main() -> None:
@@ -224,13 +276,14 @@ def main() -> None:
 
     corpus_file = args.data / "musique_mini" / "corpus.json"
     if not corpus_file.exists():
-        sys.exit(f"bench/retriever.py needs the musique_mini sample at {corpus_file} (../shared/data beside the "
-                 "checkout, or set PVPO_SHARED_DATA); it is not on this machine.")
+        sys.exit(
+            f"bench/retriever.py needs the musique_mini sample at {corpus_file} (../shared/data beside the "
+            "checkout, or set PVPO_SHARED_DATA); it is not on this machine."
+        )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pvpo.retriever.build import build_index
     from pvpo.retriever.corpus import CorpusStore, iter_corpus
     from pvpo.retriever.index import OFFSETS_FILE, load_retriever, read_meta
-
     from pvpo.retriever.server import set_torch_threads
     from pvpo.retriever.types import split_contents
 
@@ -247,7 +300,9 @@ def main() -> None:
     (index_dir / OFFSETS_FILE).unlink()
     t0 = time.perf_counter()
     n = len(CorpusStore(index_dir / meta["corpus"], index_dir / OFFSETS_FILE))
-    rows.append((f"corpus store open, {n} passages, cold (line spans computed)", f"{(time.perf_counter() - t0) * 1000:.1f} ms"))
+    rows.append(
+        (f"corpus store open, {n} passages, cold (line spans computed)", f"{(time.perf_counter() - t0) * 1000:.1f} ms")
+    )
     t0 = time.perf_counter()
     CorpusStore(index_dir / meta["corpus"], index_dir / OFFSETS_FILE)
     rows.append(("corpus store open, warm (cached spans)", f"{(time.perf_counter() - t0) * 1000:.1f} ms"))
@@ -260,8 +315,12 @@ def main() -> None:
     for row, (_, contents) in enumerate(iter_corpus(corpus_file)):
         title, text = split_contents(contents)
         corpus_rows[(title, text)] = row
-    rows.append(("recall@5, supporting paragraphs, 100 questions (MiniLM, Flat)",
-                 f"{recall_at_k(retriever, questions, corpus_rows, 5):.3f}"))
+    rows.append(
+        (
+            "recall@5, supporting paragraphs, 100 questions (MiniLM, Flat)",
+            f"{recall_at_k(retriever, questions, corpus_rows, 5):.3f}",
+        )
+    )
     bm25_dir = build_index(corpus_file, args.work_dir / "musique_mini_bm25", index_type="bm25", show_progress=False)
     bm25 = load_retriever(bm25_dir)
     rows.append(("recall@5, same, BM25 (bm25s) for reference", f"{recall_at_k(bm25, questions, corpus_rows, 5):.3f}"))
@@ -272,13 +331,24 @@ def main() -> None:
 
     levels = [int(x) for x in args.levels.split(",")]
     gen = wrk_load if args.generator == "wrk" else python_load
-    gen_name = ("wrk (C, 1 thread, closed-loop connections)" if args.generator == "wrk"
-                else "Python httpx asyncio in the bench process")
+    gen_name = (
+        "wrk (C, 1 thread, closed-loop connections)"
+        if args.generator == "wrk"
+        else "Python httpx asyncio in the bench process"
+    )
     rows.append(("load generator", gen_name))
     rows.append(("torch threads (server and in-process); uvicorn loop / http", f"{threads}; {uvicorn_impl()}"))
-    servers = {b: start_server(index_dir, batching=b, max_batch=args.max_batch_size, max_wait_ms=args.max_wait_ms,
-                               max_delay_ms=args.max_delay_ms, threads=threads)
-               for b in (True, False)}
+    servers = {
+        b: start_server(
+            index_dir,
+            batching=b,
+            max_batch=args.max_batch_size,
+            max_wait_ms=args.max_wait_ms,
+            max_delay_ms=args.max_delay_ms,
+            threads=threads,
+        )
+        for b in (True, False)
+    }
     try:
         for _, url in servers.values():
             gen(url, pool, 4, 1.0, warmup=1.0)
@@ -295,28 +365,57 @@ def main() -> None:
                     before = httpx.get(url + "/info").json()["batching"]
                     r = gen(url, pool, c, args.duration / args.rounds)
                     after = httpx.get(url + "/info").json()["batching"]
-                    r["queries"], r["batches"] = after["queries"] - before["queries"], after["batches"] - before["batches"]
+                    r["queries"], r["batches"] = (
+                        after["queries"] - before["queries"],
+                        after["batches"] - before["batches"],
+                    )
                     runs[b].append(r)
             one, in_proc = args.rounds / t_one, args.rounds / t_batch  # mean cost per query, inverted
-            m = {b: {"qps": float(np.mean([r["qps"] for r in rs])), "p50": float(np.median([r["p50"] for r in rs])),
-                     "p99": float(np.median([r["p99"] for r in rs])), "errors": sum(r["errors"] for r in rs),
-                     "gen_cpu_ms": float(np.mean([r["gen_cpu_ms"] for r in rs])),
-                     "batch": sum(r["queries"] for r in rs) / max(1, sum(r["batches"] for r in rs))}
-                 for b, rs in runs.items()}
+            m = {
+                b: {
+                    "qps": float(np.mean([r["qps"] for r in rs])),
+                    "p50": float(np.median([r["p50"] for r in rs])),
+                    "p99": float(np.median([r["p99"] for r in rs])),
+                    "errors": sum(r["errors"] for r in rs),
+                    "gen_cpu_ms": float(np.mean([r["gen_cpu_ms"] for r in rs])),
+                    "batch": sum(r["queries"] for r in rs) / max(1, sum(r["batches"] for r in rs)),
+                }
+                for b, rs in runs.items()
+            }
             rows.append((f"{c} clients: machine load (1-min average, uptime) before this level", f"{load_avg:.2f}"))
-            rows.append((f"{c} clients: in-process, batch 1 | batch {batch} (topk 3)",
-                         f"{one:.1f} q/s ({1000 / one:.1f} ms/q) | {in_proc:.1f} q/s ({1000 / in_proc:.1f} ms/q)"))
-            rows.append((f"{c} clients: bound on batched/unbatched = in-process batch {batch} / batch 1",
-                         f"{in_proc / one:.2f}"))
+            rows.append(
+                (
+                    f"{c} clients: in-process, batch 1 | batch {batch} (topk 3)",
+                    f"{one:.1f} q/s ({1000 / one:.1f} ms/q) | {in_proc:.1f} q/s ({1000 / in_proc:.1f} ms/q)",
+                )
+            )
+            rows.append(
+                (
+                    f"{c} clients: bound on batched/unbatched = in-process batch {batch} / batch 1",
+                    f"{in_proc / one:.2f}",
+                )
+            )
             for b, label in ((True, "cross-request batching"), (False, "no batching")):
-                rows.append((f"{c} clients: served, {label}: q/s | p50 | p99 | errors | mean batch | generator CPU/req (p50/p99 median of rounds)",
-                             f"{m[b]['qps']:.1f} q/s | {m[b]['p50']:.0f} ms | {m[b]['p99']:.0f} ms | {m[b]['errors']} "
-                             f"| {m[b]['batch']:.1f} | {m[b]['gen_cpu_ms']:.2f} ms"))
+                rows.append(
+                    (
+                        f"{c} clients: served, {label}: q/s | p50 | p99 | errors | mean batch | generator CPU/req (p50/p99 median of rounds)",
+                        f"{m[b]['qps']:.1f} q/s | {m[b]['p50']:.0f} ms | {m[b]['p99']:.0f} ms | {m[b]['errors']} "
+                        f"| {m[b]['batch']:.1f} | {m[b]['gen_cpu_ms']:.2f} ms",
+                    )
+                )
             off = m[False]["qps"]
-            rows.append((f"{c} clients: served batched / in-process batch {batch}" + (" (target >= 0.8)" if c == 32 else ""),
-                         f"{m[True]['qps'] / in_proc:.2f}"))
-            rows.append((f"{c} clients: served batched / served unbatched" + (" (target >= 3)" if c == 32 else ""),
-                         f"{m[True]['qps'] / off:.2f}" if off else "inf (none completed without batching)"))
+            rows.append(
+                (
+                    f"{c} clients: served batched / in-process batch {batch}" + (" (target >= 0.8)" if c == 32 else ""),
+                    f"{m[True]['qps'] / in_proc:.2f}",
+                )
+            )
+            rows.append(
+                (
+                    f"{c} clients: served batched / served unbatched" + (" (target >= 3)" if c == 32 else ""),
+                    f"{m[True]['qps'] / off:.2f}" if off else "inf (none completed without batching)",
+                )
+            )
     finally:
         for proc, _ in servers.values():
             proc.terminate()

@@ -64,8 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=None, help="HF model dir (default: tiny random Qwen2)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--warm-start-steps", type=int, default=200,
-                    help="SFT steps on oracle search trajectories so the tiny policy searches (0: random policy)")
+    ap.add_argument(
+        "--warm-start-steps",
+        type=int,
+        default=200,
+        help="SFT steps on oracle search trajectories so the tiny policy searches (0: random policy)",
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -93,7 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.warm_start_steps and not args.model:
         from pvpo.trainer.warmstart import oracle_trajectories, warm_start
 
-        trajs = oracle_trajectories(train, lambda ex: world.oracle_trajectory(ex, protocol), policy.tokenizer, searcher, epcfg)
+        trajs = oracle_trajectories(
+            train, lambda ex: world.oracle_trajectory(ex, protocol), policy.tokenizer, searcher, epcfg
+        )
         warm_start(policy.model, trajs, policy.tokenizer.pad_token_id, steps=args.warm_start_steps, lr=3e-3,
                    batch_size=16, seed=args.seed, show_progress=False)  # fmt: skip
         engine.sync_weights(policy.model)  # in place, as after an optimizer step
@@ -124,7 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     t_raw, outs = _median_time(raw, args.repeats)
     assert sum(len(o.outputs[0].token_ids) for o in outs) == n_tokens
 
-    one = SamplingConfig(temperature=1.0, max_new_tokens=args.max_new_tokens, stop=tuple(protocol.stop_strings), seed=args.seed)
+    one = SamplingConfig(
+        temperature=1.0, max_new_tokens=args.max_new_tokens, stop=tuple(protocol.stop_strings), seed=args.seed
+    )
 
     def one_turn():  # type: ignore[no-untyped-def]
         engine.llm.reset_prefix_cache()

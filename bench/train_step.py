@@ -36,12 +36,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = {
     # Qwen2.5-3B's published architecture (config.json of Qwen/Qwen2.5-3B), built with random weights
-    "qwen2.5-3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                       num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=32768,
-                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
     # small enough for a 2-core CPU, still a real decoder stack
-    "small": dict(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
+    "small": dict(
+        vocab_size=8192,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -59,7 +76,10 @@ def make_batch(rows: int, vocab: int, prompt_len: int, response_len: int, seed: 
     rng = random.Random(seed)
     trajs = []
     for i in range(rows):
-        t = Trajectory(uid=f"q{i // 4}", prompt_ids=[rng.randrange(1, vocab) for _ in range(rng.randint(prompt_len // 2, prompt_len))])
+        t = Trajectory(
+            uid=f"q{i // 4}",
+            prompt_ids=[rng.randrange(1, vocab) for _ in range(rng.randint(prompt_len // 2, prompt_len))],
+        )
         budget = rng.randint(response_len // 2, response_len)
         while len(t.response_ids) < budget:
             k = rng.randint(16, 96)
@@ -75,7 +95,9 @@ def bare_step(model, opt, batch, autocast) -> None:
 
     opt.zero_grad(set_to_none=True)
     with autocast():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, batch.prompt_len - 1 : -1]
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[
+            :, batch.prompt_len - 1 : -1
+        ]
         lp = token_logprobs(logits, batch.response_ids)
         loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
     loss.backward()
@@ -195,7 +217,9 @@ def main() -> None:
             sync()
             if r:
                 secs[name].append(time.perf_counter() - t0)
-            peaks[name] = torch.cuda.max_memory_allocated(where.device) / 2**30 if where.device.type == "cuda" else float("nan")
+            peaks[name] = (
+                torch.cuda.max_memory_allocated(where.device) / 2**30 if where.device.type == "cuda" else float("nan")
+            )
     rows = [(name, statistics.median(secs[name]), peaks[name]) for name in steps]
 
     bare = rows[0][1]

@@ -8,12 +8,16 @@ from pathlib import Path
 
 import typer
 
-data_app = typer.Typer(name="data", help="QA datasets: corpora from their paragraphs, the synthetic world.", no_args_is_help=True)
+data_app = typer.Typer(
+    name="data", help="QA datasets: corpora from their paragraphs, the synthetic world.", no_args_is_help=True
+)
 
 
 @data_app.command("corpus")
 def corpus(
-    dataset: str = typer.Argument(..., help="Questions file (format detected from its content) or a registered dataset name."),
+    dataset: str = typer.Argument(
+        ..., help="Questions file (format detected from its content) or a registered dataset name."
+    ),
     out: Path = typer.Argument(..., help="Corpus jsonl to write ({id, contents}, title on the first line)."),
     name: str | None = typer.Option(None, help="Dataset name used as uid prefix (default: from the file name)."),
     format: str | None = typer.Option(None, "--format", help="Force a format instead of detecting it."),
@@ -43,28 +47,53 @@ def synthetic(
     with `name="synthetic-s<seed>"` to get the same uids as the built-in `synthetic` dataset)."""
     from pvpo.envs.synthetic import SyntheticWorld
 
-    world = SyntheticWorld.generate(seed, n_entities, n_relations=n_relations, max_hops=max_hops, questions_per_hop=questions_per_hop)
+    world = SyntheticWorld.generate(
+        seed, n_entities, n_relations=n_relations, max_hops=max_hops, questions_per_hop=questions_per_hop
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     world.write_corpus(out_dir / "corpus.jsonl")
     for split in ("train", "test"):
         with (out_dir / f"{split}.jsonl").open("w", encoding="utf-8") as f:
             for ex in world.questions(split):
-                f.write(json.dumps({"id": ex.uid.split("/", 1)[1], "question": ex.question, "golden_answers": list(ex.golden_answers),
-                                    "metadata": {k: list(v) if isinstance(v, tuple) else v for k, v in ex.metadata.items()}}) + "\n")
-    typer.echo(f"{len(world.passages)} passages, {len(world.questions('train'))} train / {len(world.questions('test'))} test questions -> {out_dir}")
+                f.write(
+                    json.dumps(
+                        {
+                            "id": ex.uid.split("/", 1)[1],
+                            "question": ex.question,
+                            "golden_answers": list(ex.golden_answers),
+                            "metadata": {k: list(v) if isinstance(v, tuple) else v for k, v in ex.metadata.items()},
+                        }
+                    )
+                    + "\n"
+                )
+    typer.echo(
+        f"{len(world.passages)} passages, {len(world.questions('train'))} train / {len(world.questions('test'))} test questions -> {out_dir}"
+    )
 
 
 @data_app.command("show")
-def show(dataset: str = typer.Argument(..., help="Questions file or registered dataset name."),
-         n: int = typer.Option(3, help="How many questions to print.")) -> None:
+def show(
+    dataset: str = typer.Argument(..., help="Questions file or registered dataset name."),
+    n: int = typer.Option(3, help="How many questions to print."),
+) -> None:
     """Print the detected format's first questions as the environment sees them."""
     from pvpo.envs.loaders import load_dataset
 
     examples = load_dataset(dataset)
     typer.echo(f"{len(examples)} questions")
     for ex in examples[:n]:
-        typer.echo(json.dumps({"uid": ex.uid, "question": ex.question, "golden_answers": list(ex.golden_answers),
-                               "paragraphs": len(ex.paragraphs), "supporting": len(ex.supporting)}, ensure_ascii=False))
+        typer.echo(
+            json.dumps(
+                {
+                    "uid": ex.uid,
+                    "question": ex.question,
+                    "golden_answers": list(ex.golden_answers),
+                    "paragraphs": len(ex.paragraphs),
+                    "supporting": len(ex.supporting),
+                },
+                ensure_ascii=False,
+            )
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -68,7 +68,9 @@ class ResolvedDataset:
     path: Path
 
 
-def resolve_dataset(name_or_path: str, *, split: str | None = None, data_dir: str | Path | None = None) -> ResolvedDataset:
+def resolve_dataset(
+    name_or_path: str, *, split: str | None = None, data_dir: str | Path | None = None
+) -> ResolvedDataset:
     """A benchmark name (`nq`, `2wiki`, ...) resolved to its FlashRAG jsonl file in `data_dir`
     (default `$PVPO_DATA_DIR`), or an existing file path taken as is (name from the file name).
     `split` defaults to the benchmark's evaluation split. Errors name what was looked for."""
@@ -81,19 +83,24 @@ def resolve_dataset(name_or_path: str, *, split: str | None = None, data_dir: st
         return ResolvedDataset(name, split or file_split, path)
     bench = benchmark(name_or_path)
     if bench is None:
-        raise FileNotFoundError(f"dataset {name_or_path!r} is neither a file nor a known benchmark; known: {benchmark_names()}")
+        raise FileNotFoundError(
+            f"dataset {name_or_path!r} is neither a file nor a known benchmark; known: {benchmark_names()}"
+        )
     split = split or bench.split
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     if root is None:
         raise FileNotFoundError(
             f"dataset {bench.name!r} given by name needs a data folder: pass --data-dir or set ${DATA_DIR_ENV} "
-            f"(FlashRAG layout {bench.name}/{split}.jsonl, or {bench.name}.{split}.jsonl)")
+            f"(FlashRAG layout {bench.name}/{split}.jsonl, or {bench.name}.{split}.jsonl)"
+        )
     names = (bench.name, *bench.aliases)
     candidates = [root / n / f"{split}.jsonl" for n in names] + [root / f"{n}.{split}.jsonl" for n in names]
     for c in candidates:
         if c.is_file():
             return ResolvedDataset(bench.name, split, c)
-    raise FileNotFoundError(f"no {split} split of {bench.name!r} under {root}: looked for {[str(c) for c in candidates[:2]]}")
+    raise FileNotFoundError(
+        f"no {split} split of {bench.name!r} under {root}: looked for {[str(c) for c in candidates[:2]]}"
+    )
 
 
 def sample_subset(items: Sequence[T], limit: int | None, seed: int | None) -> list[T]:

@@ -102,8 +102,14 @@ def iter_examples(path: str | Path, *, name: str | None = None, format: str | No
         yield fmt.parse(record, prefix, i)
 
 
-def load_dataset(source: str | Path | Sequence[QAExample], *, name: str | None = None, format: str | None = None,
-                 limit: int | None = None, **kwargs: Any) -> list[QAExample]:
+def load_dataset(
+    source: str | Path | Sequence[QAExample],
+    *,
+    name: str | None = None,
+    format: str | None = None,
+    limit: int | None = None,
+    **kwargs: Any,
+) -> list[QAExample]:
     """Questions from a registered dataset name (`kwargs` go to its builder, e.g. `split`, `seed`),
     a file path (format detected from its content), or an already-built sequence of QAExamples.
     uids are checked to be unique."""
@@ -159,7 +165,11 @@ def _musique_paragraphs(raw: Sequence[Record]) -> tuple[tuple[Paragraph, ...], d
     """Paragraphs in `idx` order and the map from MuSiQue's `idx` to the position in that tuple."""
     ordered = sorted(enumerate(raw), key=lambda p: p[1].get("idx", p[0]))
     paragraphs = tuple(
-        Paragraph(str(p.get("title", "")), str(p.get("paragraph_text", p.get("text", ""))).strip(), bool(p.get("is_supporting", False)))
+        Paragraph(
+            str(p.get("title", "")),
+            str(p.get("paragraph_text", p.get("text", ""))).strip(),
+            bool(p.get("is_supporting", False)),
+        )
         for _, p in ordered
     )
     position = {int(p.get("idx", i)): pos for pos, (i, p) in enumerate(ordered)}
@@ -185,8 +195,10 @@ def _parse_musique(r: Record, name: str, i: int) -> QAExample:
         question=str(r["question"]).strip(),
         golden_answers=unique_strings([r.get("answer"), *r.get("answer_aliases", [])]),
         paragraphs=paragraphs,
-        metadata={"question_decomposition": _musique_decomposition(r.get("question_decomposition", []), position),
-                  "answerable": r.get("answerable", True)},
+        metadata={
+            "question_decomposition": _musique_decomposition(r.get("question_decomposition", []), position),
+            "answerable": r.get("answerable", True),
+        },
     )
 
 
@@ -222,13 +234,21 @@ def _parse_flashrag(r: Record, name: str, i: int) -> QAExample:
 
 _TWOWIKI_TYPES = {"comparison", "inference", "compositional", "bridge_comparison"}
 
-register_format(DatasetFormat(
-    "musique", lambda r: "paragraphs" in r and "question_decomposition" in r and "question" in r, _parse_musique))
-register_format(DatasetFormat(
-    "2wikimultihopqa",
-    lambda r: "context" in r and "question" in r and ("evidences" in r or r.get("type") in _TWOWIKI_TYPES),
-    _parse_hotpot_like))
-register_format(DatasetFormat(
-    "hotpotqa", lambda r: "context" in r and "supporting_facts" in r and "question" in r, _parse_hotpot_like))
-register_format(DatasetFormat(
-    "flashrag", lambda r: "question" in r and "golden_answers" in r, _parse_flashrag))
+register_format(
+    DatasetFormat(
+        "musique", lambda r: "paragraphs" in r and "question_decomposition" in r and "question" in r, _parse_musique
+    )
+)
+register_format(
+    DatasetFormat(
+        "2wikimultihopqa",
+        lambda r: "context" in r and "question" in r and ("evidences" in r or r.get("type") in _TWOWIKI_TYPES),
+        _parse_hotpot_like,
+    )
+)
+register_format(
+    DatasetFormat(
+        "hotpotqa", lambda r: "context" in r and "supporting_facts" in r and "question" in r, _parse_hotpot_like
+    )
+)
+register_format(DatasetFormat("flashrag", lambda r: "question" in r and "golden_answers" in r, _parse_flashrag))

@@ -9,8 +9,14 @@ from typing import Any
 from pvpo.retriever.types import Passage, Searcher, split_contents
 
 
-def resolve_retriever(retriever: Searcher | None = None, retriever_url: str | Sequence[str] | None = None, *,
-                      topk: int = 3, timeout: float = 30.0, token: str | None = None) -> tuple[Searcher, bool]:
+def resolve_retriever(
+    retriever: Searcher | None = None,
+    retriever_url: str | Sequence[str] | None = None,
+    *,
+    topk: int = 3,
+    timeout: float = 30.0,
+    token: str | None = None,
+) -> tuple[Searcher, bool]:
     """The Searcher to use and whether the env created it (and so must close it): `retriever` if
     given (any object with `search(queries, topk)`), else an HTTP client for `retriever_url`
     (one URL or several, round-robin)."""
@@ -21,7 +27,9 @@ def resolve_retriever(retriever: Searcher | None = None, retriever_url: str | Se
             raise TypeError(f"retriever {type(retriever).__name__} has no search(queries, topk) method")
         return retriever, False
     if retriever_url is None:
-        raise ValueError("a retriever is required: pass `retriever_url` (a running server) or `retriever` (an object with .search)")
+        raise ValueError(
+            "a retriever is required: pass `retriever_url` (a running server) or `retriever` (an object with .search)"
+        )
     from pvpo.retriever.client import RetrieverClient  # only the URL path needs the HTTP client
 
     urls = [retriever_url] if isinstance(retriever_url, str) else list(retriever_url)

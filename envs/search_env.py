@@ -25,7 +25,9 @@ MAX_ACTION_CHARS = 1 << 16
 MAX_OBSERVATION_CHARS = 1 << 20
 
 
-def examples_from(dataset: str | Path | Sequence[QAExample] | None, dataset_kwargs: Mapping[str, Any] | None) -> list[QAExample]:
+def examples_from(
+    dataset: str | Path | Sequence[QAExample] | None, dataset_kwargs: Mapping[str, Any] | None
+) -> list[QAExample]:
     """The questions an env draws from: none (questions come with `reset(options=...)`), a
     registered dataset name, a file path, or QAExamples."""
     if dataset is None:
@@ -91,7 +93,9 @@ class SearchEnv(gym.Env[str, str]):
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
-        self.config = EpisodeConfig(protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template)
+        self.config = EpisodeConfig(
+            protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template
+        )
         self.order = check_order(order)
         self.examples = examples_from(dataset, dataset_kwargs)
         self._next_index = 0  # order="sequential": the question the next reset starts

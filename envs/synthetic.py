@@ -57,8 +57,16 @@ class SyntheticWorld:
     _questions: dict[str, tuple[QAExample, ...]]
 
     @classmethod
-    def generate(cls, seed: int = 0, n_entities: int = 60, *, n_relations: int = 4, max_hops: int = 4,
-                 questions_per_hop: int = 150, test_fraction: float = 0.2) -> SyntheticWorld:
+    def generate(
+        cls,
+        seed: int = 0,
+        n_entities: int = 60,
+        *,
+        n_relations: int = 4,
+        max_hops: int = 4,
+        questions_per_hop: int = 150,
+        test_fraction: float = 0.2,
+    ) -> SyntheticWorld:
         """A world from `seed`: each entity has one partner entity per relation (never itself);
         up to `questions_per_hop` questions per hop count 1..`max_hops` whose chain never revisits
         an entity, split so that train and test share no question."""
@@ -84,10 +92,7 @@ class SyntheticWorld:
     @property
     def passages(self) -> list[Passage]:
         """One passage per fact, title = the subject: 'Zaro\\nThe mentor of Zaro is Kelmo.'"""
-        return [
-            Passage(f"{e}-{r}", f"{e}\n{self.fact_sentence(e, r)}")
-            for e in self.entities for r in self.relations
-        ]
+        return [Passage(f"{e}-{r}", f"{e}\n{self.fact_sentence(e, r)}") for e in self.entities for r in self.relations]
 
     def fact_sentence(self, entity: str, relation: str) -> str:
         return f"The {relation} of {entity} is {self.facts[(entity, relation)]}."
@@ -98,8 +103,9 @@ class SyntheticWorld:
         return Path(path)
 
     # ---- questions ---------------------------------------------------------------------------
-    def _make_questions(self, rng: np.random.Generator, max_hops: int, per_hop: int,
-                        test_fraction: float) -> dict[str, tuple[QAExample, ...]]:
+    def _make_questions(
+        self, rng: np.random.Generator, max_hops: int, per_hop: int, test_fraction: float
+    ) -> dict[str, tuple[QAExample, ...]]:
         out: dict[str, list[QAExample]] = {s: [] for s in SPLITS}
         for hops in range(1, max_hops + 1):
             chains: dict[tuple[str, tuple[str, ...]], None] = {}
@@ -166,19 +172,35 @@ class SyntheticWorld:
 
 
 @lru_cache(maxsize=8)
-def _cached_world(seed: int, n_entities: int, n_relations: int, max_hops: int, questions_per_hop: int,
-                  test_fraction: float) -> SyntheticWorld:
-    return SyntheticWorld.generate(seed, n_entities, n_relations=n_relations, max_hops=max_hops,
-                                   questions_per_hop=questions_per_hop, test_fraction=test_fraction)
+def _cached_world(
+    seed: int, n_entities: int, n_relations: int, max_hops: int, questions_per_hop: int, test_fraction: float
+) -> SyntheticWorld:
+    return SyntheticWorld.generate(
+        seed,
+        n_entities,
+        n_relations=n_relations,
+        max_hops=max_hops,
+        questions_per_hop=questions_per_hop,
+        test_fraction=test_fraction,
+    )
 
 
-def synthetic_world(seed: int = 0, n_entities: int = 60, *, n_relations: int = 4, max_hops: int = 4,
-                    questions_per_hop: int = 150, test_fraction: float = 0.2) -> SyntheticWorld:
+def synthetic_world(
+    seed: int = 0,
+    n_entities: int = 60,
+    *,
+    n_relations: int = 4,
+    max_hops: int = 4,
+    questions_per_hop: int = 150,
+    test_fraction: float = 0.2,
+) -> SyntheticWorld:
     """`SyntheticWorld.generate` with the result cached (worlds are immutable)."""
     return _cached_world(seed, n_entities, n_relations, max_hops, questions_per_hop, test_fraction)
 
 
 @register_dataset("synthetic")
-def synthetic_dataset(split: str = "train", seed: int = 0, n_entities: int = 60, **world_kwargs: int | float) -> list[QAExample]:
+def synthetic_dataset(
+    split: str = "train", seed: int = 0, n_entities: int = 60, **world_kwargs: int | float
+) -> list[QAExample]:
     """The questions of one split of the synthetic world with these parameters."""
     return synthetic_world(seed, n_entities, **world_kwargs).questions(split)  # type: ignore[arg-type]

@@ -75,7 +75,9 @@ class SearchVectorEnv(VectorEnv):
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
         self.num_envs = num_envs
-        self.config = EpisodeConfig(protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template)
+        self.config = EpisodeConfig(
+            protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template
+        )
         self.order = check_order(order)
         self.examples = examples_from(dataset, dataset_kwargs)
         self._next_index = 0  # order="sequential": the question the next drawn episode starts
@@ -91,8 +93,9 @@ class SearchVectorEnv(VectorEnv):
         self.retriever_calls = 0
 
     # ---- reset ---------------------------------------------------------------------------------
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[tuple[str, ...], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[tuple[str, ...], dict[str, Any]]:
         options = dict(options or {})
         mask = np.asarray(options.get("reset_mask", np.ones(self.num_envs, dtype=bool)), dtype=bool)
         if mask.shape != (self.num_envs,):
@@ -136,7 +139,9 @@ class SearchVectorEnv(VectorEnv):
         return int(self._rngs[i].integers(len(self.examples)))
 
     # ---- step ----------------------------------------------------------------------------------
-    def step(self, actions: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(
+        self, actions: Sequence[str]
+    ) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         if len(actions) != self.num_envs:
             raise ValueError(f"need {self.num_envs} actions, got {len(actions)}")
         if any(ep is None for ep in self.episodes):

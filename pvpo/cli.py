@@ -22,8 +22,12 @@ app = typer.Typer(
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an error (by default a user mistake "
-                               "such as a bad path or an unreachable server prints one line: the cause and the fix)."),
+    debug: bool = typer.Option(
+        False,
+        "--debug",
+        help="Show the full traceback of an error (by default a user mistake "
+        "such as a bad path or an unreachable server prints one line: the cause and the fix).",
+    ),
 ) -> None:
     """Train and evaluate search agents for multi-hop QA: retriever, environment, rewards, PVPO trainer."""
     quiet_library_bars()  # before any command imports transformers
@@ -31,7 +35,13 @@ def _root(
 
 # Component CLIs, in the order they appear in --help. A component whose cli module is not there
 # yet adds nothing; one that is there but fails to import fails loudly.
-_COMPONENT_CLIS = ("pvpo.retriever.cli", "pvpo.envs.cli", "pvpo.trainer.cli", "pvpo.trainer.config_cli", "pvpo.trainer.eval_cli")
+_COMPONENT_CLIS = (
+    "pvpo.retriever.cli",
+    "pvpo.envs.cli",
+    "pvpo.trainer.cli",
+    "pvpo.trainer.config_cli",
+    "pvpo.trainer.eval_cli",
+)
 
 for _name in _COMPONENT_CLIS:
     if importlib.util.find_spec(_name) is not None:

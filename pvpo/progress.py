@@ -33,9 +33,18 @@ class Progress:
     shows nothing; on a TTY it is a tqdm bar; elsewhere it writes `desc: n/total (p%) ...` to
     `stream` when it starts, then at most every `every_s` seconds, and when it closes."""
 
-    def __init__(self, iterable: Iterable[Any] | None = None, *, total: int | None = None, desc: str = "",
-                 initial: int = 0, unit: str = "it", enabled: bool = True, stream: TextIO | None = None,
-                 every_s: float | None = None) -> None:
+    def __init__(
+        self,
+        iterable: Iterable[Any] | None = None,
+        *,
+        total: int | None = None,
+        desc: str = "",
+        initial: int = 0,
+        unit: str = "it",
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        every_s: float | None = None,
+    ) -> None:
         self.iterable = iterable
         self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)  # type: ignore[arg-type]
         self.desc, self.unit, self.n, self.initial = desc, unit, initial, initial
@@ -51,7 +60,9 @@ class Progress:
         if getattr(self.stream, "isatty", lambda: False)():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.total, initial=initial, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=self.total, initial=initial, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True
+            )
         else:
             self._log = True
             self._line()

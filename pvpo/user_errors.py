@@ -26,12 +26,17 @@ def describe(err: BaseException) -> str | None:
     None for anything else, which should keep its traceback."""
     if _is_instance(err, "pvpo.retriever.client", "RetrieverError"):
         code = getattr(err, "status_code", None)
-        fix = ("check the token (--token / PVPO_RETRIEVER_TOKEN / retriever.token)" if code in (401, 403) else
-               "is the server running? start one with `pvpo retriever serve --index DIR`, or give the right --url / retriever.url")
+        fix = (
+            "check the token (--token / PVPO_RETRIEVER_TOKEN / retriever.token)"
+            if code in (401, 403)
+            else "is the server running? start one with `pvpo retriever serve --index DIR`, or give the right --url / retriever.url"
+        )
         return f"error: {err}\n  fix: {fix}"
     if _is_instance(err, "httpx", "TransportError") or isinstance(err, ConnectionError):
-        return (f"error: cannot reach a server: {type(err).__name__}: {err}\n"
-                "  fix: check the URL and that the server is running")
+        return (
+            f"error: cannot reach a server: {type(err).__name__}: {err}\n"
+            "  fix: check the URL and that the server is running"
+        )
     if isinstance(err, FileNotFoundError | NotADirectoryError | IsADirectoryError | PermissionError):
         what = f"{err.strerror}: {err.filename}" if err.filename else str(err)
         return f"error: {what}\n  fix: check the path"
@@ -56,5 +61,7 @@ class UserErrorGroup(TyperGroup):
             message = describe(err)
             if message is None:
                 raise
-            typer.echo(f"{message}\n  (pvpo --debug {ctx.invoked_subcommand or '...'} ... shows the traceback)", err=True)
+            typer.echo(
+                f"{message}\n  (pvpo --debug {ctx.invoked_subcommand or '...'} ... shows the traceback)", err=True
+            )
             ctx.exit(USER_ERROR_EXIT)

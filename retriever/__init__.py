@@ -8,18 +8,31 @@ from pvpo.lazy_exports import lazy_exports
 
 _EXPORTS = {
     # clients of a running server
-    "RetrieverClient": "client", "AsyncRetrieverClient": "client", "RetrieverError": "client", "parse_result": "client",
+    "RetrieverClient": "client",
+    "AsyncRetrieverClient": "client",
+    "RetrieverError": "client",
+    "parse_result": "client",
     # what a search returns, and what anything that searches provides
-    "Passage": "types", "Searcher": "types",
+    "Passage": "types",
+    "Searcher": "types",
     # in-process retrieval over a built index
-    "Retriever": "index", "load_retriever": "index", "read_meta": "index", "register_backend": "index",
+    "Retriever": "index",
+    "load_retriever": "index",
+    "read_meta": "index",
+    "register_backend": "index",
     # building an index, or linking a prebuilt FAISS one
-    "build_index": "build", "link_prebuilt": "build", "prepare_corpus": "build",
+    "build_index": "build",
+    "link_prebuilt": "build",
+    "prepare_corpus": "build",
     # serving
-    "create_app": "server", "BackgroundServer": "server",
+    "create_app": "server",
+    "BackgroundServer": "server",
     # corpus files and the encoder
-    "CorpusStore": "corpus", "iter_corpus": "corpus", "make_contents": "corpus",
-    "Encoder": "encoder", "Prefixes": "encoder",
+    "CorpusStore": "corpus",
+    "iter_corpus": "corpus",
+    "make_contents": "corpus",
+    "Encoder": "encoder",
+    "Prefixes": "encoder",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -75,9 +75,17 @@ class DynamicBatcher:
     With `coalesce=False` each batch serves one request (the baseline the benchmark compares),
     still cut to the batch bounds."""
 
-    def __init__(self, search_fn: SearchFn, *, max_batch_size: int = 64, max_batch_chars: int = 4096,
-                 max_wait_ms: float = 5.0, max_delay_ms: float = 20.0, coalesce: bool = True,
-                 max_pending: int = 16384) -> None:
+    def __init__(
+        self,
+        search_fn: SearchFn,
+        *,
+        max_batch_size: int = 64,
+        max_batch_chars: int = 4096,
+        max_wait_ms: float = 5.0,
+        max_delay_ms: float = 20.0,
+        coalesce: bool = True,
+        max_pending: int = 16384,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         if max_batch_chars < 1:

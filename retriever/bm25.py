@@ -53,8 +53,15 @@ class BM25Retriever(Retriever):
         return out
 
     def info(self) -> dict[str, Any]:
-        return {"backend": self.backend, "model": "bm25", "index_type": "bm25", "size": len(self.corpus),
-                "dim": 0, "device": "cpu", "index_device": "cpu"}
+        return {
+            "backend": self.backend,
+            "model": "bm25",
+            "index_type": "bm25",
+            "size": len(self.corpus),
+            "dim": 0,
+            "device": "cpu",
+            "index_device": "cpu",
+        }
 
 
 @register_backend("bm25")

@@ -56,15 +56,22 @@ def prepare_corpus(corpus: str | Path, out_dir: Path) -> CorpusStore:
     return CorpusStore(target, out_dir / OFFSETS_FILE)
 
 
-def _encode_chunks(store: CorpusStore, emb_dir: Path, encoder: Any, *, chunk_size: int, batch_size: int,
-                   show_progress: bool) -> list[Path]:
+def _encode_chunks(
+    store: CorpusStore, emb_dir: Path, encoder: Any, *, chunk_size: int, batch_size: int, show_progress: bool
+) -> list[Path]:
     """Encodes the corpus chunk by chunk into emb_dir, skipping chunks already there from an
     interrupted run of the same model and corpus."""
     from pvpo.progress import Progress
 
     n = len(store)
-    manifest = {"model": encoder.name, "passage_prefix": encoder.prefixes.passage, "n": n,
-                "chunk_size": chunk_size, "dim": encoder.dim, "max_length": encoder.model.max_seq_length}
+    manifest = {
+        "model": encoder.name,
+        "passage_prefix": encoder.prefixes.passage,
+        "n": n,
+        "chunk_size": chunk_size,
+        "dim": encoder.dim,
+        "max_length": encoder.model.max_seq_length,
+    }
     manifest_file = emb_dir / "manifest.json"
     if emb_dir.exists() and (not manifest_file.exists() or json.loads(manifest_file.read_text()) != manifest):
         shutil.rmtree(emb_dir)  # embeddings of another model / corpus: start over
@@ -203,8 +210,12 @@ def build_index(
         if created:  # nothing of this build is worth keeping: leave no directory behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    meta: dict[str, Any] = {"format": 1, "corpus": CORPUS_FILE, "size": len(store),
-                            "source": str(Path(corpus).resolve())}
+    meta: dict[str, Any] = {
+        "format": 1,
+        "corpus": CORPUS_FILE,
+        "size": len(store),
+        "source": str(Path(corpus).resolve()),
+    }
     try:
         if index_type.lower() == "bm25":
             from pvpo.retriever.bm25 import build_bm25
@@ -214,13 +225,24 @@ def build_index(
         else:
             encoder = Encoder(model, device=device, max_length=max_length)
             make_faiss_index(encoder.dim, index_type)  # a bad factory string fails before encoding
-            paths = _encode_chunks(store, out / EMB_DIR, encoder, chunk_size=chunk_size, batch_size=batch_size,
-                                   show_progress=show_progress)
-            meta |= write_dense_index(out, [np.load(p, mmap_mode="r") for p in paths], index_type=index_type,
-                                      rerank_depth=rerank_depth, search_params=search_params, max_train=max_train,
-                                      seed=seed)
-            meta |= {"model": encoder.name, "query_prefix": encoder.prefixes.query,
-                     "passage_prefix": encoder.prefixes.passage, "max_length": max_length}
+            paths = _encode_chunks(
+                store, out / EMB_DIR, encoder, chunk_size=chunk_size, batch_size=batch_size, show_progress=show_progress
+            )
+            meta |= write_dense_index(
+                out,
+                [np.load(p, mmap_mode="r") for p in paths],
+                index_type=index_type,
+                rerank_depth=rerank_depth,
+                search_params=search_params,
+                max_train=max_train,
+                seed=seed,
+            )
+            meta |= {
+                "model": encoder.name,
+                "query_prefix": encoder.prefixes.query,
+                "passage_prefix": encoder.prefixes.passage,
+                "max_length": max_length,
+            }
             if not keep_embeddings:
                 shutil.rmtree(out / EMB_DIR)
     finally:
@@ -266,8 +288,10 @@ def link_prebuilt(
         size = len(store)
         store.close()
         if size != vectors:
-            raise ValueError(f"{faiss_index} holds {vectors} vectors but {corpus_jsonl} has {size} passages: "
-                             "an index and its corpus must have the same rows, in the same order")
+            raise ValueError(
+                f"{faiss_index} holds {vectors} vectors but {corpus_jsonl} has {size} passages: "
+                "an index and its corpus must have the same rows, in the same order"
+            )
     except BaseException:
         if created:
             shutil.rmtree(out, ignore_errors=True)
@@ -275,10 +299,23 @@ def link_prebuilt(
             (out / OFFSETS_FILE).unlink(missing_ok=True)
         raise
     prefixes = prefixes_for(model)
-    write_meta(out, {"format": 1, "backend": "faiss", "index_type": index_type, "index_file": str(faiss_index),
-                     "corpus": str(corpus_jsonl), "size": size, "model": model, "query_prefix": prefixes.query,
-                     "passage_prefix": prefixes.passage, "max_length": max_length, "mmap": mmap,
-                     "search_params": DEFAULT_SEARCH_PARAMS})
+    write_meta(
+        out,
+        {
+            "format": 1,
+            "backend": "faiss",
+            "index_type": index_type,
+            "index_file": str(faiss_index),
+            "corpus": str(corpus_jsonl),
+            "size": size,
+            "model": model,
+            "query_prefix": prefixes.query,
+            "passage_prefix": prefixes.passage,
+            "max_length": max_length,
+            "mmap": mmap,
+            "search_params": DEFAULT_SEARCH_PARAMS,
+        },
+    )
     return out
 
 
@@ -340,14 +377,24 @@ def reindex_prebuilt(
     t0 = time.perf_counter()
     try:
         meta = read_meta(out)
-        meta |= write_dense_index(out, chunks, index_type=index_type, rerank_depth=rerank_depth,
-                                  search_params=search_params, max_train=max_train, seed=seed)
+        meta |= write_dense_index(
+            out,
+            chunks,
+            index_type=index_type,
+            rerank_depth=rerank_depth,
+            search_params=search_params,
+            max_train=max_train,
+            seed=seed,
+        )
     except BaseException:
         if created:  # not even the link is kept: the directory would not be the index asked for
             shutil.rmtree(out, ignore_errors=True)
         raise
-    meta |= {"mmap": False, "source_index": str(Path(faiss_index).resolve()),
-             "build_seconds": round(time.perf_counter() - t0, 2)}
+    meta |= {
+        "mmap": False,
+        "source_index": str(Path(faiss_index).resolve()),
+        "build_seconds": round(time.perf_counter() - t0, 2),
+    }
     write_meta(out, meta)
     return out
 

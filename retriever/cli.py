@@ -5,19 +5,20 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-ENCODER_BACKEND_HELP = ("torch, onnx, onnx-int8 or openvino (CPU; exported once to ~/.cache/pvpo/encoders). "
-                        "Default: $PVPO_ENCODER_BACKEND, else the measured CPU default (README, Encoder backends); "
-                        "torch on GPU.")
+ENCODER_BACKEND_HELP = (
+    "torch, onnx, onnx-int8 or openvino (CPU; exported once to ~/.cache/pvpo/encoders). "
+    "Default: $PVPO_ENCODER_BACKEND, else the measured CPU default (README, Encoder backends); "
+    "torch on GPU."
+)
 
 
 ENCODER_DTYPE_HELP = "torch encoder dtype: float32, float16 or bfloat16 (default: float16 on GPU, float32 on CPU)."
 
 
-def _dtype_option(value: Optional[str]) -> Optional[str]:
+def _dtype_option(value: str | None) -> str | None:
     from pvpo.retriever.encoder import check_dtype
 
     if value is not None:
@@ -28,7 +29,7 @@ def _dtype_option(value: Optional[str]) -> Optional[str]:
     return value
 
 
-def _backend_option(value: Optional[str]) -> Optional[str]:
+def _backend_option(value: str | None) -> str | None:
     from pvpo.retriever.encoder import check_backend
 
     if value is not None:
@@ -39,39 +40,63 @@ def _backend_option(value: Optional[str]) -> Optional[str]:
     return value
 
 
-retriever_app = typer.Typer(name="retriever", help="Build, serve and query the passage retriever.",
-                            no_args_is_help=True, add_completion=False)
+retriever_app = typer.Typer(
+    name="retriever", help="Build, serve and query the passage retriever.", no_args_is_help=True, add_completion=False
+)
 
 
 @retriever_app.command()
 def build(
-    corpus: Path = typer.Option(..., "--corpus", exists=True, dir_okay=False,
-                                help="Corpus file: jsonl {id, contents} / {id, title, text}, a JSON list of {title, text}, "
-                                     "or a JSON object title -> sentences (HotpotQA)."),
+    corpus: Path = typer.Option(
+        ...,
+        "--corpus",
+        exists=True,
+        dir_okay=False,
+        help="Corpus file: jsonl {id, contents} / {id, title, text}, a JSON list of {title, text}, "
+        "or a JSON object title -> sentences (HotpotQA).",
+    ),
     out: Path = typer.Option(..., "--out", help="Index directory to write (re-run to resume encoding)."),
-    model: Optional[str] = typer.Option(None, "--model", help="sentence-transformers model (default: packaged all-MiniLM-L6-v2)."),
-    index_type: str = typer.Option("Flat", "--index-type", help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ64, ...), bm25, or hybrid[:FACTORY] (dense + bm25 fused)."),
+    model: str | None = typer.Option(
+        None, "--model", help="sentence-transformers model (default: packaged all-MiniLM-L6-v2)."
+    ),
+    index_type: str = typer.Option(
+        "Flat",
+        "--index-type",
+        help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ64, ...), bm25, or hybrid[:FACTORY] (dense + bm25 fused).",
+    ),
     batch_size: int = typer.Option(256, "--batch-size", min=1),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
-    keep_embeddings: bool = typer.Option(True, "--keep-embeddings/--drop-embeddings",
-                                         help="Keep the encoded chunks (to re-index with another type)."),
-    rerank_depth: int = typer.Option(0, "--rerank-depth", min=0,
-                                     help="Keep the vectors in fp16 beside the index (memory-mapped at serve time) and "
-                                          "re-score this many candidates exactly; 0 = off. For compressed types, e.g. "
-                                          "--index-type IVF65536,PQ64 --rerank-depth 100 (wiki-18 on one GPU)."),
-    nprobe: Optional[int] = typer.Option(None, "--nprobe", min=1,
-                                         help="IVF lists visited per query, stored in meta.json (default 32)."),
-    from_faiss_index: Optional[Path] = typer.Option(None, "--from-faiss-index", exists=True, dir_okay=False,
-                                                    help="Take the vectors from this prebuilt flat index (e.g. Search-R1's "
-                                                         "e5_Flat.index, memory-mapped) instead of encoding the corpus "
-                                                         "(jsonl, same row order); --model then names the encoder it was "
-                                                         "built with (default intfloat/e5-base-v2)."),
-    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", callback=_backend_option,
-                                                  help=ENCODER_BACKEND_HELP),
-    hybrid_weights: str = typer.Option("1,1", "--hybrid-weights",
-                                       help="With --index-type hybrid[:FACTORY]: dense,bm25 weights of the rank fusion."),
-    encoder_dtype: Optional[str] = typer.Option(None, "--encoder-dtype", callback=_dtype_option,
-                                                help=ENCODER_DTYPE_HELP),
+    device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
+    keep_embeddings: bool = typer.Option(
+        True, "--keep-embeddings/--drop-embeddings", help="Keep the encoded chunks (to re-index with another type)."
+    ),
+    rerank_depth: int = typer.Option(
+        0,
+        "--rerank-depth",
+        min=0,
+        help="Keep the vectors in fp16 beside the index (memory-mapped at serve time) and "
+        "re-score this many candidates exactly; 0 = off. For compressed types, e.g. "
+        "--index-type IVF65536,PQ64 --rerank-depth 100 (wiki-18 on one GPU).",
+    ),
+    nprobe: int | None = typer.Option(
+        None, "--nprobe", min=1, help="IVF lists visited per query, stored in meta.json (default 32)."
+    ),
+    from_faiss_index: Path | None = typer.Option(
+        None,
+        "--from-faiss-index",
+        exists=True,
+        dir_okay=False,
+        help="Take the vectors from this prebuilt flat index (e.g. Search-R1's "
+        "e5_Flat.index, memory-mapped) instead of encoding the corpus "
+        "(jsonl, same row order); --model then names the encoder it was "
+        "built with (default intfloat/e5-base-v2).",
+    ),
+    encoder_backend: str | None = typer.Option(
+        None, "--encoder-backend", callback=_backend_option, help=ENCODER_BACKEND_HELP
+    ),
+    hybrid_weights: str = typer.Option(
+        "1,1", "--hybrid-weights", help="With --index-type hybrid[:FACTORY]: dense,bm25 weights of the rank fusion."
+    ),
+    encoder_dtype: str | None = typer.Option(None, "--encoder-dtype", callback=_dtype_option, help=ENCODER_DTYPE_HELP),
 ) -> None:
     """Encode a corpus (or re-index a prebuilt flat index's vectors) and build its index directory."""
     from pvpo.retriever.build import build_index
@@ -87,31 +112,61 @@ def build(
             weights = [float(w) for w in hybrid_weights.split(",")]
         except ValueError:
             raise typer.BadParameter(f"--hybrid-weights {hybrid_weights!r}: give two numbers, e.g. 1,0.5") from None
-        path = build_hybrid(corpus, out, dense_index_type=index_type.partition(":")[2] or "Flat", weights=weights,
-                            model=model, batch_size=batch_size, device=device, keep_embeddings=keep_embeddings,
-                            show_progress=True)
+        path = build_hybrid(
+            corpus,
+            out,
+            dense_index_type=index_type.partition(":")[2] or "Flat",
+            weights=weights,
+            model=model,
+            batch_size=batch_size,
+            device=device,
+            keep_embeddings=keep_embeddings,
+            show_progress=True,
+        )
         typer.echo(f"built hybrid index (dense + bm25) of {read_meta(path)['size']} passages in {path}")
         return
     params = None if nprobe is None else {"nprobe": nprobe}
     if from_faiss_index is not None:  # re-index a prebuilt flat index's vectors: nothing is encoded
         from pvpo.retriever.build import reindex_prebuilt
 
-        path = reindex_prebuilt(from_faiss_index, corpus, out, index_type=index_type,
-                                model=model or "intfloat/e5-base-v2", rerank_depth=rerank_depth, search_params=params)
+        path = reindex_prebuilt(
+            from_faiss_index,
+            corpus,
+            out,
+            index_type=index_type,
+            model=model or "intfloat/e5-base-v2",
+            rerank_depth=rerank_depth,
+            search_params=params,
+        )
     else:
-        path = build_index(corpus, out, model=model, index_type=index_type, batch_size=batch_size, device=device,
-                           keep_embeddings=keep_embeddings, show_progress=True, rerank_depth=rerank_depth,
-                           search_params=params)
+        path = build_index(
+            corpus,
+            out,
+            model=model,
+            index_type=index_type,
+            batch_size=batch_size,
+            device=device,
+            keep_embeddings=keep_embeddings,
+            show_progress=True,
+            rerank_depth=rerank_depth,
+            search_params=params,
+        )
     meta = read_meta(path)
     typer.echo(f"built {meta['index_type']} index of {meta['size']} passages in {path} ({meta['build_seconds']} s)")
 
 
 @retriever_app.command("link")
 def link(
-    index_file: Path = typer.Option(..., "--faiss-index", exists=True, dir_okay=False,
-                                    help="Prebuilt FAISS index, e.g. Search-R1's e5_Flat.index."),
-    corpus: Path = typer.Option(..., "--corpus", exists=True, dir_okay=False,
-                                help="Its corpus, same row order (jsonl is used in place; other formats are converted)."),
+    index_file: Path = typer.Option(
+        ..., "--faiss-index", exists=True, dir_okay=False, help="Prebuilt FAISS index, e.g. Search-R1's e5_Flat.index."
+    ),
+    corpus: Path = typer.Option(
+        ...,
+        "--corpus",
+        exists=True,
+        dir_okay=False,
+        help="Its corpus, same row order (jsonl is used in place; other formats are converted).",
+    ),
     out: Path = typer.Option(..., "--out", help="Index directory to create (nothing is copied)."),
     model: str = typer.Option("intfloat/e5-base-v2", "--model", help="The encoder the index was built with."),
     mmap: bool = typer.Option(False, "--mmap/--no-mmap", help="Memory-map the flat index instead of reading it."),
@@ -123,9 +178,11 @@ def link(
     typer.echo(f"linked {index_file} + {corpus} as {path}")
 
 
-def _non_empty_token(value: Optional[str]) -> Optional[str]:
+def _non_empty_token(value: str | None) -> str | None:
     if value is not None and not value.strip():
-        raise typer.BadParameter("the token is empty: an empty bearer would let every request in; give a secret or leave it out")
+        raise typer.BadParameter(
+            "the token is empty: an empty bearer would let every request in; give a secret or leave it out"
+        )
     return value
 
 
@@ -134,37 +191,60 @@ def serve(
     index: Path = typer.Option(..., "--index", exists=True, file_okay=False, help="Index directory."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (0.0.0.0 exposes it to the network)."),
     port: int = typer.Option(8000, "--port"),
-    device: Optional[str] = typer.Option(None, "--device"),
+    device: str | None = typer.Option(None, "--device"),
     max_batch_size: int = typer.Option(64, "--max-batch-size", min=1, help="Queries per coalesced batch."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0,
-                                      help="A batch closes once no request arrived for this long."),
-    max_delay_ms: float = typer.Option(20.0, "--max-delay-ms", min=0.0,
-                                       help="...or this long after its first request, whichever comes first."),
-    threads: Optional[int] = typer.Option(None, "--threads", min=1,
-                                          help="torch CPU threads (default: cores - 1, leaving one to HTTP)."),
-    max_batch_chars: int = typer.Option(4096, "--max-batch-chars", min=1,
-                                        help="Padded characters per batch: queries x the widest query's length "
-                                             "(capped at 1536, +32 each). Bounds how long one batch, and so a small "
-                                             "request waiting behind it, can take."),
+    max_wait_ms: float = typer.Option(
+        5.0, "--max-wait-ms", min=0.0, help="A batch closes once no request arrived for this long."
+    ),
+    max_delay_ms: float = typer.Option(
+        20.0, "--max-delay-ms", min=0.0, help="...or this long after its first request, whichever comes first."
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="torch CPU threads (default: cores - 1, leaving one to HTTP)."
+    ),
+    max_batch_chars: int = typer.Option(
+        4096,
+        "--max-batch-chars",
+        min=1,
+        help="Padded characters per batch: queries x the widest query's length "
+        "(capped at 1536, +32 each). Bounds how long one batch, and so a small "
+        "request waiting behind it, can take.",
+    ),
     no_batching: bool = typer.Option(False, "--no-batching", help="Serve each request on its own."),
-    token: Optional[str] = typer.Option(None, "--token", envvar="PVPO_RETRIEVER_TOKEN", callback=_non_empty_token,
-                                        help="Require 'Authorization: Bearer TOKEN' on /retrieve and /info."),
-    header_timeout: Optional[float] = typer.Option(None, "--header-timeout", min=0.1,
-                                                   help="Close a connection whose request headers are not complete "
-                                                        "in this many seconds (default 10)."),
-    keep_alive: Optional[float] = typer.Option(None, "--keep-alive", min=0.1,
-                                               help="Close a connection idle this long between requests (default 5)."),
-    max_connections: Optional[int] = typer.Option(None, "--max-connections", min=16,
-                                                  help="Open connections kept (the longest-idle is closed past it); "
-                                                       "default 4096, capped by the open-file limit."),
+    token: str | None = typer.Option(
+        None,
+        "--token",
+        envvar="PVPO_RETRIEVER_TOKEN",
+        callback=_non_empty_token,
+        help="Require 'Authorization: Bearer TOKEN' on /retrieve and /info.",
+    ),
+    header_timeout: float | None = typer.Option(
+        None,
+        "--header-timeout",
+        min=0.1,
+        help="Close a connection whose request headers are not complete in this many seconds (default 10).",
+    ),
+    keep_alive: float | None = typer.Option(
+        None, "--keep-alive", min=0.1, help="Close a connection idle this long between requests (default 5)."
+    ),
+    max_connections: int | None = typer.Option(
+        None,
+        "--max-connections",
+        min=16,
+        help="Open connections kept (the longest-idle is closed past it); default 4096, capped by the open-file limit.",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
-    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", callback=_backend_option,
-                                                  help=ENCODER_BACKEND_HELP),
-    encoder_dtype: Optional[str] = typer.Option(None, "--encoder-dtype", callback=_dtype_option,
-                                                help=ENCODER_DTYPE_HELP),
-    replicas: int = typer.Option(1, "--replicas", min=1,
-                                 help="Server processes, on ports PORT..PORT+K-1 (each loads the index; give the "
-                                      "client every URL). --threads is then per replica (default: cores-1 shared out)."),
+    encoder_backend: str | None = typer.Option(
+        None, "--encoder-backend", callback=_backend_option, help=ENCODER_BACKEND_HELP
+    ),
+    encoder_dtype: str | None = typer.Option(None, "--encoder-dtype", callback=_dtype_option, help=ENCODER_DTYPE_HELP),
+    replicas: int = typer.Option(
+        1,
+        "--replicas",
+        min=1,
+        help="Server processes, on ports PORT..PORT+K-1 (each loads the index; give the "
+        "client every URL). --threads is then per replica (default: cores-1 shared out).",
+    ),
 ) -> None:
     """Serve an index over HTTP (Search-R1 /retrieve, /health, /info)."""
     if replicas > 1:
@@ -172,9 +252,22 @@ def serve(
 
         from pvpo.retriever.replicas import ReplicaSet, replica_threads
 
-        args = ["--index", str(index), "--max-batch-size", str(max_batch_size), "--max-wait-ms", str(max_wait_ms),
-                "--max-delay-ms", str(max_delay_ms), "--threads", str(replica_threads(replicas, threads)),
-                "--max-batch-chars", str(max_batch_chars), "--log-level", log_level]
+        args = [
+            "--index",
+            str(index),
+            "--max-batch-size",
+            str(max_batch_size),
+            "--max-wait-ms",
+            str(max_wait_ms),
+            "--max-delay-ms",
+            str(max_delay_ms),
+            "--threads",
+            str(replica_threads(replicas, threads)),
+            "--max-batch-chars",
+            str(max_batch_chars),
+            "--log-level",
+            log_level,
+        ]
         args += ["--device", device] if device else []
         args += ["--no-batching"] if no_batching else []
         args += ["--encoder-backend", encoder_backend] if encoder_backend else []
@@ -185,8 +278,10 @@ def serve(
         env = os.environ | ({"PVPO_RETRIEVER_TOKEN": token} if token else {})  # not on the command line (ps)
         replica_set = ReplicaSet(args, host=host, port=port, replicas=replicas, env=env).start()
         urls = " ".join(f"--url {u}" for u in replica_set.urls)
-        typer.echo(f"{replicas} replicas (pids {' '.join(str(p.pid) for p in replica_set.procs)}) serving; "
-                   f"query with: pvpo retriever query {urls} ...")
+        typer.echo(
+            f"{replicas} replicas (pids {' '.join(str(p.pid) for p in replica_set.procs)}) serving; "
+            f"query with: pvpo retriever query {urls} ..."
+        )
         raise typer.Exit(replica_set.wait())
     import uvicorn
 
@@ -215,8 +310,10 @@ def query(
     queries: list[str] = typer.Argument(..., help="One or more queries."),
     url: list[str] = typer.Option(["http://127.0.0.1:8000"], "--url", help="Server URL (repeat for several)."),
     topk: int = typer.Option(3, "--topk", min=1),
-    token: Optional[str] = typer.Option(None, "--token", envvar="PVPO_RETRIEVER_TOKEN"),
-    retries: int = typer.Option(8, "--retries", min=0, help="Retries of a failed request, with backoff (8: about 18 s)."),
+    token: str | None = typer.Option(None, "--token", envvar="PVPO_RETRIEVER_TOKEN"),
+    retries: int = typer.Option(
+        8, "--retries", min=0, help="Retries of a failed request, with backoff (8: about 18 s)."
+    ),
 ) -> None:
     """Ask a running server and print the passages."""
     from pvpo.retriever.client import RetrieverClient

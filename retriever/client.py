@@ -56,8 +56,17 @@ def parse_result(payload: Any, n_queries: int) -> list[list[Passage]]:
 
 
 class _Base:
-    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 8,
-                 token: str | None = None, backoff: float = 0.2, max_backoff: float = 4.0) -> None:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        topk: int = 3,
+        timeout: float = 30.0,
+        retries: int = 8,
+        token: str | None = None,
+        backoff: float = 0.2,
+        max_backoff: float = 4.0,
+    ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("at least one retriever URL is needed")
@@ -114,8 +123,16 @@ class RetrieverClient(_Base):
     """Blocking client. `search` sends one request for the whole batch of queries; a failed
     attempt is retried on the next URL after a backoff."""
 
-    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 8,
-                 token: str | None = None, **kw: Any) -> None:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        topk: int = 3,
+        timeout: float = 30.0,
+        retries: int = 8,
+        token: str | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(urls, topk=topk, timeout=timeout, retries=retries, token=token, **kw)
         self._http = httpx.Client(timeout=timeout, headers=self.headers)
 
@@ -171,8 +188,17 @@ class RetrieverClient(_Base):
 class AsyncRetrieverClient(_Base):
     """asyncio client with the same behaviour as RetrieverClient."""
 
-    def __init__(self, urls: str | Sequence[str], *, topk: int = 3, timeout: float = 30.0, retries: int = 8,
-                 token: str | None = None, max_connections: int = 256, **kw: Any) -> None:
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        topk: int = 3,
+        timeout: float = 30.0,
+        retries: int = 8,
+        token: str | None = None,
+        max_connections: int = 256,
+        **kw: Any,
+    ) -> None:
         super().__init__(urls, topk=topk, timeout=timeout, retries=retries, token=token, **kw)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(timeout=timeout, headers=self.headers, limits=limits)

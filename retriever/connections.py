@@ -74,7 +74,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.idle_since = time.monotonic()
         self._arm_header_timer()
         if len(self.connections) > self.max_connections:
-            idle = [c for c in self.connections if c is not self and getattr(c, "idle_since", None) is not None]
+            # uvicorn types its connection set as every protocol it has; ours are all this class
+            idle: list[Any] = [
+                c for c in self.connections if c is not self and getattr(c, "idle_since", None) is not None
+            ]
             victim = min(idle, key=lambda c: c.idle_since) if idle else self
             log.debug("%d connections (limit %d): closing %s", len(self.connections), self.max_connections,
                       "the longest-idle one" if victim is not self else "the new one")  # fmt: skip
@@ -99,20 +102,30 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
-def protocol_class(header_timeout: float = HEADER_TIMEOUT_S, max_connections: int | None = None) -> type[GuardedHttpProtocol]:
+def protocol_class(
+    header_timeout: float = HEADER_TIMEOUT_S, max_connections: int | None = None
+) -> type[GuardedHttpProtocol]:
     """A GuardedHttpProtocol with these settings (uvicorn builds protocols from a class)."""
     attrs = {"header_timeout": header_timeout, "max_connections": default_max_connections(max_connections)}
     return type("ServedHttpProtocol", (GuardedHttpProtocol,), attrs)
 
 
-def uvicorn_config(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
-                   header_timeout: float | None = None, keep_alive: float | None = None,
-                   max_connections: int | None = None) -> Any:
+def uvicorn_config(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "warning",
+    header_timeout: float | None = None,
+    keep_alive: float | None = None,
+    max_connections: int | None = None,
+) -> Any:
     """The uvicorn.Config the server runs with, here and in `pvpo retriever serve` (None = the
     defaults above)."""
     import uvicorn
 
     http = protocol_class(HEADER_TIMEOUT_S if header_timeout is None else header_timeout, max_connections)
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on", http=http,
-                          timeout_keep_alive=KEEP_ALIVE_S if keep_alive is None else keep_alive,
+                          # typed int by uvicorn, used as a loop.call_later delay: a float is kept whole
+                          timeout_keep_alive=KEEP_ALIVE_S if keep_alive is None else keep_alive,  # type: ignore[arg-type]
                           timeout_graceful_shutdown=5, backlog=4096)  # fmt: skip

@@ -34,8 +34,11 @@ def record_to_passage(record: object, row: int) -> tuple[str, str]:
     return str(pid), contents
 
 
-FORMATS = ('JSON lines of {"id", "contents"} or {"id", "title", "text"}', 'a JSON list of {"title", "text"} '
-           '(MuSiQue, 2Wiki)', 'a JSON object mapping title -> text or list of sentences (HotpotQA)')
+FORMATS = (
+    'JSON lines of {"id", "contents"} or {"id", "title", "text"}',
+    'a JSON list of {"title", "text"} (MuSiQue, 2Wiki)',
+    "a JSON object mapping title -> text or list of sentences (HotpotQA)",
+)
 
 
 def _joined(text: object, row: object) -> str:
@@ -48,7 +51,7 @@ def _joined(text: object, row: object) -> str:
 
 
 def corpus_layout(path: str | Path) -> str:
-    """"jsonl" (one passage a line) or "json" (one JSON document: a list of records, or a
+    """ "jsonl" (one passage a line) or "json" (one JSON document: a list of records, or a
     title -> sentences mapping), from the file's first line."""
     with Path(path).open("rb") as f:
         for line in f:
@@ -96,7 +99,9 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[str, str]]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {row + 1} is not valid JSON ({e}); corpus formats: {'; '.join(FORMATS)}") from None
+                raise ValueError(
+                    f"{path}: line {row + 1} is not valid JSON ({e}); corpus formats: {'; '.join(FORMATS)}"
+                ) from None
             yield record_to_passage(rec, row)
             row += 1
 

@@ -51,7 +51,10 @@ _PREFIX_REGISTRY: list[tuple[re.Pattern[str], Prefixes]] = [
     (re.compile(r"bge-.*-zh"), Prefixes(_BGE_ZH, "")),
     (re.compile(r"bge-m3"), Prefixes("", "")),
     (re.compile(r"bge-"), Prefixes(_BGE_EN, "")),
-    (re.compile(r"gte-qwen|qwen3-embedding"), Prefixes("Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: ", "")),
+    (
+        re.compile(r"gte-qwen|qwen3-embedding"),
+        Prefixes("Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery: ", ""),
+    ),
 ]
 
 
@@ -74,7 +77,7 @@ def resolve_model_path(model: str | None) -> str:
 
 
 def default_device() -> str:
-    """"cuda" when torch sees a GPU, else "cpu"."""
+    """ "cuda" when torch sees a GPU, else "cpu"."""
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -155,8 +158,9 @@ class Encoder:
             backend, explicit = default_backend(self.device)
         self.backend = check_backend(backend)
         if self.backend != "torch" and self.device != "cpu":
-            raise ValueError(f"encoder backend {self.backend!r} runs on CPU only, not on {self.device!r}; "
-                             "use backend 'torch' on GPU")
+            raise ValueError(
+                f"encoder backend {self.backend!r} runs on CPU only, not on {self.device!r}; use backend 'torch' on GPU"
+            )
         if dtype is None and fp16 is None:
             dtype = _process_dtype
         if dtype is None:
@@ -173,8 +177,9 @@ class Encoder:
             from pvpo.retriever.runtimes import ExportedEncoderModel, MissingRuntime, exported_model
 
             try:
-                export = exported_model(self.model, path, self.backend,
-                                        cache_dir=None if cache_dir is None else Path(cache_dir))
+                export = exported_model(
+                    self.model, path, self.backend, cache_dir=None if cache_dir is None else Path(cache_dir)
+                )
                 self._runtime = ExportedEncoderModel(export, self.backend)
             except MissingRuntime as e:
                 if explicit:
@@ -191,8 +196,11 @@ class Encoder:
         # which on musique_mini queries (16 tokens mean, 45 max) encodes about 2x faster than one
         # padded batch of 64 (measured in bench/retriever.py). GPUs prefer one big batch.
         self.query_batch_size = query_batch_size or (CPU_QUERY_BATCH if self.device == "cpu" else 128)
-        dim = (self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
-               else self.model.get_sentence_embedding_dimension())
+        dim = (
+            self.model.get_embedding_dimension()
+            if hasattr(self.model, "get_embedding_dimension")
+            else self.model.get_sentence_embedding_dimension()
+        )
         if dim is None:
             raise ValueError(f"model {self.name!r} does not say its embedding dimension")
         self.dim = int(dim)
@@ -204,8 +212,13 @@ class Encoder:
         if self._runtime is not None:
             from pvpo.retriever.runtimes import encode_sorted
 
-            return encode_sorted(self._runtime, self.model.tokenizer, texts, batch_size=batch_size,
-                                 max_length=int(self.model.max_seq_length or 512))
+            return encode_sorted(
+                self._runtime,
+                self.model.tokenizer,
+                texts,
+                batch_size=batch_size,
+                max_length=int(self.model.max_seq_length or 512),
+            )
         emb = self.model.encode(
             texts,
             batch_size=batch_size,

@@ -47,8 +47,16 @@ class RequestGuard:
     """Wraps `app`: token check on `protected` paths, JSON-only bodies on `json_paths`, and a body
     of at most `max_body` bytes that arrives within `body_timeout` seconds."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, max_body: int, body_timeout: float = 30.0,
-                 protected: tuple[str, ...] = ("/retrieve", "/info"), json_paths: tuple[str, ...] = ("/retrieve",)) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        max_body: int,
+        body_timeout: float = 30.0,
+        protected: tuple[str, ...] = ("/retrieve", "/info"),
+        json_paths: tuple[str, ...] = ("/retrieve",),
+    ) -> None:
         self.app = app
         self.token = token.encode() if token is not None else None
         self.max_body = max_body
@@ -69,12 +77,16 @@ class RequestGuard:
         headers = scope.get("headers", [])
         path = scope.get("path", "")
         if path in self.protected and not self._authorized(headers):
-            return await send_json(send, 401, _detail("missing or wrong bearer token"), ((b"www-authenticate", b"Bearer"),))
+            return await send_json(
+                send, 401, _detail("missing or wrong bearer token"), ((b"www-authenticate", b"Bearer"),)
+            )
         if path not in self.json_paths or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         content_type = next((v for k, v in headers if k == b"content-type"), b"").decode("latin-1")
         if not is_json_media_type(content_type):
-            return await send_json(send, 415, _detail(f"content type {content_type!r} is not accepted: send application/json"))
+            return await send_json(
+                send, 415, _detail(f"content type {content_type!r} is not accepted: send application/json")
+            )
         too_large = _detail(f"request body too large (at most {self.max_body} bytes)")
         length = next((v for k, v in headers if k == b"content-length"), None)
         if length is not None and (not length.isdigit() or int(length) > self.max_body):

@@ -33,8 +33,9 @@ DENSE_DIR = "dense"
 LEXICAL_DIR = "bm25"
 
 
-def rrf_fuse(rankings: Sequence[Sequence[str]], weights: Sequence[float], *, k: float = RRF_K,
-             topk: int | None = None) -> list[tuple[str, float]]:
+def rrf_fuse(
+    rankings: Sequence[Sequence[str]], weights: Sequence[float], *, k: float = RRF_K, topk: int | None = None
+) -> list[tuple[str, float]]:
     """(id, fused score) best first from ranked id lists (best first), weighted RRF. Equal
     scores are ordered by id, so the result does not depend on dict order."""
     if len(rankings) != len(weights):
@@ -66,11 +67,20 @@ class HybridRetriever(Retriever):
 
     backend = "hybrid"
 
-    def __init__(self, dense: Retriever, lexical: Retriever, *, weights: Sequence[float] = (1.0, 1.0),
-                 k: float = RRF_K, depth: int = DEPTH) -> None:
+    def __init__(
+        self,
+        dense: Retriever,
+        lexical: Retriever,
+        *,
+        weights: Sequence[float] = (1.0, 1.0),
+        k: float = RRF_K,
+        depth: int = DEPTH,
+    ) -> None:
         if len(dense) != len(lexical):
-            raise ValueError(f"dense index has {len(dense)} passages but the lexical one has {len(lexical)}: "
-                             "both must index the same corpus")
+            raise ValueError(
+                f"dense index has {len(dense)} passages but the lexical one has {len(lexical)}: "
+                "both must index the same corpus"
+            )
         self.dense, self.lexical = dense, lexical
         self.weights, self.k, self.depth = check_fusion(weights, k, depth)
         self.corpus = dense.corpus
@@ -81,8 +91,10 @@ class HybridRetriever(Retriever):
         if not queries:
             return []
         depth = [max(self.depth, int(t)) for t in topks]
-        runs: list[list[list[Passage]]] = [r.search_varying(queries, depth) if w > 0 else [[] for _ in queries]
-                for r, w in ((self.dense, self.weights[0]), (self.lexical, self.weights[1]))]
+        runs: list[list[list[Passage]]] = [
+            r.search_varying(queries, depth) if w > 0 else [[] for _ in queries]
+            for r, w in ((self.dense, self.weights[0]), (self.lexical, self.weights[1]))
+        ]
         out = []
         for i, want in enumerate(topks):
             by_id = {p.id: p for run in runs for p in run[i]}
@@ -92,34 +104,62 @@ class HybridRetriever(Retriever):
 
     def info(self) -> dict[str, Any]:
         dense = self.dense.info()
-        return dense | {"backend": self.backend, "index_type": f"hybrid({dense['index_type']}+bm25)",
-                        "weights": list(self.weights), "rrf_k": self.k, "depth": self.depth}
+        return dense | {
+            "backend": self.backend,
+            "index_type": f"hybrid({dense['index_type']}+bm25)",
+            "weights": list(self.weights),
+            "rrf_k": self.k,
+            "depth": self.depth,
+        }
 
     def close(self) -> None:
         self.dense.close()
         self.lexical.close()
 
 
-def write_hybrid_meta(out: Path, dense_dir: str, lexical_dir: str, *, weights: Sequence[float], k: float,
-                      depth: int) -> None:
+def write_hybrid_meta(
+    out: Path, dense_dir: str, lexical_dir: str, *, weights: Sequence[float], k: float, depth: int
+) -> None:
     """meta.json of a hybrid directory; sub-directories relative to it, or absolute."""
     dense_meta = read_meta(resolve_in(out, dense_dir))
     lexical_meta = read_meta(resolve_in(out, lexical_dir))
     if lexical_meta.get("backend") != "bm25":
         raise ValueError(f"{lexical_dir} is a {lexical_meta.get('backend')!r} index; the lexical side must be bm25")
     if dense_meta.get("size") != lexical_meta.get("size"):
-        raise ValueError(f"{dense_dir} has {dense_meta.get('size')} passages but {lexical_dir} has "
-                         f"{lexical_meta.get('size')}: both must index the same corpus")
+        raise ValueError(
+            f"{dense_dir} has {dense_meta.get('size')} passages but {lexical_dir} has "
+            f"{lexical_meta.get('size')}: both must index the same corpus"
+        )
     w, k, depth = check_fusion(weights, k, depth)
     corpus = str(resolve_in(resolve_in(out, dense_dir), dense_meta["corpus"]).resolve())
-    write_meta(out, {"format": 1, "backend": "hybrid", "dense": dense_dir, "lexical": lexical_dir, "weights": list(w),
-                     "rrf_k": k, "depth": depth, "corpus": corpus, "size": dense_meta.get("size"),
-                     "model": dense_meta.get("model"), "index_type": f"hybrid({dense_meta.get('index_type')}+bm25)"})
+    write_meta(
+        out,
+        {
+            "format": 1,
+            "backend": "hybrid",
+            "dense": dense_dir,
+            "lexical": lexical_dir,
+            "weights": list(w),
+            "rrf_k": k,
+            "depth": depth,
+            "corpus": corpus,
+            "size": dense_meta.get("size"),
+            "model": dense_meta.get("model"),
+            "index_type": f"hybrid({dense_meta.get('index_type')}+bm25)",
+        },
+    )
 
 
-def build_hybrid(corpus: str | Path, out_dir: str | Path, *, dense_index_type: str = "Flat",
-                 weights: Sequence[float] = (1.0, 1.0), k: float = RRF_K, depth: int = DEPTH,
-                 **build_kw: Any) -> Path:
+def build_hybrid(
+    corpus: str | Path,
+    out_dir: str | Path,
+    *,
+    dense_index_type: str = "Flat",
+    weights: Sequence[float] = (1.0, 1.0),
+    k: float = RRF_K,
+    depth: int = DEPTH,
+    **build_kw: Any,
+) -> Path:
     """A hybrid index directory: out/dense (FAISS `dense_index_type`) and out/bm25 built from
     the corpus (`build_kw` go to build_index), and the fusion settings."""
     from pvpo.retriever.build import build_index
@@ -129,8 +169,7 @@ def build_hybrid(corpus: str | Path, out_dir: str | Path, *, dense_index_type: s
     created = not out.exists()
     try:
         build_index(corpus, out / DENSE_DIR, index_type=dense_index_type, **build_kw)
-        build_index(corpus, out / LEXICAL_DIR, index_type="bm25",
-                    show_progress=build_kw.get("show_progress", True))
+        build_index(corpus, out / LEXICAL_DIR, index_type="bm25", show_progress=build_kw.get("show_progress", True))
         write_hybrid_meta(out, DENSE_DIR, LEXICAL_DIR, weights=weights, k=k, depth=depth)
     except BaseException:
         if created:
@@ -139,13 +178,21 @@ def build_hybrid(corpus: str | Path, out_dir: str | Path, *, dense_index_type: s
     return out
 
 
-def link_hybrid(dense_dir: str | Path, lexical_dir: str | Path, out_dir: str | Path, *,
-                weights: Sequence[float] = (1.0, 1.0), k: float = RRF_K, depth: int = DEPTH) -> Path:
+def link_hybrid(
+    dense_dir: str | Path,
+    lexical_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    weights: Sequence[float] = (1.0, 1.0),
+    k: float = RRF_K,
+    depth: int = DEPTH,
+) -> Path:
     """A hybrid directory referencing two existing index directories of the same corpus."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_hybrid_meta(out, str(Path(dense_dir).resolve()), str(Path(lexical_dir).resolve()), weights=weights, k=k,
-                      depth=depth)
+    write_hybrid_meta(
+        out, str(Path(dense_dir).resolve()), str(Path(lexical_dir).resolve()), weights=weights, k=k, depth=depth
+    )
     return out
 
 
@@ -157,8 +204,12 @@ def _load_hybrid(index_dir: Path, meta: dict[str, Any], device: str | None) -> H
     except BaseException:
         dense.close()
         raise
-    retriever = HybridRetriever(dense, lexical, weights=meta.get("weights", (1.0, 1.0)),
-                                k=meta.get("rrf_k", RRF_K), depth=meta.get("depth", DEPTH))
+    retriever = HybridRetriever(
+        dense,
+        lexical,
+        weights=meta.get("weights", (1.0, 1.0)),
+        k=meta.get("rrf_k", RRF_K),
+        depth=meta.get("depth", DEPTH),
+    )
     retriever.default_topk = int(meta.get("default_topk", DEFAULT_TOPK))
     return retriever
-

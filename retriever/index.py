@@ -59,8 +59,9 @@ class Retriever(ABC):
 
 Loader = Callable[[Path, dict[str, Any], str | None], Retriever]
 # Backends living in their own module are imported when first asked for.
-BACKENDS: Registry[Loader] = Registry("retriever backend", lazy={"bm25": "pvpo.retriever.bm25",
-                                                                          "hybrid": "pvpo.retriever.hybrid"})
+BACKENDS: Registry[Loader] = Registry(
+    "retriever backend", lazy={"bm25": "pvpo.retriever.bm25", "hybrid": "pvpo.retriever.hybrid"}
+)
 
 
 def register_backend(name: str) -> Callable[[Loader], Loader]:
@@ -104,8 +105,13 @@ def load_retriever(index_dir: str | Path, *, device: str | None = None, **overri
     meta = read_meta(index_dir) | overrides
     t0 = time.perf_counter()
     retriever = get_backend(meta.get("backend", "faiss"))(index_dir, meta, device)
-    log.info("loaded %s index %s (%d passages) in %.1fs", retriever.backend, index_dir, len(retriever),
-             time.perf_counter() - t0)
+    log.info(
+        "loaded %s index %s (%d passages) in %.1fs",
+        retriever.backend,
+        index_dir,
+        len(retriever),
+        time.perf_counter() - t0,
+    )
     return retriever
 
 
@@ -194,8 +200,11 @@ def apply_search_params(index: Any, params: dict[str, Any]) -> None:
         if "rerank_depth" in params:
             index.set_depth(params.pop("rerank_depth"))
         index = index.index
-    space = faiss.GpuParameterSpace() if "Gpu" in type(index).__name__ or "Shards" in type(index).__name__ \
+    space = (
+        faiss.GpuParameterSpace()
+        if "Gpu" in type(index).__name__ or "Shards" in type(index).__name__
         else faiss.ParameterSpace()
+    )
     for name, value in params.items():
         try:
             space.set_index_parameter(index, name, value)
@@ -255,11 +264,21 @@ class DenseRetriever(Retriever):
 
     backend = "faiss"
 
-    def __init__(self, index: Any, encoder: Any, corpus: CorpusStore, *, index_type: str,
-                 index_device: str, search_params: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        index: Any,
+        encoder: Any,
+        corpus: CorpusStore,
+        *,
+        index_type: str,
+        index_device: str,
+        search_params: dict[str, Any] | None = None,
+    ) -> None:
         if index.ntotal != len(corpus):
-            raise ValueError(f"index has {index.ntotal} vectors but the corpus has {len(corpus)} passages: "
-                             "they must be the same rows in the same order")
+            raise ValueError(
+                f"index has {index.ntotal} vectors but the corpus has {len(corpus)} passages: "
+                "they must be the same rows in the same order"
+            )
         if index.d != encoder.dim:
             raise ValueError(f"index dimension {index.d} != encoder {encoder.name} dimension {encoder.dim}")
         self.index = index
@@ -320,13 +339,22 @@ def _load_dense(index_dir: Path, meta: dict[str, Any], device: str | None) -> De
     if meta.get("rerank_file"):  # a compressed index whose shortlist is re-scored from fp16 vectors
         from pvpo.retriever.rerank import GPU_MAX_DEPTH, Fp16Store, RerankedIndex
 
-        index = RerankedIndex(index, Fp16Store(resolve_in(index_dir, meta["rerank_file"])),
-                              max_depth=GPU_MAX_DEPTH if where.startswith("cuda") else None)
+        index = RerankedIndex(
+            index,
+            Fp16Store(resolve_in(index_dir, meta["rerank_file"])),
+            max_depth=GPU_MAX_DEPTH if where.startswith("cuda") else None,
+        )
     corpus = open_corpus(index_dir, meta)
     log.info("index + corpus opened in %.1fs", time.perf_counter() - t0)
     prefixes = Prefixes(meta["query_prefix"], meta.get("passage_prefix", "")) if "query_prefix" in meta else None
     encoder = Encoder(meta.get("model"), device=device, max_length=meta.get("max_length", 256), prefixes=prefixes)
-    retriever = DenseRetriever(index, encoder, corpus, index_type=meta.get("index_type", "Flat"),
-                               index_device=where, search_params=meta.get("search_params"))
+    retriever = DenseRetriever(
+        index,
+        encoder,
+        corpus,
+        index_type=meta.get("index_type", "Flat"),
+        index_device=where,
+        search_params=meta.get("search_params"),
+    )
     retriever.default_topk = int(meta.get("default_topk", DEFAULT_TOPK))
     return retriever

@@ -38,8 +38,16 @@ class ReplicaSet:
     """K `pvpo retriever serve` child processes on consecutive ports; stop() (or leaving the
     `with` block) sends each SIGTERM, waits, and kills any still running after `grace` s."""
 
-    def __init__(self, serve_args: Sequence[str], *, host: str, port: int, replicas: int,
-                 env: dict[str, str] | None = None, grace: float = 15.0) -> None:
+    def __init__(
+        self,
+        serve_args: Sequence[str],
+        *,
+        host: str,
+        port: int,
+        replicas: int,
+        env: dict[str, str] | None = None,
+        grace: float = 15.0,
+    ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
         self.serve_args = list(serve_args)
@@ -57,8 +65,9 @@ class ReplicaSet:
         base = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", *self.serve_args, "--host", self.host]
         try:
             for i in range(self.replicas):
-                self.procs.append(subprocess.Popen([*base, "--port", str(self.port + i)], env=self.env,
-                                                   preexec_fn=_die_with_parent))
+                self.procs.append(
+                    subprocess.Popen([*base, "--port", str(self.port + i)], env=self.env, preexec_fn=_die_with_parent)
+                )
             deadline = time.monotonic() + wait
             for proc, url in zip(self.procs, self.urls):
                 while not _healthy(url):

@@ -64,8 +64,10 @@ def _require(module: str, backend: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise MissingRuntime(f"encoder backend {backend!r} needs the {module} package ({e}); "
-                             f"install it with: {EXTRA_HINT}, or use backend 'torch'") from None
+        raise MissingRuntime(
+            f"encoder backend {backend!r} needs the {module} package ({e}); "
+            f"install it with: {EXTRA_HINT}, or use backend 'torch'"
+        ) from None
 
 
 def _export_onnx(st_model: Any, target: Path) -> None:
@@ -80,10 +82,12 @@ def _export_onnx(st_model: Any, target: Path) -> None:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    token_type_ids: torch.Tensor) -> torch.Tensor:
-            out = self.model({"input_ids": input_ids, "attention_mask": attention_mask,
-                              "token_type_ids": token_type_ids})["sentence_embedding"]
+        def forward(
+            self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+        ) -> torch.Tensor:
+            out = self.model(
+                {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            )["sentence_embedding"]
             return torch.nn.functional.normalize(out.float(), dim=-1)
 
     cpu_model = st_model.to("cpu").float().eval()
@@ -94,9 +98,16 @@ def _export_onnx(st_model: Any, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         path = Path(tmp) / target.name
         with torch.no_grad():
-            torch.onnx.export(Pipeline(cpu_model), args, str(path), input_names=list(INPUTS),
-                              output_names=["embedding"], opset_version=ONNX_OPSET, dynamo=False,
-                              dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in INPUTS}, "embedding": {0: "batch"}})
+            torch.onnx.export(
+                Pipeline(cpu_model),
+                args,
+                str(path),
+                input_names=list(INPUTS),
+                output_names=["embedding"],
+                opset_version=ONNX_OPSET,
+                dynamo=False,
+                dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in INPUTS}, "embedding": {0: "batch"}},
+            )
         os.replace(path, target)
 
 
@@ -150,10 +161,17 @@ class ExportedEncoderModel:
             ov = _require("openvino", backend)
             core = ov.Core()
             model = core.read_model(str(path))
-            self._compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": n, "PERFORMANCE_HINT": "LATENCY",
-                                                          # On AMX CPUs (this one) OpenVINO would run bf16 by
-                                                          # default: 1e-3 off torch's vectors; f32 keeps it exact.
-                                                          "INFERENCE_PRECISION_HINT": "f32"})
+            self._compiled = core.compile_model(
+                model,
+                "CPU",
+                {
+                    "INFERENCE_NUM_THREADS": n,
+                    "PERFORMANCE_HINT": "LATENCY",
+                    # On AMX CPUs (this one) OpenVINO would run bf16 by
+                    # default: 1e-3 off torch's vectors; f32 keeps it exact.
+                    "INFERENCE_PRECISION_HINT": "f32",
+                },
+            )
             self._names = [p.get_any_name() for p in model.inputs]
             self._request = self._compiled.create_infer_request()
         else:
@@ -180,8 +198,9 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def encode_sorted(run: ExportedEncoderModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int,
-                  max_length: int) -> np.ndarray:
+def encode_sorted(
+    run: ExportedEncoderModel, tokenizer: Any, texts: Sequence[str], *, batch_size: int, max_length: int
+) -> np.ndarray:
     """Encodes texts in batches of similar length (longest first, as sentence-transformers does,
     so each batch is padded only to its own longest text; at most MAX_RUNTIME_BATCH rows) and
     returns rows in input order."""
@@ -189,7 +208,7 @@ def encode_sorted(run: ExportedEncoderModel, tokenizer: Any, texts: Sequence[str
     batch_size = min(batch_size, MAX_RUNTIME_BATCH)
     parts = []
     for start in range(0, len(texts), batch_size):
-        batch = [texts[i] for i in order[start:start + batch_size]]
+        batch = [texts[i] for i in order[start : start + batch_size]]
         feats = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="np")
         if "token_type_ids" not in feats:
             feats["token_type_ids"] = np.zeros_like(feats["input_ids"])

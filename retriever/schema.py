@@ -10,9 +10,18 @@ Accepted request fields (anything else is a 422):
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 # At least one character that is not ASCII whitespace. Spelled out because `\s` differs between
@@ -57,16 +66,26 @@ def _integral(v: Any) -> Any:
 
 def _exclusive(schema: dict[str, Any]) -> None:
     schema["oneOf"] = [{"required": ["queries"]}, {"required": ["query"]}]
-    schema["not"] = {"anyOf": [{"required": ["topk", "top_k"]}, {"required": ["topk", "k"]}, {"required": ["top_k", "k"]}]}
+    schema["not"] = {
+        "anyOf": [{"required": ["topk", "top_k"]}, {"required": ["topk", "k"]}, {"required": ["top_k", "k"]}]
+    }
 
 
 class RetrieveRequestBase(BaseModel):
     """Shared behaviour of the per-limits request models `request_model` builds."""
 
+    if TYPE_CHECKING:  # the fields each built model declares, with its own limits
+        queries: list[str] | None
+        query: str | None
+        topk: int | None
+        top_k: int | None
+        k: int | None
+        return_scores: bool
+
     def resolved(self, default_topk: int) -> tuple[list[str], int]:
         """(queries, topk) with aliases applied."""
-        queries = self.queries if self.queries is not None else [self.query]  # type: ignore[attr-defined]
-        topk = next((v for v in (self.topk, self.top_k, self.k) if v is not None), default_topk)  # type: ignore[attr-defined]
+        queries = self.queries if self.queries is not None else [str(self.query)]
+        topk = next((v for v in (self.topk, self.top_k, self.k) if v is not None), default_topk)
         return queries, topk
 
     @model_validator(mode="after")
@@ -92,7 +111,9 @@ def request_model(limits: Limits) -> type[RetrieveRequestBase]:
     class RetrieveRequest(RetrieveRequestBase):
         model_config = ConfigDict(extra="forbid", json_schema_extra=_exclusive)
 
-        queries: Queries | SkipJsonSchema[None] = Field(None, description="the queries, each searched on its own (Search-R1)")
+        queries: Queries | SkipJsonSchema[None] = Field(
+            None, description="the queries, each searched on its own (Search-R1)"
+        )
         query: Query | SkipJsonSchema[None] = Field(None, description="one query; same as `queries: [query]`")
         topk: TopK | None = Field(None, description="passages per query; null = the server's default")
         top_k: TopK | SkipJsonSchema[None] = Field(None, description="alias of `topk`")
@@ -162,7 +183,7 @@ def error_message(err: dict[str, Any], limits: Limits) -> str:
     if kind in ("string_too_short", "string_pattern_mismatch"):
         return f"{where} is empty"
     if kind == "string_too_long":
-        return f"{where} is {len(value)} characters long (at most {limits.max_query_chars})"
+        return f"{where} is {len(value or '')} characters long (at most {limits.max_query_chars})"
     if kind in ("greater_than_equal", "less_than_equal") and where in ("topk", "top_k", "k"):
         return f"{where} must be between 1 and {limits.max_topk}, got {value}"
     if kind == "extra_forbidden":

@@ -23,8 +23,15 @@ from pvpo.retriever.batching import DynamicBatcher, Overloaded
 from pvpo.retriever.connections import HEADER_TIMEOUT_S, KEEP_ALIVE_S, uvicorn_config
 from pvpo.retriever.guard import RequestGuard
 from pvpo.retriever.index import Retriever
-from pvpo.retriever.schema import (ErrorBody, Health, Limits, RetrieveRequestBase, RetrieveResponse, error_messages,
-                                   request_model)
+from pvpo.retriever.schema import (
+    ErrorBody,
+    Health,
+    Limits,
+    RetrieveRequestBase,
+    RetrieveResponse,
+    error_messages,
+    request_model,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +47,7 @@ def _json(content: Any, status_code: int = 200) -> Response:
 try:
     import orjson as _orjson
 except ImportError:  # optional: the stdlib encoder is used instead
-    _orjson = None
+    _orjson = None  # type: ignore[assignment]
 
 
 def set_torch_threads(threads: int | None) -> int:
@@ -97,12 +104,15 @@ def create_app(
         yield
         await batcher.stop()
 
-    app = FastAPI(title="pvpo retriever", lifespan=lifespan,
-                  description="Search-R1 `/retrieve` over a dense or BM25 index. Every error body is `{\"detail\": str}`.")
+    app = FastAPI(
+        title="pvpo retriever",
+        lifespan=lifespan,
+        description='Search-R1 `/retrieve` over a dense or BM25 index. Every error body is `{"detail": str}`.',
+    )
     app.state.batcher = batcher
     app.state.retriever = retriever
-    auth = {401: _error("missing or wrong bearer token")} if token is not None else {}
-    security = [{"bearer": []}] if token is not None else None
+    auth: dict[int | str, dict[str, Any]] = {401: _error("missing or wrong bearer token")} if token is not None else {}
+    security: list[dict[str, list[str]]] | None = [{"bearer": []}] if token is not None else None
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -186,7 +196,10 @@ def _add_bearer_scheme(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         schema = base()
-        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {"type": "http", "scheme": "bearer"}
+        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http",
+            "scheme": "bearer",
+        }
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -219,10 +232,12 @@ class BackgroundServer:
         self._source = retriever_or_index_dir
         self.host = host
         self.port = port
-        self._app_kw = dict(max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
+        self._app_kw: dict[str, Any] = dict(max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
                             max_delay_ms=max_delay_ms, token=token, batching=batching, limits=limits,
                             body_timeout=body_timeout)  # fmt: skip
-        self._conn_kw = dict(header_timeout=header_timeout, keep_alive=keep_alive, max_connections=max_connections)
+        self._conn_kw: dict[str, Any] = dict(
+            header_timeout=header_timeout, keep_alive=keep_alive, max_connections=max_connections
+        )
         self.device = device
         self.startup_timeout = startup_timeout
         self.retriever: Retriever | None = None
@@ -256,8 +271,9 @@ class BackgroundServer:
         self._sock.bind((self.host, self.port))
         self.port = self._sock.getsockname()[1]
         self._server = uvicorn.Server(uvicorn_config(app, **self._conn_kw))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"retriever-server-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name=f"retriever-server-{self.port}", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + self.startup_timeout
         while not self._server.started:

@@ -11,27 +11,48 @@ TINY_CORPUS: list[dict[str, str]] = [
     {"title": "Paris", "text": "Paris is the capital and most populous city of France, on the Seine."},
     {"title": "Berlin", "text": "Berlin is the capital of Germany and its largest city."},
     {"title": "Tokyo", "text": "Tokyo is the capital of Japan and the seat of the Japanese government."},
-    {"title": "Python (programming language)", "text": "Python is a programming language created by Guido van Rossum and first released in 1991."},
+    {
+        "title": "Python (programming language)",
+        "text": "Python is a programming language created by Guido van Rossum and first released in 1991.",
+    },
     {"title": "Cat", "text": "The cat is a small domesticated carnivorous mammal kept as a pet."},
     {"title": "Mount Everest", "text": "Mount Everest is Earth's highest mountain above sea level, in the Himalayas."},
-    {"title": "Photosynthesis", "text": "Photosynthesis is the process by which plants use sunlight, water and carbon dioxide to make sugar."},
+    {
+        "title": "Photosynthesis",
+        "text": "Photosynthesis is the process by which plants use sunlight, water and carbon dioxide to make sugar.",
+    },
     {"title": "Albert Einstein", "text": "Albert Einstein was a physicist who developed the theory of relativity."},
     {"title": "Amazon River", "text": "The Amazon River in South America is the largest river by discharge of water."},
     {"title": "Moon", "text": "The Moon is Earth's only natural satellite; Apollo 11 landed astronauts on it in 1969."},
     {"title": "Violin", "text": "The violin is a wooden string instrument played with a bow."},
     {"title": "Chess", "text": "Chess is a board game for two players with sixteen pieces each on a checkered board."},
     {"title": "Honey bee", "text": "Honey bees are insects that collect nectar and produce honey and beeswax."},
-    {"title": "Great Wall of China", "text": "The Great Wall of China is a series of fortifications built across northern China."},
+    {
+        "title": "Great Wall of China",
+        "text": "The Great Wall of China is a series of fortifications built across northern China.",
+    },
     {"title": "Penicillin", "text": "Penicillin is an antibiotic discovered by Alexander Fleming in 1928."},
     {"title": "Jupiter", "text": "Jupiter is the largest planet in the Solar System, a gas giant."},
     {"title": "Coffee", "text": "Coffee is a drink brewed from roasted coffee beans, rich in caffeine."},
     {"title": "Leonardo da Vinci", "text": "Leonardo da Vinci was an Italian painter who painted the Mona Lisa."},
     {"title": "Volcano", "text": "A volcano is a rupture in the crust where lava, ash and gases escape."},
     {"title": "Bicycle", "text": "A bicycle is a pedal-driven vehicle with two wheels attached to a frame."},
-    {"title": "Penguin", "text": "Penguins are flightless seabirds that live mostly in the Southern Hemisphere, such as Antarctica."},
-    {"title": "Olympic Games", "text": "The Olympic Games are an international sports competition held every four years."},
-    {"title": "DNA", "text": "DNA is the molecule that carries the genetic instructions of living organisms in a double helix."},
-    {"title": "Shakespeare", "text": "William Shakespeare was an English playwright who wrote Hamlet and Romeo and Juliet."},
+    {
+        "title": "Penguin",
+        "text": "Penguins are flightless seabirds that live mostly in the Southern Hemisphere, such as Antarctica.",
+    },
+    {
+        "title": "Olympic Games",
+        "text": "The Olympic Games are an international sports competition held every four years.",
+    },
+    {
+        "title": "DNA",
+        "text": "DNA is the molecule that carries the genetic instructions of living organisms in a double helix.",
+    },
+    {
+        "title": "Shakespeare",
+        "text": "William Shakespeare was an English playwright who wrote Hamlet and Romeo and Juliet.",
+    },
 ]
 
 # (query, title of the passage that answers it)

@@ -28,7 +28,9 @@ class RewardResult:
 
 
 class RewardFn(Protocol):
-    def __call__(self, response: str, golds: Sequence[str] | str, protocol: TagProtocol = SEARCH_R1) -> RewardResult: ...
+    def __call__(
+        self, response: str, golds: Sequence[str] | str, protocol: TagProtocol = SEARCH_R1
+    ) -> RewardResult: ...
 
 
 REWARDS: Registry[Callable[..., RewardResult]] = Registry("reward")
@@ -87,7 +89,9 @@ def _accuracy_vs_length(prediction: str, golds: list[str], length_ratio: float) 
 
 
 @register_reward("pvpo")
-def pvpo_reward(response: str, golds: list[str], protocol: TagProtocol = SEARCH_R1, *, length_ratio: float = 3.0, floor: float = 0.1) -> RewardResult:
+def pvpo_reward(
+    response: str, golds: list[str], protocol: TagProtocol = SEARCH_R1, *, length_ratio: float = 3.0, floor: float = 0.1
+) -> RewardResult:
     """PVPO (Feng et al., 2025, arXiv:2508.21104): `max(floor, r_acc)` when the format is correct,
     else 0. `r_acc` is F1 when the prediction has at least `length_ratio` x the gold's tokens (a
     long answer must not win cover-EM by listing everything), else cover-EM."""
@@ -134,7 +138,9 @@ def search_r1_format_reward(
 
 
 @register_reward("research_f1")
-def research_f1_reward(response: str, golds: list[str], protocol: TagProtocol = SEARCH_R1, *, floor: float = 0.1) -> RewardResult:
+def research_f1_reward(
+    response: str, golds: list[str], protocol: TagProtocol = SEARCH_R1, *, floor: float = 0.1
+) -> RewardResult:
     """ReSearch (Chen et al., 2025, arXiv:2503.19470): answer F1 when the format is correct, with a
     `floor` (0.1) for a well-formed but wrong answer; 0 when the format is wrong."""
     check = protocol.check_format(response)

@@ -33,15 +33,21 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: 
 
     torch.manual_seed(seed)
     examples = [QAExample(f"t/{i}", q, ("Berlin",)) for i, q in enumerate(questions)]
-    episode = EpisodeConfig(protocol=SEARCH_R1, reward="em", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1")
+    episode = EpisodeConfig(
+        protocol=SEARCH_R1, reward="em", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1"
+    )
     texts = [episode.prompt(e) for e in examples] + [p["title"] + " " + p["text"] for p in TINY_CORPUS]
     judge_prompts = [judge_prompt(q, ["Berlin"], "Berlin") for q in questions[:8]]
     texts += [SEARCH_TURN, ANSWER_TURN, JUDGE_REPLY, SEARCH_R1.correction_message(), *judge_prompts]
-    cfg = TinyModelConfig(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128, vocab_size=768)
+    cfg = TinyModelConfig(
+        hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128, vocab_size=768
+    )
     policy = build_tiny_policy(texts, cfg, tags=["think", "search", "information", "answer"], seed=seed)
     retriever = load_retriever(build_tiny_index(out.parent / "retriever"), device="cpu")
     try:
-        trajs = oracle_trajectories(examples, lambda _: [SEARCH_TURN, ANSWER_TURN], policy.tokenizer, retriever, episode)
+        trajs = oracle_trajectories(
+            examples, lambda _: [SEARCH_TURN, ANSWER_TURN], policy.tokenizer, retriever, episode
+        )
     finally:
         retriever.close()
     from pvpo.trainer.trajectory import Trajectory

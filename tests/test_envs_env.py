@@ -25,15 +25,22 @@ class BM25Searcher:
         self.passages = list(passages)
         self.topk = topk
         self.index = bm25s.BM25()
-        self.index.index(bm25s.tokenize([p.contents for p in self.passages], stopwords=None, show_progress=False), show_progress=False)
+        self.index.index(
+            bm25s.tokenize([p.contents for p in self.passages], stopwords=None, show_progress=False),
+            show_progress=False,
+        )
         self.calls: list[list[str]] = []
 
     def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
         self.calls.append(list(queries))
         k = min(topk or self.topk, len(self.passages))
-        docs, scores = self.index.retrieve(bm25s.tokenize(list(queries), stopwords=None, show_progress=False), k=k, show_progress=False)
-        return [[Passage(self.passages[d].id, self.passages[d].contents, float(s)) for d, s in zip(row, srow)]
-                for row, srow in zip(docs, scores)]
+        docs, scores = self.index.retrieve(
+            bm25s.tokenize(list(queries), stopwords=None, show_progress=False), k=k, show_progress=False
+        )
+        return [
+            [Passage(self.passages[d].id, self.passages[d].contents, float(s)) for d, s in zip(row, srow)]
+            for row, srow in zip(docs, scores)
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +58,12 @@ def make_env(world: SyntheticWorld, searcher: BM25Searcher, **kw) -> SearchEnv:
 
 
 def test_gymnasium_make_builds_a_search_env_that_passes_check_env(searcher: BM25Searcher) -> None:
-    env = gym.make("pvpo/SearchQA-v0", dataset="synthetic",
-                   dataset_kwargs={"seed": 3, "n_entities": 40, "questions_per_hop": 30}, retriever=searcher)
+    env = gym.make(
+        "pvpo/SearchQA-v0",
+        dataset="synthetic",
+        dataset_kwargs={"seed": 3, "n_entities": 40, "questions_per_hop": 30},
+        retriever=searcher,
+    )
     assert isinstance(env.unwrapped, SearchEnv)
     check_env(env.unwrapped)  # samples random (garbage) text actions too
     obs, info = env.reset(seed=1)
@@ -88,8 +99,22 @@ def test_search_observation_is_search_r1_docs_trimmed_to_the_budget(world, searc
     assert len(body) <= 60 and body.endswith("...")
 
 
-@pytest.mark.parametrize("bad", ["", "hello", "<search></search>", "<answer>", "</search>", "<think>only thinking</think>",
-                                 None, 42, b"<answer>x</answer>", "\x00\udcff" * 50, "<search>" * 5000])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "hello",
+        "<search></search>",
+        "<answer>",
+        "</search>",
+        "<think>only thinking</think>",
+        None,
+        42,
+        b"<answer>x</answer>",
+        "\x00\udcff" * 50,
+        "<search>" * 5000,
+    ],
+)
 def test_bad_actions_get_the_correction_message_and_never_raise(world, searcher, bad) -> None:
     env = make_env(world, searcher, max_turns=3)
     env.reset(seed=0)
@@ -133,7 +158,9 @@ def test_reset_seed_draws_the_same_question_and_options_choose_one(world, search
     uids = [env.reset(seed=s)[1]["uid"] for s in (5, 5, 6)]
     assert uids[0] == uids[1]
     mine = QAExample("mine/1", "Who is the rival of Zaro?", ("Kel",))
-    prompt, info = env.reset(options={"question": {"uid": "mine/1", "question": mine.question, "golden_answers": "Kel"}})
+    prompt, info = env.reset(
+        options={"question": {"uid": "mine/1", "question": mine.question, "golden_answers": "Kel"}}
+    )
     assert info == {"uid": "mine/1", "question": mine.question, "golden_answers": ["Kel"], "index": None}
     assert prompt.endswith("Question: Who is the rival of Zaro?\n") and prompt.startswith("Answer the given question.")
 
@@ -169,7 +196,9 @@ def test_vector_env_sends_all_searches_of_a_step_in_one_call_and_replays_oracles
 def test_vector_env_dedupes_queries_and_leaves_finished_episodes_alone(world, searcher) -> None:
     env = SearchVectorEnv(3, world.questions("train"), retriever=searcher)
     env.reset(seed=0)
-    obs, rewards, term, trunc, infos = env.step(("<search>the rival of Zaro</search>", "<search>the rival of Zaro</search>", "<answer>x</answer>"))
+    obs, rewards, term, trunc, infos = env.step(
+        ("<search>the rival of Zaro</search>", "<search>the rival of Zaro</search>", "<answer>x</answer>")
+    )
     assert searcher.calls == [["the rival of Zaro"]] and obs[0] == obs[1] != "" and obs[2] == ""
     assert term.tolist() == [False, False, True] and list(infos["_prediction"]) == [False, False, True]
     obs, rewards, term, trunc, infos = env.step(("<answer>y</answer>", "bad", "<search>ignored</search>"))
@@ -192,8 +221,13 @@ def test_vector_reset_mask_restarts_only_the_chosen_episodes_on_the_chosen_quest
 
 
 def test_make_vec_uses_the_batched_vector_env(searcher) -> None:
-    env = gym.make_vec("pvpo/SearchQA-v0", num_envs=3, dataset="synthetic",
-                       dataset_kwargs={"seed": 3, "n_entities": 40, "questions_per_hop": 30}, retriever=searcher)
+    env = gym.make_vec(
+        "pvpo/SearchQA-v0",
+        num_envs=3,
+        dataset="synthetic",
+        dataset_kwargs={"seed": 3, "n_entities": 40, "questions_per_hop": 30},
+        retriever=searcher,
+    )
     assert isinstance(env, SearchVectorEnv) and env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.DISABLED
     obs, _ = env.reset(seed=0)
     assert obs in env.observation_space

@@ -18,7 +18,10 @@ import pvpo.envs  # noqa: F401  (registers pvpo/SearchQA-v0)
 from pvpo.envs import QAExample, SearchEnv, SearchVectorEnv, UnicodeText
 from pvpo.retriever.types import Passage
 
-QUESTIONS = [QAExample("q-é", "Où est né Émile Zola ?", ["Paris"]), QAExample("q-ü", "Wer schrieb Faust — Goethe?", ["Goethe"])]
+QUESTIONS = [
+    QAExample("q-é", "Où est né Émile Zola ?", ["Paris"]),
+    QAExample("q-ü", "Wer schrieb Faust — Goethe?", ["Goethe"]),
+]
 
 
 class AccentSearcher:
@@ -59,8 +62,9 @@ def test_async_vector_env_carries_non_ascii_questions_actions_and_passages(share
 
 def test_make_vec_async_and_sync_build_gymnasiums_vector_envs() -> None:
     for mode, cls in (("async", gym.vector.AsyncVectorEnv), ("sync", gym.vector.SyncVectorEnv)):
-        envs = gym.make_vec("pvpo/SearchQA-v0", num_envs=2, vectorization_mode=mode,
-                            dataset=QUESTIONS, retriever=AccentSearcher())
+        envs = gym.make_vec(
+            "pvpo/SearchQA-v0", num_envs=2, vectorization_mode=mode, dataset=QUESTIONS, retriever=AccentSearcher()
+        )
         try:
             assert isinstance(envs, cls)
             obs, _ = envs.reset(seed=0)
@@ -74,11 +78,13 @@ def test_make_vec_async_and_sync_build_gymnasiums_vector_envs() -> None:
 def test_record_episode_statistics_counts_each_episode_once() -> None:
     envs = RecordEpisodeStatistics(SearchVectorEnv(3, QUESTIONS, retriever=AccentSearcher(), max_turns=4))
     envs.reset(seed=0, options={"questions": [QUESTIONS[0]] * 3})
-    turns = [("<answer>Paris</answer>", "<search>a</search>", "<search>a</search>"),  # episode 0 ends
-             ("x", "<answer>Lyon</answer>", "<search>b</search>"),                     # episode 1 ends
-             ("x", "x", "<search>c</search>"),
-             ("x", "x", "<answer>Paris</answer>"),                                     # episode 2 ends
-             ("x", "x", "x")]
+    turns = [
+        ("<answer>Paris</answer>", "<search>a</search>", "<search>a</search>"),  # episode 0 ends
+        ("x", "<answer>Lyon</answer>", "<search>b</search>"),  # episode 1 ends
+        ("x", "x", "<search>c</search>"),
+        ("x", "x", "<answer>Paris</answer>"),  # episode 2 ends
+        ("x", "x", "x"),
+    ]
     seen: list[tuple[int, float, int]] = []
     for step in turns:
         _, _, term, trunc, infos = envs.step(step)

@@ -47,9 +47,15 @@ def test_raw_hotpotqa_marks_supporting_titles_and_joins_sentences() -> None:
 
 
 def test_raw_2wiki_is_told_apart_from_hotpotqa(tmp_path: Path) -> None:
-    record = {"_id": "abc", "type": "compositional", "question": "Who is the father of X?",
-              "context": [["X", ["X is a film.", "Its director is Y."]], ["Z", ["Z is a town."]]],
-              "supporting_facts": [["X", 1]], "evidences": [["X", "director", "Y"]], "answer": "Y"}
+    record = {
+        "_id": "abc",
+        "type": "compositional",
+        "question": "Who is the father of X?",
+        "context": [["X", ["X is a film.", "Its director is Y."]], ["Z", ["Z is a town."]]],
+        "supporting_facts": [["X", 1]],
+        "evidences": [["X", "director", "Y"]],
+        "answer": "Y",
+    }
     path = tmp_path / "dev.json"
     path.write_text(json.dumps([record]))
     [ex] = load_dataset(path, name="2wiki")
@@ -58,14 +64,22 @@ def test_raw_2wiki_is_told_apart_from_hotpotqa(tmp_path: Path) -> None:
 
 
 def test_flashrag_multihop_metadata_gives_paragraphs(tmp_path: Path) -> None:
-    rec = {"id": "dev_0", "question": "q?", "golden_answers": ["a"],
-           "metadata": {"context": {"title": ["T1", "T2"], "sentences": [[" s1.", " s2."], ["u."]]},
-                        "supporting_facts": {"title": ["T2"], "sent_id": [0]}}}
+    rec = {
+        "id": "dev_0",
+        "question": "q?",
+        "golden_answers": ["a"],
+        "metadata": {
+            "context": {"title": ["T1", "T2"], "sentences": [[" s1.", " s2."], ["u."]]},
+            "supporting_facts": {"title": ["T2"], "sent_id": [0]},
+        },
+    }
     path = tmp_path / "hotpotqa.dev.jsonl"
     path.write_text(json.dumps(rec) + "\n")
     [ex] = load_dataset(path)
     assert ex.uid == "hotpotqa/dev_0" and [(p.title, p.text, p.is_supporting) for p in ex.paragraphs] == [
-        ("T1", "s1. s2.", False), ("T2", "u.", True)]
+        ("T1", "s1. s2.", False),
+        ("T2", "u.", True),
+    ]
 
 
 def test_unknown_records_and_duplicate_uids_are_rejected(tmp_path: Path) -> None:
@@ -90,14 +104,18 @@ def test_corpus_command_writes_each_distinct_paragraph_once(tmp_path: Path) -> N
     raw = json.loads(path.read_text())
     distinct = {(p["title"].strip(), p["paragraph_text"].strip()) for r in raw for p in r["paragraphs"]}
     assert len(passages) == len(distinct) == len({p.contents for p in passages})
-    assert split_contents(passages[0].contents) == (raw[0]["paragraphs"][0]["title"], raw[0]["paragraphs"][0]["paragraph_text"].strip())
+    assert split_contents(passages[0].contents) == (
+        raw[0]["paragraphs"][0]["title"],
+        raw[0]["paragraphs"][0]["paragraph_text"].strip(),
+    )
 
 
 def test_synthetic_command_writes_files_that_load_back_with_the_same_uids(tmp_path: Path) -> None:
     from pvpo.cli import app
 
-    result = CliRunner().invoke(app, ["data", "synthetic", str(tmp_path), "--seed", "2", "--n-entities", "20",
-                                      "--questions-per-hop", "10"])
+    result = CliRunner().invoke(
+        app, ["data", "synthetic", str(tmp_path), "--seed", "2", "--n-entities", "20", "--questions-per-hop", "10"]
+    )
     assert result.exit_code == 0, result.output
     world = SyntheticWorld.generate(2, 20, questions_per_hop=10)
     loaded = load_dataset(tmp_path / "test.jsonl", name="synthetic-s2")

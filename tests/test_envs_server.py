@@ -107,6 +107,8 @@ def test_vector_env_makes_one_retriever_call_per_step(world: SyntheticWorld, ser
     garbage = ("<search>", None, "</answer>", "\udcff", "<search>x</search>", "<answer>", "", 5)
     obs, rewards, term, trunc, _ = env.step(garbage)
     correction = env.config.protocol.correction_message()
-    assert [o == correction for o in obs] == [True] * 4 + [False] + [True] * 3 and obs[4].startswith("\n\n<information>")
+    assert [o == correction for o in obs] == [True] * 4 + [False] + [True] * 3 and obs[4].startswith(
+        "\n\n<information>"
+    )
     assert not (term.any() or trunc.any()) and client.calls == max(map(len, plans))
     client.client.close()

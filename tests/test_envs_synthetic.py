@@ -61,4 +61,6 @@ def test_oracle_refuses_a_question_from_another_world() -> None:
 
 def test_synthetic_is_a_registered_dataset() -> None:
     qs = load_dataset("synthetic", split="test", seed=4, n_entities=20, questions_per_hop=10)
-    assert [q.uid for q in qs] == [q.uid for q in SyntheticWorld.generate(4, 20, questions_per_hop=10).questions("test")]
+    assert [q.uid for q in qs] == [
+        q.uid for q in SyntheticWorld.generate(4, 20, questions_per_hop=10).questions("test")
+    ]

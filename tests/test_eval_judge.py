@@ -51,7 +51,17 @@ def test_judge_cache_survives_a_torn_line_and_keys_on_model_api_and_prompt(tmp_p
         f.write('{"key": "abc", "rep')
     again = JudgeCache(path)
     assert again.get(k) == "Score: 5" and len(again.data) == 1
-    assert len({k, JudgeCache.key("m2", "chat", "p"), JudgeCache.key("m", "completions", "p"), JudgeCache.key("m", "chat", "q")}) == 4
+    assert (
+        len(
+            {
+                k,
+                JudgeCache.key("m2", "chat", "p"),
+                JudgeCache.key("m", "completions", "p"),
+                JudgeCache.key("m", "chat", "q"),
+            }
+        )
+        == 4
+    )
 
 
 def test_judge_summary_reports_the_distribution_and_unparsed() -> None:
@@ -91,6 +101,8 @@ def test_openai_client_retries_an_unreachable_endpoint_then_names_it() -> None:
         port = s.getsockname()[1]
     client = OpenAIClient(f"http://127.0.0.1:{port}/v1", "m", retries=2, backoff=0.05)
     start = time.perf_counter()
-    with pytest.raises(OpenAIError, match=rf"127.0.0.1:{port}/v1/chat/completions failed after 3 attempt\(s\): ConnectError"):
+    with pytest.raises(
+        OpenAIError, match=rf"127.0.0.1:{port}/v1/chat/completions failed after 3 attempt\(s\): ConnectError"
+    ):
         client.post("chat/completions", {"messages": []})
     assert client.requests == 3 and time.perf_counter() - start >= 0.05 + 0.1  # backoff 0.05, then 0.1 (x 1-2 jitter)

@@ -25,7 +25,9 @@ from tests.eval_support import JUDGE_REPLY, searching_policy
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make test-vllm builds .venv-vllm)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make test-vllm builds .venv-vllm)"
+    ),
 ]
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 runner = CliRunner()
@@ -98,23 +100,60 @@ def _eval(out: Path, url: str, *extra: str) -> list[dict]:
     return [json.loads(line) for line in (out / "bamboogle" / "predictions.jsonl").read_text().splitlines()]
 
 
-def test_openai_policy_over_vllm_server_matches_the_token_loop(policy_dir: Path, server: str, retriever_url: str, tmp_path: Path) -> None:
+def test_openai_policy_over_vllm_server_matches_the_token_loop(
+    policy_dir: Path, server: str, retriever_url: str, tmp_path: Path
+) -> None:
     local = _eval(tmp_path / "hf", retriever_url, "--model", str(policy_dir), "--engine", "hf")
-    remote = _eval(tmp_path / "oa", retriever_url, "--engine", "openai", "--base-url", server, "--model-name", "tiny", "--api", "completions")
-    chat = _eval(tmp_path / "chat", retriever_url, "--engine", "openai", "--base-url", server, "--model-name", "tiny", "--api", "chat")
+    remote = _eval(
+        tmp_path / "oa",
+        retriever_url,
+        "--engine",
+        "openai",
+        "--base-url",
+        server,
+        "--model-name",
+        "tiny",
+        "--api",
+        "completions",
+    )
+    chat = _eval(
+        tmp_path / "chat",
+        retriever_url,
+        "--engine",
+        "openai",
+        "--base-url",
+        server,
+        "--model-name",
+        "tiny",
+        "--api",
+        "chat",
+    )
     assert [i["id"] for i in remote] == [i["id"] for i in local]
     # Greedy on the same weights, stop strings restored on the client: the text loop writes what
     # the token-exact loop writes, searches and observations included.
     for a, b, c in zip(local, remote, chat, strict=True):
-        for key in ("final_response", "pred", "metric_score", "num_searches", "num_turns", "stop_reason", "completion_tokens", "format_ok"):
+        for key in (
+            "final_response",
+            "pred",
+            "metric_score",
+            "num_searches",
+            "num_turns",
+            "stop_reason",
+            "completion_tokens",
+            "format_ok",
+        ):
             assert a["output"][key] == b["output"][key] == c["output"][key], (key, a["id"])
         assert b["output"]["prompt_tokens"] == a["output"]["prompt_tokens"]
-    assert all(b["output"]["num_searches"] >= 1 and "Doc 1(Title: Berlin)" in b["output"]["final_response"] for b in remote)
+    assert all(
+        b["output"]["num_searches"] >= 1 and "Doc 1(Title: Berlin)" in b["output"]["final_response"] for b in remote
+    )
     metrics = json.loads((tmp_path / "oa" / "bamboogle" / "metrics.json").read_text())
     assert metrics["engine"] == "openai-completions" and metrics["model"] == f"{server}#tiny"
 
 
-def test_llm_judge_over_vllm_server_scores_caches_and_reports(policy_dir: Path, server: str, retriever_url: str, tmp_path: Path) -> None:
+def test_llm_judge_over_vllm_server_scores_caches_and_reports(
+    policy_dir: Path, server: str, retriever_url: str, tmp_path: Path
+) -> None:
     from pvpo.trainer.judge import Judge, judge_run, parse_score
     from pvpo.trainer.openai_engine import OpenAIClient
 
@@ -130,7 +169,11 @@ def test_llm_judge_over_vllm_server_scores_caches_and_reports(policy_dir: Path, 
     run = tmp_path / "run" / "bamboogle"
     metrics = json.loads((run / "metrics.json").read_text())
     dist = metrics["lasj_distribution"]
-    assert (dist["4"], dist["0"], dist["unparsed"]) == (len(parsed), len(items) - len(answered), len(answered) - len(parsed))
+    assert (dist["4"], dist["0"], dist["unparsed"]) == (
+        len(parsed),
+        len(items) - len(answered),
+        len(answered) - len(parsed),
+    )
     assert metrics["lasj_mean"] == pytest.approx(4 * len(parsed) / (len(items) - dist["unparsed"]))
     assert metrics["lasj_cached"] == len(items) - len(answered)
 
@@ -158,7 +201,9 @@ def test_vllm_engine_evaluates_with_top_p_below_one(policy_dir: Path, retriever_
     assert len(items) == 12 and sum(it["output"]["num_searches"] >= 1 for it in items) >= 6
 
 
-def test_gt_endpoint_source_writes_what_the_local_model_source_writes(policy_dir: Path, server: str, tiny, tmp_path: Path) -> None:
+def test_gt_endpoint_source_writes_what_the_local_model_source_writes(
+    policy_dir: Path, server: str, tiny, tmp_path: Path
+) -> None:
     """PVPO's "larger model" behind an OpenAI-compatible endpoint (Group Sampling's `gt.source:
     model` with `base_url`): greedy, the text loop with restored stop strings gives the same
     trajectories, tokenized with the policy's tokenizer, as the same weights run locally; pi_gt is
@@ -171,8 +216,13 @@ def test_gt_endpoint_source_writes_what_the_local_model_source_writes(policy_dir
     from pvpo.trainer.policy import load_policy
 
     tok = load_policy(policy_dir).tokenizer
-    exs = [QAExample(f"q{i}", q, ("Berlin",)) for i, q in enumerate(["What is the capital of Germany?", "Who won the 1998 world cup?"])]
-    episode = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1")
+    exs = [
+        QAExample(f"q{i}", q, ("Berlin",))
+        for i, q in enumerate(["What is the capital of Germany?", "Who won the 1998 world cup?"])
+    ]
+    episode = EpisodeConfig(
+        protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1"
+    )
     ctx = GTContext(tok, tiny, episode, LoopConfig(max_turns=4, max_new_tokens=32, max_response_tokens=512))
     common = ["algorithm.gt.source=model", "algorithm.gt.model.temperature=0", "algorithm.gt.logprobs=reference"]
     remote_cfg = load_config(None, common + [f"algorithm.gt.model.base_url={server}", "algorithm.gt.model.model=tiny"])

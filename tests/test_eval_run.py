@@ -91,7 +91,9 @@ def test_hf_engine_top_p_samples_only_the_nucleus(policy_dir: Path) -> None:
     from pvpo.trainer.eval_run import token_policy
 
     pol = token_policy(policy_dir, "hf")
-    prompts = [pol.tokenizer.encode(f"Question: what is {w}?\n") for w in ("the capital", "a cat", "DNA", "Jupiter")] * 4
+    prompts = [
+        pol.tokenizer.encode(f"Question: what is {w}?\n") for w in ("the capital", "a cat", "DNA", "Jupiter")
+    ] * 4
     greedy = pol.engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=12))
     nucleus = pol.engine.generate(prompts, SamplingConfig(temperature=2.0, top_p=1e-6, max_new_tokens=12, seed=3))
     wide = pol.engine.generate(prompts, SamplingConfig(temperature=2.0, top_p=1.0, max_new_tokens=12, seed=3))
@@ -100,7 +102,9 @@ def test_hf_engine_top_p_samples_only_the_nucleus(policy_dir: Path) -> None:
 
 
 # ---- end to end ------------------------------------------------------------------------------------
-def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
+def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(
+    policy_dir: Path, retriever_url: str, tmp_path: Path
+) -> None:
     data = shared_data("flashrag", "bamboogle.test.jsonl")
     out = tmp_path / "run"
     result = _invoke(_eval_args(policy_dir, str(data), retriever_url, out, "--limit", "10", "--sample-seed", "3"))
@@ -108,14 +112,20 @@ def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(policy_dir: 
     run = out / "bamboogle"
     items = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
     source = {r["id"]: r for r in map(json.loads, data.read_text().splitlines())}
-    assert [it["id"] for it in items] == [f"test_{i}" for i in sorted(int(k.split("_")[1]) for k in (it["id"] for it in items))]
+    assert [it["id"] for it in items] == [
+        f"test_{i}" for i in sorted(int(k.split("_")[1]) for k in (it["id"] for it in items))
+    ]
     assert len(items) == 10 and {it["id"] for it in items} <= set(source)
     for it in items:
         assert it["question"] == source[it["id"]]["question"].strip()
-        assert it["golden_answers"] == [g.strip() for g in source[it["id"]]["golden_answers"]]  # as the loader reads them
+        assert it["golden_answers"] == [
+            g.strip() for g in source[it["id"]]["golden_answers"]
+        ]  # as the loader reads them
         o = it["output"]
         assert set(o["metric_score"]) == {"em", "f1", "acc"}
-        assert o["final_response"].startswith("<search>") and o["query"].endswith(it["question"].rstrip("?") + "?\n")  # Search-R1's prompt
+        assert o["final_response"].startswith("<search>") and o["query"].endswith(
+            it["question"].rstrip("?") + "?\n"
+        )  # Search-R1's prompt
         assert o["num_searches"] >= 1 and o["queries"][0] == "capital of Germany"  # a real search went out...
         assert "Doc 1(Title: Berlin)" in o["final_response"]  # ...and the loopback retriever answered it
         assert o["completion_tokens"] > 0 and o["num_turns"] >= 2 and isinstance(o["format_ok"], bool)
@@ -126,18 +136,30 @@ def test_eval_on_flashrag_samples_writes_flashrag_items_and_metrics(policy_dir: 
     assert rescored.changed_scores == 0
     for key in ("em", "f1", "acc"):
         assert rescored.totals[key] == pytest.approx(metrics[key], abs=1e-12)
-    assert rescore_file(run / "predictions.jsonl", extract=__import__("pvpo.reward", fromlist=["SEARCH_R1"]).SEARCH_R1).changed_preds == 0
+    assert (
+        rescore_file(
+            run / "predictions.jsonl", extract=__import__("pvpo.reward", fromlist=["SEARCH_R1"]).SEARCH_R1
+        ).changed_preds
+        == 0
+    )
 
     table = _invoke(["eval", "report", str(out), "--csv", str(tmp_path / "t.csv")]).output
-    assert "| Bamboogle (N=10) | Avg (em) |" in table and f"| {policy_dir.parent.name}/policy | {metrics['em']:.3f} |" in table  # a checkpoint's policy folder
+    assert (
+        "| Bamboogle (N=10) | Avg (em) |" in table
+        and f"| {policy_dir.parent.name}/policy | {metrics['em']:.3f} |" in table
+    )  # a checkpoint's policy folder
     assert (tmp_path / "t.csv").read_text().splitlines()[0] == "method,bamboogle,avg,n_bamboogle"
 
-    again = runner.invoke(app, _eval_args(policy_dir, str(data), retriever_url, out, "--limit", "10", "--sample-seed", "4"), env=ENV)
+    again = runner.invoke(
+        app, _eval_args(policy_dir, str(data), retriever_url, out, "--limit", "10", "--sample-seed", "4"), env=ENV
+    )
     assert again.exit_code == 2 and "other settings (sample_seed: 3 there, 4 now)" in again.output
 
 
 @pytest.mark.slow
-def test_run_killed_mid_way_resumes_to_the_same_predictions(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
+def test_run_killed_mid_way_resumes_to_the_same_predictions(
+    policy_dir: Path, retriever_url: str, tmp_path: Path
+) -> None:
     data = str(shared_data("flashrag", "popqa.test.jsonl"))
     args = _eval_args(policy_dir, data, retriever_url, tmp_path / "whole", "--limit", "40", "--sample-seed", "1")
     _invoke(args)
@@ -147,7 +169,9 @@ def test_run_killed_mid_way_resumes_to_the_same_predictions(policy_dir: Path, re
     preds = cut / "popqa" / "predictions.jsonl"
     cmd = [sys.executable, "-c", "from pvpo.cli import app; app()",
            *_eval_args(policy_dir, data, retriever_url, cut, "--limit", "40", "--sample-seed", "1")[:]]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
@@ -170,7 +194,9 @@ def test_run_killed_mid_way_resumes_to_the_same_predictions(policy_dir: Path, re
 @pytest.mark.parametrize("run", ["bamboogle_search_r1_instruct", "nq_search_r1_base"])
 def test_rescore_reproduces_flashrag_totals_of_shared_search_r1_runs(run: str) -> None:
     path = shared_data("scored", f"{run}.json")
-    stored = dict(line.split(": ") for line in shared_data("scored", f"{run}.metric_score.txt").read_text().splitlines())
+    stored = dict(
+        line.split(": ") for line in shared_data("scored", f"{run}.metric_score.txt").read_text().splitlines()
+    )
     result = _invoke(["eval", "rescore", str(path), "--extract", "search_r1"])
     assert result.stdout == "".join(f"{k}: {stored[k]}\n" for k in ("em", "acc", "f1"))
     res = rescore_file(path)
@@ -191,7 +217,9 @@ def test_rescore_extract_ignores_the_envs_correction_messages() -> None:
     response = "<think> hm </think>" + SEARCH_R1.correction_message() + "<think> still unsure"
     item = {"id": "1", "question": "q", "golden_answers": ["and"], "output": {"pred": "", "final_response": response}}
     res = rescore_items([item], extract=SEARCH_R1)
-    assert res.items[0]["output"]["pred"] == "" and res.totals["em"] == 0.0  # not the message's "<answer> and </answer>"
+    assert (
+        res.items[0]["output"]["pred"] == "" and res.totals["em"] == 0.0
+    )  # not the message's "<answer> and </answer>"
 
 
 def _fake_run(root: Path, method: str, dataset: str, em: float, n: int) -> None:
@@ -221,11 +249,17 @@ def test_eval_cli_errors_are_one_line_naming_the_problem(tmp_path: Path) -> None
     assert result.exit_code == 2 and "missing --retriever-url, --model" in result.output
     result = runner.invoke(app, ["eval", "--model", str(tmp_path), "--dataset", "squad", "--retriever-url", "http://127.0.0.1:9",
                                  "--out", str(tmp_path)], env=ENV)  # fmt: skip
-    assert result.exit_code == 2 and result.output.count("\n") == 1 and "'squad' is neither a file nor a known benchmark" in result.output
+    assert (
+        result.exit_code == 2
+        and result.output.count("\n") == 1
+        and "'squad' is neither a file nor a known benchmark" in result.output
+    )
 
 
 @pytest.mark.slow
-def test_all_script_evaluates_the_seven_benchmarks_and_writes_the_table(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
+def test_all_script_evaluates_the_seven_benchmarks_and_writes_the_table(
+    policy_dir: Path, retriever_url: str, tmp_path: Path
+) -> None:
     from pvpo.envs.datasets import BENCHMARKS
 
     lines = shared_data("flashrag", "bamboogle.test.jsonl").read_text().splitlines()
@@ -239,8 +273,15 @@ def test_all_script_evaluates_the_seven_benchmarks_and_writes_the_table(policy_d
     subprocess.run([str(REPO / "scripts" / "eval" / "all.sh"), str(policy_dir), str(out), "--", "--max-new-tokens", "32",
                     "--max-response-tokens", "512", "--max-turns", "4", "--quiet", "--label", "tiny-sft"], env=env, check=True, capture_output=True)  # fmt: skip
     md = (out / "table.md").read_text().splitlines()
-    assert md[0] == "| Method | NQ (N=2) | TriviaQA (N=2) | PopQA (N=2) | HotpotQA (N=2) | 2Wiki (N=2) | MuSiQue (N=2) | Bamboogle (N=2) | Avg (em) |"
+    assert (
+        md[0]
+        == "| Method | NQ (N=2) | TriviaQA (N=2) | PopQA (N=2) | HotpotQA (N=2) | 2Wiki (N=2) | MuSiQue (N=2) | Bamboogle (N=2) | Avg (em) |"
+    )
     assert md[2].startswith("| tiny-sft | ")
     splits = {json.loads((out / b.name / "metrics.json").read_text())["split"] for b in BENCHMARKS}
     assert splits == {"test", "dev"}
-    assert (out / "table.csv").read_text().startswith("method,nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,avg,")
+    assert (
+        (out / "table.csv")
+        .read_text()
+        .startswith("method,nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,avg,")
+    )

@@ -68,8 +68,12 @@ def test_rng_and_optimizer_state_round_trip_through_a_weights_only_load(tmp_path
 
 def test_a_checkpoint_with_the_legacy_numpy_rng_tuple_still_loads(tmp_path: Path) -> None:
     np.random.seed(5)
-    legacy = {"optimizer": {}, "step": 4, "extra": {},
-              "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.random.get_rng_state()}}
+    legacy = {
+        "optimizer": {},
+        "step": 4,
+        "extra": {},
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.random.get_rng_state()},
+    }
     (tmp_path / "c").mkdir()
     torch.save(legacy, tmp_path / "c" / "trainer_state.pt")
     draw = np.random.rand()

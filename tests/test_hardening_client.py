@@ -44,7 +44,10 @@ def test_a_search_during_a_restart_waits_for_the_server_and_logs_each_retry(tiny
 def test_retries_are_bounded_and_the_last_error_is_raised(caplog) -> None:
     url = f"http://127.0.0.1:{_free_port()}"
     with caplog.at_level(logging.WARNING, logger="pvpo.retriever.client"):
-        with RetrieverClient(url, retries=2, backoff=0.01, timeout=2) as client, pytest.raises(RetrieverError, match="unreachable"):
+        with (
+            RetrieverClient(url, retries=2, backoff=0.01, timeout=2) as client,
+            pytest.raises(RetrieverError, match="unreachable"),
+        ):
             client.search(["x"])
     assert sum("retrying in" in r.getMessage() for r in caplog.records) == 2
 

@@ -66,8 +66,10 @@ def _closed_by_server(s: socket.socket, within: float) -> bool:
 
 def _chunked_head(server: BackgroundServer, token: str | None) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return (f"POST /retrieve HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n{auth}"
-            "Transfer-Encoding: chunked\r\n\r\n").encode()
+    return (
+        f"POST /retrieve HTTP/1.1\r\nHost: {server.host}\r\nContent-Type: application/json\r\n{auth}"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
 
 
 def _stream_until_answered(s: socket.socket, chunk: bytes, budget: int) -> tuple[int, bytes]:
@@ -129,27 +131,41 @@ def test_a_chunked_body_past_the_limit_is_refused_while_it_streams(guarded: Back
 
 def test_a_declared_length_past_the_limit_is_refused_before_the_body(guarded: BackgroundServer) -> None:
     with _connect(guarded) as s:
-        s.sendall(f"POST /retrieve HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {10**9}\r\n\r\n".encode())
+        s.sendall(
+            f"POST /retrieve HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {10**9}\r\n\r\n".encode()
+        )
         s.settimeout(5)
         assert s.recv(65536).startswith(b"HTTP/1.1 413")
 
 
 def test_a_body_that_trickles_in_past_the_body_timeout_gets_408(tiny) -> None:
     with BackgroundServer(tiny, body_timeout=0.5) as server, _connect(server) as s:
-        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
-                  b'{"queries": ')
+        s.sendall(
+            b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            b'{"queries": '
+        )
         s.settimeout(5)
         assert s.recv(65536).startswith(b"HTTP/1.1 408")
 
 
 def test_text_plain_is_415_and_a_body_that_is_not_utf8_is_422(guarded: BackgroundServer) -> None:
     auth = {"Authorization": "Bearer s3cret"}
-    r = httpx.post(guarded.url + "/retrieve", content=b'{"queries": ["chess"]}', headers={**auth, "content-type": "text/plain"})
+    r = httpx.post(
+        guarded.url + "/retrieve", content=b'{"queries": ["chess"]}', headers={**auth, "content-type": "text/plain"}
+    )
     assert r.status_code == 415 and "application/json" in r.json()["detail"]
-    r = httpx.post(guarded.url + "/retrieve", content=b'{"queries": ["\xff"]}', headers={**auth, "content-type": "application/json"})
+    r = httpx.post(
+        guarded.url + "/retrieve",
+        content=b'{"queries": ["\xff"]}',
+        headers={**auth, "content-type": "application/json"},
+    )
     assert r.status_code == 422 and r.json()["detail"] == "body is not valid JSON: not UTF-8 at byte 14"
-    r = httpx.post(guarded.url + "/retrieve", content=b'{"queries": ["chess"]}', headers={**auth, "content-type": "application/json; charset=utf-8"})
+    r = httpx.post(
+        guarded.url + "/retrieve",
+        content=b'{"queries": ["chess"]}',
+        headers={**auth, "content-type": "application/json; charset=utf-8"},
+    )
     assert r.status_code == 200
 
 
@@ -157,7 +173,9 @@ def test_text_plain_is_415_and_a_body_that_is_not_utf8_is_422(guarded: Backgroun
     ({"query": "chess", "top_k": 1}, 1, 1), ({"query": "chess", "k": 2}, 2, 1), ({"queries": ["chess", "cat"], "k": 3}, 3, 2),
     ({"queries": ["chess"], "topk": None}, 3, 1), ({"query": "chess", "top_k": 2.0}, 2, 1),
 ])  # fmt: skip
-def test_rllm_style_query_and_topk_aliases_are_honoured(guarded: BackgroundServer, body: dict, topk: int, n: int) -> None:
+def test_rllm_style_query_and_topk_aliases_are_honoured(
+    guarded: BackgroundServer, body: dict, topk: int, n: int
+) -> None:
     r = httpx.post(guarded.url + "/retrieve", json=body, headers={"Authorization": "Bearer s3cret"})
     assert r.status_code == 200, r.text
     assert [len(x) for x in r.json()["result"]] == [topk] * n
@@ -172,7 +190,9 @@ def test_rllm_style_query_and_topk_aliases_are_honoured(guarded: BackgroundServe
     ({"query": "chess", "k": 0}, "k must be between 1 and 10, got 0"),
     ({"query": ["chess"]}, "query: Input should be a valid string"),
 ])  # fmt: skip
-def test_unknown_and_conflicting_fields_are_422_never_ignored(guarded: BackgroundServer, body: dict, message: str) -> None:
+def test_unknown_and_conflicting_fields_are_422_never_ignored(
+    guarded: BackgroundServer, body: dict, message: str
+) -> None:
     r = httpx.post(guarded.url + "/retrieve", json=body, headers={"Authorization": "Bearer s3cret"})
     assert r.status_code == 422 and r.json()["detail"] == message
 
@@ -182,7 +202,9 @@ def test_an_empty_token_is_refused_by_the_app_and_the_cli(tiny, tmp_path) -> Non
 
     with pytest.raises(ValueError, match="token is empty"):
         create_app(tiny, token="")
-    res = CliRunner().invoke(app, ["retriever", "serve", "--index", str(tmp_path), "--token", ""], env={"COLUMNS": "300"})
+    res = CliRunner().invoke(
+        app, ["retriever", "serve", "--index", str(tmp_path), "--token", ""], env={"COLUMNS": "300"}
+    )
     assert res.exit_code == 2 and "token is empty" in res.output
 
 
@@ -191,7 +213,10 @@ def test_the_openapi_schema_publishes_limits_errors_and_the_bearer_scheme(guarde
     req = spec["components"]["schemas"]["RetrieveRequest"]
     assert req["additionalProperties"] is False
     assert (req["properties"]["queries"]["minItems"], req["properties"]["queries"]["maxItems"]) == (1, 16)
-    assert req["properties"]["queries"]["items"]["maxLength"] == 200 and req["properties"]["topk"]["anyOf"][0]["maximum"] == 10
+    assert (
+        req["properties"]["queries"]["items"]["maxLength"] == 200
+        and req["properties"]["topk"]["anyOf"][0]["maximum"] == 10
+    )
     responses = spec["paths"]["/retrieve"]["post"]["responses"]
     assert {"200", "401", "413", "415", "422", "503"} <= set(responses)
     assert spec["components"]["schemas"]["ErrorBody"]["properties"]["detail"]["type"] == "string"
@@ -233,8 +258,11 @@ def test_a_small_request_is_not_stuck_behind_a_large_one(tiny) -> None:
     with BackgroundServer(slow, max_batch_size=16, limits=Limits(max_queries=512)) as server:
         big: list[httpx.Response] = []
         t_big = time.perf_counter()
-        t = threading.Thread(target=lambda: big.append(httpx.post(server.url + "/retrieve", timeout=60,
-                                                                  json={"queries": [f"chess {i}" for i in range(400)]})))
+        t = threading.Thread(
+            target=lambda: big.append(
+                httpx.post(server.url + "/retrieve", timeout=60, json={"queries": [f"chess {i}" for i in range(400)]})
+            )
+        )
         t.start()
         time.sleep(0.3)  # the large request (400 x 10 ms = 4 s of search) is under way
         took = []
@@ -253,7 +281,10 @@ def test_a_small_request_is_not_stuck_behind_a_large_one(tiny) -> None:
 
 def test_work_for_a_client_that_went_away_is_dropped(tiny, caplog) -> None:
     slow = SlowRetriever(tiny, per_query_s=0.01)
-    with caplog.at_level(logging.ERROR), BackgroundServer(slow, max_batch_size=16, limits=Limits(max_queries=512)) as server:
+    with (
+        caplog.at_level(logging.ERROR),
+        BackgroundServer(slow, max_batch_size=16, limits=Limits(max_queries=512)) as server,
+    ):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.url + "/retrieve", json={"queries": [f"q{i}" for i in range(500)]}, timeout=0.5)
         time.sleep(1.0)
@@ -268,9 +299,28 @@ def test_schemathesis_finds_no_contract_violation(tiny, tmp_path) -> None:
     if cli is None:
         pytest.fail("schemathesis is not installed: pip install -e '.[dev]'")
     with BackgroundServer(tiny, token="s3cret", limits=Limits(max_queries=4, max_query_chars=48, max_topk=5)) as server:
-        proc = subprocess.run([cli, "run", server.url + "/openapi.json", "--checks", "all", "-H", "Authorization: Bearer s3cret",
-                               "--max-examples", "60", "--seed", "16", "--request-timeout", "20", "--no-color"],
-                              capture_output=True, text=True, timeout=240, cwd=tmp_path)  # its .schemathesis cache: not in the repo
+        proc = subprocess.run(
+            [
+                cli,
+                "run",
+                server.url + "/openapi.json",
+                "--checks",
+                "all",
+                "-H",
+                "Authorization: Bearer s3cret",
+                "--max-examples",
+                "60",
+                "--seed",
+                "16",
+                "--request-timeout",
+                "20",
+                "--no-color",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=tmp_path,
+        )  # its .schemathesis cache: not in the repo
     # ~5 s here (60 examples per operation, small limits so positive cases stay cheap to search)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "No issues found" in proc.stdout
@@ -287,7 +337,19 @@ def test_under_a_low_open_file_limit_520_idle_sockets_do_not_starve_real_request
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     # the hard limit too, so `serve` cannot raise it: 256 files, of which 192 for connections
     server = subprocess.Popen(cmd, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, HF_HUB_OFFLINE="1"))  # fmt: skip

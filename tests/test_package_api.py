@@ -28,7 +28,9 @@ def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
 
 
 def test_the_client_and_the_config_import_without_torch_or_faiss() -> None:
-    code = ("import sys; from pvpo.retriever import RetrieverClient, Passage; from pvpo.trainer import TrainConfig; "
-            "import pvpo.envs; heavy = [m for m in ('torch', 'faiss', 'transformers') if m in sys.modules]; "
-            "assert not heavy, heavy")
+    code = (
+        "import sys; from pvpo.retriever import RetrieverClient, Passage; from pvpo.trainer import TrainConfig; "
+        "import pvpo.envs; heavy = [m for m in ('torch', 'faiss', 'transformers') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -30,8 +30,10 @@ def test_the_packages_setuptools_ships_are_exactly_the_folders_on_disk() -> None
 
 def test_the_namespace_imports_from_the_checkout_with_no_install_and_no_site_packages(tmp_path: Path) -> None:
     # -S: no site-packages and so no editable finder; only the checkout on sys.path
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import pvpo.reward, pvpo.registry; "
-            "print(pvpo.reward.__file__); print(pvpo.reward.get_reward('em')('<answer>x</answer>', 'x').total)")
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import pvpo.reward, pvpo.registry; "
+        "print(pvpo.reward.__file__); print(pvpo.reward.get_reward('em')('<answer>x</answer>', 'x').total)"
+    )
     out = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path, check=True).stdout.split()  # fmt: skip
     assert Path(out[0]) == REPO / "pvpo" / "reward" / "__init__.py"

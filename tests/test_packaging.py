@@ -18,8 +18,10 @@ from pvpo.trainer.config import load_config
 from pvpo.trainer.presets import available_presets, preset_path, resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
-RESOLVE = ("import json, pvpo; from pvpo.trainer.presets import preset_path; from pvpo.trainer.config import load_config; "
-           "print(json.dumps({'pvpo': pvpo.__file__, 'demo': load_config(preset_path('demo')).model_dump(mode='json')}))")
+RESOLVE = (
+    "import json, pvpo; from pvpo.trainer.presets import preset_path; from pvpo.trainer.config import load_config; "
+    "print(json.dumps({'pvpo': pvpo.__file__, 'demo': load_config(preset_path('demo')).model_dump(mode='json')}))"
+)
 
 
 def test_presets_are_the_checkouts_configs_files() -> None:

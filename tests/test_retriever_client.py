@@ -9,13 +9,12 @@ import socket
 
 import httpx
 import pytest
+from retriever_support import FailingRetriever
 from typer.testing import CliRunner
 
 from pvpo.retriever.client import AsyncRetrieverClient, RetrieverClient, RetrieverError, parse_result
 from pvpo.retriever.server import BackgroundServer
 from pvpo.retriever.testing import TINY_QUERIES, write_tiny_corpus
-
-from retriever_support import FailingRetriever
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -112,8 +111,9 @@ def test_cli_builds_an_index_that_the_server_serves(tmp_path) -> None:
 
     corpus = write_tiny_corpus(tmp_path / "c.json")
     runner = CliRunner()
-    result = runner.invoke(app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"),
-                                 "--index-type", "bm25"])
+    result = runner.invoke(
+        app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--index-type", "bm25"]
+    )
     assert result.exit_code == 0, result.output
     assert "built bm25 index of 24 passages" in result.output
     with BackgroundServer(tmp_path / "idx") as s, RetrieverClient(s.url) as client:

@@ -17,11 +17,17 @@ def _write_lines(path: Path, records: list[dict]) -> Path:
 
 
 def test_reads_search_r1_contents_jsonl(tmp_path: Path) -> None:
-    path = _write_lines(tmp_path / "c.jsonl", [
-        {"id": "0", "contents": '"Paris"\nParis is in France.'},
-        {"id": "1", "contents": '"Kyōto"\nKyōto was the capital of Japan.'},
-    ])
-    assert list(iter_corpus(path)) == [("0", '"Paris"\nParis is in France.'), ("1", '"Kyōto"\nKyōto was the capital of Japan.')]
+    path = _write_lines(
+        tmp_path / "c.jsonl",
+        [
+            {"id": "0", "contents": '"Paris"\nParis is in France.'},
+            {"id": "1", "contents": '"Kyōto"\nKyōto was the capital of Japan.'},
+        ],
+    )
+    assert list(iter_corpus(path)) == [
+        ("0", '"Paris"\nParis is in France.'),
+        ("1", '"Kyōto"\nKyōto was the capital of Japan.'),
+    ]
 
 
 def test_reads_title_text_jsonl_and_json_list_into_quoted_title_contents(tmp_path: Path) -> None:
@@ -41,8 +47,11 @@ def test_record_without_text_is_rejected_with_its_row(tmp_path: Path) -> None:
 
 def test_store_looks_up_rows_and_skips_blank_lines(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
-    path.write_text('{"id": "x", "contents": "\\"A\\"\\na"}\n\n{"id": "y", "contents": "\\"B\\"\\nb é"}\r\n\n'
-                    '{"id": "z", "contents": "\\"C\\"\\nc"}', encoding="utf-8")
+    path.write_text(
+        '{"id": "x", "contents": "\\"A\\"\\na"}\n\n{"id": "y", "contents": "\\"B\\"\\nb é"}\r\n\n'
+        '{"id": "z", "contents": "\\"C\\"\\nc"}',
+        encoding="utf-8",
+    )
     store = CorpusStore(path)
     assert len(store) == 3
     assert store.record(2) == ("z", '"C"\nc')
@@ -78,10 +87,18 @@ def test_musique_corpus_round_trips_through_the_store(tmp_path: Path) -> None:
 
 def test_reads_a_title_to_sentences_object_as_hotpotqa_ships_it(tmp_path: Path) -> None:
     path = tmp_path / "corpus.json"
-    path.write_text(json.dumps({"Zola": ["Émile Zola was a writer.", " He was born in Paris."], "Faust": "A play."},
-                               indent=4, ensure_ascii=False), encoding="utf-8")
-    assert list(iter_corpus(path)) == [("Zola", make_contents("Zola", "Émile Zola was a writer. He was born in Paris.")),
-                                       ("Faust", make_contents("Faust", "A play."))]
+    path.write_text(
+        json.dumps(
+            {"Zola": ["Émile Zola was a writer.", " He was born in Paris."], "Faust": "A play."},
+            indent=4,
+            ensure_ascii=False,
+        ),
+        encoding="utf-8",
+    )
+    assert list(iter_corpus(path)) == [
+        ("Zola", make_contents("Zola", "Émile Zola was a writer. He was born in Paris.")),
+        ("Faust", make_contents("Faust", "A play.")),
+    ]
     path.write_text(json.dumps({"Zola": ["one line"]}))  # the same, not pretty-printed
     assert list(iter_corpus(path)) == [("Zola", make_contents("Zola", "one line"))]
 
@@ -125,8 +142,9 @@ def test_cli_builds_the_shared_hotpotqa_corpus_and_names_a_bad_line_in_one_line(
     from pvpo.cli import app
 
     source = shared_data("hotpotqa_mini", "corpus.json")
-    res = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(source), "--out", str(tmp_path / "idx"),
-                                   "--index-type", "bm25"])
+    res = CliRunner().invoke(
+        app, ["retriever", "build", "--corpus", str(source), "--out", str(tmp_path / "idx"), "--index-type", "bm25"]
+    )
     assert res.exit_code == 0, res.output
     assert "built bm25 index of 994 passages" in res.output
     bad = tmp_path / "bad.jsonl"
@@ -167,7 +185,12 @@ def test_one_codec_builds_and_reads_a_passages_contents() -> None:
     para = Paragraph("Zola", "Émile Zola.")
     ex = QAExample("q", "who?", ("Zola",), (para,))
     [[flashrag]] = parse_result({"result": [[{"title": "Zola", "text": "Émile Zola."}]]}, 1)
-    built = {para.contents, corpus_from_examples([ex])[0].contents, flashrag.contents, make_contents("Zola", "Émile Zola.")}
+    built = {
+        para.contents,
+        corpus_from_examples([ex])[0].contents,
+        flashrag.contents,
+        make_contents("Zola", "Émile Zola."),
+    }
     assert built == {'"Zola"\nÉmile Zola.'}
     p = Passage("1", next(iter(built)))
     assert (p.title, p.text) == ("Zola", "Émile Zola.")

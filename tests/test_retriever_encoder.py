@@ -44,7 +44,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("encoder-cache")
 
 
-@pytest.mark.parametrize("backend,module,tol", [("onnx", "onnxruntime", 1e-5), ("openvino", "openvino", 1e-3)])  # OpenVINO f32: 2.5e-4 measured
+@pytest.mark.parametrize(
+    "backend,module,tol", [("onnx", "onnxruntime", 1e-5), ("openvino", "openvino", 1e-3)]
+)  # OpenVINO f32: 2.5e-4 measured
 def test_exported_backend_matches_torch(backend: str, module: str, tol: float, reference, cache: Path) -> None:
     _needs(module, backend)
     enc = Encoder(device="cpu", backend=backend, cache_dir=cache)

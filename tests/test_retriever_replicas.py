@@ -52,7 +52,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_replica_urls_and_threads() -> None:
-    assert replica_urls("127.0.0.1", 8000, 3) == ["http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert replica_urls("127.0.0.1", 8000, 3) == [
+        "http://127.0.0.1:8000",
+        "http://127.0.0.1:8001",
+        "http://127.0.0.1:8002",
+    ]
     assert replica_urls("::1", 9000, 1) == ["http://[::1]:9000"]
     assert replica_threads(2, 3) == 3 and replica_threads(64, None) == 1
     with pytest.raises(ValueError, match="replicas must be >= 1, got 0"):
@@ -62,9 +66,27 @@ def test_replica_urls_and_threads() -> None:
 def test_two_replicas_share_the_clients_requests_and_stop_on_sigterm(tmp_path: Path) -> None:
     index = build_tiny_index(tmp_path)
     port = _free_consecutive_ports(2)
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--host", "127.0.0.1",
-           "--port", str(port), "--replicas", "2", "--device", "cpu", "--encoder-backend", "torch",
-           "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--replicas",
+        "2",
+        "--device",
+        "cpu",
+        "--encoder-backend",
+        "torch",
+        "--log-level",
+        "warning",
+    ]
     parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     try:
         # each replica prints its own "serving ..." line; the parent's comes once all answer /health
@@ -96,8 +118,25 @@ def test_two_replicas_share_the_clients_requests_and_stop_on_sigterm(tmp_path: P
 def test_replicas_of_a_killed_parent_stop_too(tmp_path: Path) -> None:
     index = build_tiny_index(tmp_path)
     port = _free_consecutive_ports(2)
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--host", "127.0.0.1",
-           "--port", str(port), "--replicas", "2", "--device", "cpu", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--replicas",
+        "2",
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+    ]
     parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     try:
         line = next((x for x in (parent.stdout.readline() for _ in range(3)) if "replicas (pids" in x), "")

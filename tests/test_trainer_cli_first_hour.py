@@ -12,7 +12,9 @@ from pvpo.trainer.config import ConfigError, load_config
 
 
 def test_warm_start_on_a_qa_file_is_refused_naming_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"model.warm_start_steps=5 needs oracle trajectories.*data.source='qa.jsonl'"):
+    with pytest.raises(
+        ConfigError, match=r"model.warm_start_steps=5 needs oracle trajectories.*data.source='qa.jsonl'"
+    ):
         load_config(None, ["model.warm_start_steps=5", "data.source=qa.jsonl"])
     assert load_config(None, ["model.warm_start_steps=0", "data.source=qa.jsonl"]).data.source == "qa.jsonl"
     assert load_config(None, ["model.warm_start_steps=5"]).model.warm_start_steps == 5  # synthetic: fine

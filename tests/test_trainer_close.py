@@ -17,7 +17,9 @@ class Boom(RuntimeError):
     pass
 
 
-def test_train_closes_its_engine_when_done_and_when_a_step_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_train_closes_its_engine_when_done_and_when_a_step_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pvpo.trainer.train import train
 
     closed: list[HFEngine] = []

@@ -36,15 +36,34 @@ class OverlapSearcher:
 @pytest.fixture(scope="module")
 def policy():
     texts = [p.contents for p in WORLD.passages] + [q.question for q in WORLD.questions("train")]
-    return build_tiny_policy(texts, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                                                    intermediate_size=64, vocab_size=400), tags=TAGS, seed=0)
+    return build_tiny_policy(
+        texts,
+        TinyModelConfig(
+            hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=400
+        ),
+        tags=TAGS,
+        seed=0,
+    )
 
 
-TINY = ["data.synthetic.n_entities=12", "data.synthetic.n_relations=2", "data.synthetic.max_hops=2",
-        "data.synthetic.questions_per_hop=6", "model.tiny.vocab_size=400", "model.tiny.hidden_size=32",
-        "model.tiny.num_layers=1", "model.tiny.intermediate_size=64", "rollout.n=2", "data.prompts_per_step=2",
-        "rollout.max_new_tokens=10", "rollout.max_turns=2", "rollout.max_response_tokens=120",
-        "algorithm.anchor.num_rollouts=2", "data.max_eval_examples=2", "run.tensorboard=false"]
+TINY = [
+    "data.synthetic.n_entities=12",
+    "data.synthetic.n_relations=2",
+    "data.synthetic.max_hops=2",
+    "data.synthetic.questions_per_hop=6",
+    "model.tiny.vocab_size=400",
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=1",
+    "model.tiny.intermediate_size=64",
+    "rollout.n=2",
+    "data.prompts_per_step=2",
+    "rollout.max_new_tokens=10",
+    "rollout.max_turns=2",
+    "rollout.max_response_tokens=120",
+    "algorithm.anchor.num_rollouts=2",
+    "data.max_eval_examples=2",
+    "run.tensorboard=false",
+]
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -107,7 +126,9 @@ def test_engine_stops_after_stop_string_or_eos_and_keeps_sampled_ids(policy):
     search = tok.encode("<think>hm</think><search>the mentor of Zaro</search> junk after", add_special_tokens=False)
     answer = tok.encode("<answer>Kelmo", add_special_tokens=False) + [tok.eos_token_id] + tok.encode(" more")
     eng = HFEngine(ScriptedLM([search, answer, search], len(tok)), tok)
-    out = eng.generate([[1, 2], [3], [4, 5, 6]], SamplingConfig(max_new_tokens=40, seed=0, stop=("</search>", "</answer>")))
+    out = eng.generate(
+        [[1, 2], [3], [4, 5, 6]], SamplingConfig(max_new_tokens=40, seed=0, stop=("</search>", "</answer>"))
+    )
     end = search.index(tok.convert_tokens_to_ids("</search>")) + 1
     assert out[0].token_ids == search[:end] and out[0].finish_reason == "stop" and out[0].stop_string == "</search>"
     assert out[1].token_ids == answer[: answer.index(tok.eos_token_id) + 1] and out[1].finish_reason == "eos"

@@ -46,7 +46,9 @@ def test_pvpo_train_data_holds_the_same_disjoint_warm_start_split_as_the_demo(tm
     assert not {q.uid for q in data.train} & {q.uid for q in data.warm_start}
     assert all(q.metadata["hops"] == 1 for q in data.warm_start)
     no_split = load_data(config_from_dict({**MINI, "data": {**MINI["data"], "warm_start_examples": None}}), tmp_path)
-    assert no_split.train == data.train and no_split.warm_start == no_split.train  # the warm start reuses the RL prompts
+    assert (
+        no_split.train == data.train and no_split.warm_start == no_split.train
+    )  # the warm start reuses the RL prompts
 
 
 def test_warm_start_questions_share_nothing_with_the_rl_prompts_and_respect_the_hop_limit():
@@ -66,7 +68,9 @@ def test_warm_start_questions_share_nothing_with_the_rl_prompts_and_respect_the_
 
 def test_eval_metrics_report_f1_standard_error_and_accuracy_per_hop():
     world = synthetic_world(0, 16, n_relations=2, max_hops=2, questions_per_hop=4)
-    exs = [e for e in world.questions("train") if e.metadata["hops"] == 1][:2] + [e for e in world.questions("train") if e.metadata["hops"] == 2][:2]
+    exs = [e for e in world.questions("train") if e.metadata["hops"] == 1][:2] + [
+        e for e in world.questions("train") if e.metadata["hops"] == 2
+    ][:2]
     preds = [exs[0].golden_answers[0], "nobody", f"{exs[2].golden_answers[0]} and more", None]
     trajs = []
     for ex, p in zip(exs, preds):
@@ -99,7 +103,15 @@ def test_miniature_demo_writes_finite_metrics_a_plot_and_a_before_after_summary(
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     summary = (run_dir / "summary.md").read_text()
     assert summary in proc.stdout
-    for row in ("| EM |", "| F1 |", "| reward |", "| format ok |", "| searches per answer |", "| EM, 1-hop |", "wall time"):
+    for row in (
+        "| EM |",
+        "| F1 |",
+        "| reward |",
+        "| format ok |",
+        "| searches per answer |",
+        "| EM, 1-hop |",
+        "wall time",
+    ):
         assert row in summary, f"summary lacks {row!r}"
     em_row = next(line for line in summary.splitlines() if line.startswith("| EM |"))
     before, after = (float(x) for x in em_row.split("|")[2:4])

@@ -22,9 +22,19 @@ SMOKE = str(REPO / "configs" / "smoke.yaml")
 # One mini-batch per step: a rank's mini-batches are cut from its own rows, so with several
 # mini-batches the two runs would update on differently composed mini-batches. Rollout batches of
 # one group, so each group's sampling seed is the same in both runs (Trainer.rollout's offset).
-OVERRIDES = ["run.tensorboard=false", "rollout.batch_size=2", "optim.mini_batches=1", "model.warm_start_steps=150",
-             "model.warm_start_lr=5e-3", "optim.entropy_coef=0.01", "optim.kl_coef=0.05", "rollout.temperature=0.7",
-             "rollout.max_new_tokens=40", "rollout.max_response_tokens=240", "optim.max_tokens_per_micro_batch=512"]
+OVERRIDES = [
+    "run.tensorboard=false",
+    "rollout.batch_size=2",
+    "optim.mini_batches=1",
+    "model.warm_start_steps=150",
+    "model.warm_start_lr=5e-3",
+    "optim.entropy_coef=0.01",
+    "optim.kl_coef=0.05",
+    "rollout.temperature=0.7",
+    "rollout.max_new_tokens=40",
+    "rollout.max_response_tokens=240",
+    "optim.max_tokens_per_micro_batch=512",
+]
 KEYS = ("reward/mean", "format_ok", "anchor/mean", "model_tokens", "loss/mini_batch", "grad_norm")
 # Measured: rewards, anchors and token counts identical; loss and grad norm agree to ~1e-7
 # (float32 reduction order across two ranks).
@@ -36,15 +46,33 @@ def _env() -> dict[str, str]:
 
 
 def _run(args: list[str], *, nproc: int | None) -> None:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc else [sys.executable]
-    proc = subprocess.run([*launcher, "-m", "pvpo.cli", "train", *args], env=_env(), capture_output=True, text=True, timeout=600)
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc
+        else [sys.executable]
+    )
+    proc = subprocess.run(
+        [*launcher, "-m", "pvpo.cli", "train", *args], env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 def _run_and_kill_after_first_checkpoint(args: list[str], run: Path) -> None:
     """Start a 2-rank run and SIGKILL its whole process group as soon as `latest` names step 1."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pvpo.cli", "train", *args]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "pvpo.cli",
+        "train",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     latest = run / "checkpoints" / "latest"
     deadline = time.monotonic() + 600
     try:
@@ -71,7 +99,9 @@ def test_two_gloo_ranks_match_one_process_and_resume_from_a_sharded_checkpoint(t
     _run_and_kill_after_first_checkpoint(["--config", SMOKE, "--run-dir", str(dist), *OVERRIDES], dist)
     ckpt = dist / "checkpoints" / "step_000001"
     assert {p.name for p in ckpt.iterdir()} >= {"dcp", "policy", "rank_0", "rank_1", "trainer_state.pt"}
-    _run(["--run-dir", str(dist), "--resume", "run.steps=2", "--nproc", "2"], nproc=None)  # the `pvpo train --nproc` shortcut
+    _run(
+        ["--run-dir", str(dist), "--resume", "run.steps=2", "--nproc", "2"], nproc=None
+    )  # the `pvpo train --nproc` shortcut
 
     one, two = _rows(single), _rows(dist)
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]

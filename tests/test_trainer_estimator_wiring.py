@@ -47,7 +47,9 @@ def test_v05_extra_rollouts_go_through_the_trainer_and_are_counted(tmp_path, mon
         return out
 
     monkeypatch.setattr(Trainer, "rollout", scored)
-    m = _train(tmp_path, "algorithm.estimator=v05", "rollout.n=3", "algorithm.prior_fusion.k_max=6", "run.steps=1").metrics[0]
+    m = _train(
+        tmp_path, "algorithm.estimator=v05", "rollout.n=3", "algorithm.prior_fusion.k_max=6", "run.steps=1"
+    ).metrics[0]
     # anchor 0 (real rewards) vs rewards 1, 1, 0: the prior is rejected and rollouts are added
     assert m["v05/extra_rollouts"] > 0 and m["v05/prior_rejected_frac"] == 1.0
     sampled = 2 * 3 + m["v05/extra_rollouts"]  # 2 prompts x k_init=3, plus the budget's extra ones

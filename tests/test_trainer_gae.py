@@ -58,8 +58,14 @@ def test_ppo_estimator_is_token_level_whitened_over_model_tokens():
 
 
 def _fixed_batch():
-    pol = build_tiny_policy(["alpha beta gamma delta", "one two three"], TinyModelConfig(
-        hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=300), tags=("think", "search", "information", "answer"), seed=0)
+    pol = build_tiny_policy(
+        ["alpha beta gamma delta", "one two three"],
+        TinyModelConfig(
+            hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=300
+        ),
+        tags=("think", "search", "information", "answer"),
+        seed=0,
+    )
     trajs = []
     for i, reward in enumerate([1.0, 0.0, 1.0, 0.0]):
         t = Trajectory(f"p{i}", [5 + i, 6, 7 + i])

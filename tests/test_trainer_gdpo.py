@@ -34,11 +34,15 @@ def test_gdpo_separates_them_with_the_papers_numbers_before_and_after_the_batch_
     gdpo = get_estimator("gdpo")
     raw = gdpo(comps.sum(1), uids, components=comps, batch_norm=False)
     # (0, 2) differs in both rewards: twice the advantage of the patterns where one reward differs
-    torch.testing.assert_close(raw, torch.tensor([-R2, R2, -2 * R2, 2 * R2, -R2, R2], dtype=torch.float64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        raw, torch.tensor([-R2, R2, -2 * R2, 2 * R2, -R2, R2], dtype=torch.float64), atol=1e-5, rtol=0
+    )
     # batch step: mean 0, unbiased std sqrt((4 * 0.5 + 2 * 2) / 5) = sqrt(1.2)
     out = gdpo(comps.sum(1), uids, components=comps)
     s = math.sqrt(1.2)
-    torch.testing.assert_close(out, torch.tensor([-R2, R2, -2 * R2, 2 * R2, -R2, R2], dtype=torch.float64) / s, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        out, torch.tensor([-R2, R2, -2 * R2, 2 * R2, -R2, R2], dtype=torch.float64) / s, atol=1e-5, rtol=0
+    )
     assert round(float(out[3]), 4) == 1.291 and round(float(out[1]), 4) == 0.6455
 
 

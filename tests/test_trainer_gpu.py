@@ -20,9 +20,17 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
-GPU_OVERRIDES = ["model.device=cuda", "model.dtype=bfloat16", "model.gradient_checkpointing=true", "rollout.engine=vllm",
-                 "rollout.vllm.gpu_memory_utilization=0.3", "rollout.vllm.sleep_level=2", "run.tensorboard=false",
-                 "optim.max_tokens_per_micro_batch=4096", "optim.kl_coef=0.001"]
+GPU_OVERRIDES = [
+    "model.device=cuda",
+    "model.dtype=bfloat16",
+    "model.gradient_checkpointing=true",
+    "rollout.engine=vllm",
+    "rollout.vllm.gpu_memory_utilization=0.3",
+    "rollout.vllm.sleep_level=2",
+    "run.tensorboard=false",
+    "optim.max_tokens_per_micro_batch=4096",
+    "optim.kl_coef=0.001",
+]
 
 
 def _train(tmp_path: Path, overrides: list[str], steps: int):
@@ -57,14 +65,20 @@ def test_qwen2_5_3b_shaped_model_runs_one_pvpo_step_with_vllm_colocated(tmp_path
                           + [f"</{t}>" for t in ("think", "search", "information", "answer")])  # fmt: skip
     folder = tmp_path / "qwen2.5-3b-shaped"
     with torch.device("cuda"):
-        model = Qwen2ForCausalLM(Qwen2Config(**SHAPES["qwen2.5-3b"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+        model = Qwen2ForCausalLM(
+            Qwen2Config(**SHAPES["qwen2.5-3b"], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        )
     model.to(torch.bfloat16).save_pretrained(folder)
     tok.save_pretrained(folder)
     del model
     torch.cuda.empty_cache()
-    result = _train(tmp_path, [f"model.path={folder}", "rollout.n=5", "data.prompts_per_step=8", "rollout.max_new_tokens=64"], 1)
+    result = _train(
+        tmp_path, [f"model.path={folder}", "rollout.n=5", "data.prompts_per_step=8", "rollout.max_new_tokens=64"], 1
+    )
     row = result.metrics[-1]
     mem = {k: round(v, 2) for k, v in row.items() if k.startswith("mem/")}
     tokens_per_s = row["model_tokens"] * 8 * 5 / row["time/train_s"]
-    print(f"\n3B-shaped PVPO step: {mem}, trained model tokens/s {tokens_per_s:.0f}, rollout {row['time/rollout_s']:.1f} s")
+    print(
+        f"\n3B-shaped PVPO step: {mem}, trained model tokens/s {tokens_per_s:.0f}, rollout {row['time/rollout_s']:.1f} s"
+    )
     assert mem["mem/train_peak_gib"] > 5  # float32 master weights of 3.1B parameters alone are 11.5 GiB

@@ -44,7 +44,9 @@ def test_partition_thresholds_are_configurable_and_a_missing_stat_is_named():
 def test_partition_survives_a_save_and_load_and_savings_count_the_dropped_groups(tmp_path):
     part = partition(["a", "b", "c"], {"a": _stat(1.0), "b": _stat(1.0), "c": _stat(0.0)}, computed_at_step=3)
     assert savings(part, rollouts_per_prompt=5, seconds_per_rollout=0.5) == {
-        "gs/saved_rollouts_per_epoch": 10.0, "gs/saved_s_per_epoch": 5.0}
+        "gs/saved_rollouts_per_epoch": 10.0,
+        "gs/saved_s_per_epoch": 5.0,
+    }
     save_partition(part, tmp_path / "gs.json")
     back = load_partition(tmp_path / "gs.json")
     assert back is not None and (back.computed_at_step, back.dropped, back.gt) == (3, ["a", "b"], ["c"])
@@ -119,15 +121,24 @@ def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_str
     from pvpo.trainer.policy import policy_from_config
 
     cfg = load_config(None, TINY)
-    policy = policy_from_config(cfg.model, corpus_texts=[p.contents for p in WORLD.passages], tags=("think", "search", "information", "answer"), seed=0)
+    policy = policy_from_config(
+        cfg.model,
+        corpus_texts=[p.contents for p in WORLD.passages],
+        tags=("think", "search", "information", "answer"),
+        seed=0,
+    )
     tok = policy.tokenizer
-    ctx = GTContext(tok, OverlapSearcher(WORLD.passages), EpisodeConfig(max_turns=4, topk=2), LoopConfig(max_turns=4), WORLD)
+    ctx = GTContext(
+        tok, OverlapSearcher(WORLD.passages), EpisodeConfig(max_turns=4, topk=2), LoopConfig(max_turns=4), WORLD
+    )
     src = build_gt_source("oracle", cfg.algorithm.gt, ctx)
     exs = WORLD.questions("train")[:4]
     trajs = src.generate(exs, attempt=0)
     assert all(t is not None and t.reward == 1.0 and t.accuracy == 1.0 for t in trajs)
     assert all(t.old_logprobs == [0.0] * len(t.response_ids) for t in trajs)  # the oracle is deterministic
-    assert all(tok.decode(t.response_ids).endswith("</answer>") and tok.eos_token_id not in t.response_ids for t in trajs)
+    assert all(
+        tok.decode(t.response_ids).endswith("</answer>") and tok.eos_token_id not in t.response_ids for t in trajs
+    )
     assert [t.num_tool_calls for t in trajs] == [ex.metadata["hops"] for ex in exs]
 
 
@@ -169,7 +180,12 @@ def test_cost_counter_counts_per_step_and_cumulatively_with_anchor_and_gt_includ
     c.add("train", [_t(2, 4)])
     state = c.state_dict()
     m2 = c.step_metrics()
-    assert (m2["cost/rollouts"], m2["cost/cum_rollouts"], m2["cost/cum_tool_calls"], m2["cost/cum_pvpo"]) == (1, 8, 14, 14)
+    assert (m2["cost/rollouts"], m2["cost/cum_rollouts"], m2["cost/cum_tool_calls"], m2["cost/cum_pvpo"]) == (
+        1,
+        8,
+        14,
+        14,
+    )
     d = CostCounter()
     d.load_state_dict(state)
     assert d.step_metrics() == m2
@@ -178,8 +194,13 @@ def test_cost_counter_counts_per_step_and_cumulatively_with_anchor_and_gt_includ
 
 
 # ---- end to end on the tiny world --------------------------------------------------------------
-GS = TINY + ["algorithm.group_sampling.enabled=true", "rollout.max_turns=3", "rollout.max_response_tokens=200",
-             "rollout.n=3", "algorithm.gt.replace_per_group=2"]
+GS = TINY + [
+    "algorithm.group_sampling.enabled=true",
+    "rollout.max_turns=3",
+    "rollout.max_response_tokens=200",
+    "rollout.n=3",
+    "algorithm.gt.replace_per_group=2",
+]
 
 
 def test_training_with_group_sampling_injects_gt_and_logs_its_ratio_fractions_and_cost(tmp_path):
@@ -218,8 +239,18 @@ def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path, 
 
     from pvpo.trainer.train import train
 
-    cfg = load_config(None, GS + ["run.steps=4", "run.checkpoint_every=2", "algorithm.anchor.refresh_every=1",
-                                  "algorithm.anchor.refresh_from=current", "rollout.n=2", "algorithm.gt.replace_per_group=1"])
+    cfg = load_config(
+        None,
+        GS
+        + [
+            "run.steps=4",
+            "run.checkpoint_every=2",
+            "algorithm.anchor.refresh_every=1",
+            "algorithm.anchor.refresh_from=current",
+            "rollout.n=2",
+            "algorithm.gt.replace_per_group=1",
+        ],
+    )
     searcher = OverlapSearcher(WORLD.passages)
 
     with monkeypatch.context() as m, pytest.raises(Crash):
@@ -276,8 +307,9 @@ def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp
         "run.checkpoint_every=0", "run.tensorboard=false", "run.threads=1"])  # fmt: skip
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    trainer = _recording_trainer(cfg, run_dir, Data(two, [], None, texts, WORLD, one), OverlapSearcher(WORLD.passages),
-                                 show_progress=False)
+    trainer = _recording_trainer(
+        cfg, run_dir, Data(two, [], None, texts, WORLD, one), OverlapSearcher(WORLD.passages), show_progress=False
+    )
     trainer.run()
     anchor = json.loads((run_dir / "anchor.json").read_text())["stats"]
     never = {u for u, s in anchor.items() if s["accuracy"] == 0.0}
@@ -289,7 +321,9 @@ def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp
 
     late = acc(trainer.sampled[-8:])
     if group_sampling:
-        assert late >= 0.1, f"GT injection did not teach the never-solved prompts: accuracy {late:.2f} in the last 8 steps"
+        assert late >= 0.1, (
+            f"GT injection did not teach the never-solved prompts: accuracy {late:.2f} in the last 8 steps"
+        )
         assert late > acc(trainer.sampled[:8])
     else:
         assert late == 0.0 and acc(trainer.sampled) == 0.0
@@ -306,12 +340,22 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
     from pvpo.trainer.policy import load_policy, policy_from_config
     from tests.eval_support import searching_policy
 
-    questions = ["What is the capital of Germany?", "Which city is Germany's capital?", "Where does the German chancellor sit?"]
+    questions = [
+        "What is the capital of Germany?",
+        "Which city is Germany's capital?",
+        "Where does the German chancellor sit?",
+    ]
     folder = searching_policy(tmp_path / "gt_model", questions)  # searches once, then answers "Berlin"
     tok = load_policy(folder).tokenizer
-    exs = [QAExample(f"q{i}", q, ("Berlin",)) for i, q in enumerate(questions)] + [QAExample("wrong", questions[0], ("Paris",))]
-    cfg = load_config(None, ["algorithm.gt.source=model", f"algorithm.gt.model.path={folder}", "algorithm.gt.model.temperature=0"])
-    episode = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1")
+    exs = [QAExample(f"q{i}", q, ("Berlin",)) for i, q in enumerate(questions)] + [
+        QAExample("wrong", questions[0], ("Paris",))
+    ]
+    cfg = load_config(
+        None, ["algorithm.gt.source=model", f"algorithm.gt.model.path={folder}", "algorithm.gt.model.temperature=0"]
+    )
+    episode = EpisodeConfig(
+        protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1"
+    )
     ctx = GTContext(tok, tiny, episode, LoopConfig(max_turns=4, max_new_tokens=32, max_response_tokens=512))
     source = build_gt_source("model", cfg.algorithm.gt, ctx)
     cache = GTCache(tmp_path / "gt.json")
@@ -328,7 +372,9 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
         assert all(lp <= 0.0 for lp in model_lp) and any(lp < 0.0 for lp in model_lp)  # the model's, not the oracle's 0
         assert all(lp == 0.0 for lp, m in zip(r.gt_logprobs, r.loss_mask) if not m)
         assert tok.decode(r.response_ids).rstrip().endswith("</answer>")
-    other = policy_from_config(load_config(None, TINY).model, corpus_texts=questions, tags=("think", "search", "information", "answer"), seed=0)
+    other = policy_from_config(
+        load_config(None, TINY).model, corpus_texts=questions, tags=("think", "search", "information", "answer"), seed=0
+    )
     with pytest.raises(ValueError, match="tokenizer differs"):
         build_gt_source("model", cfg.algorithm.gt, GTContext(other.tokenizer, tiny, episode, ctx.loop))
 

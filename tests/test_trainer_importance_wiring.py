@@ -33,10 +33,21 @@ def vllm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_engine_options_are_the_selected_engines_section(vllm_allowed: None) -> None:
-    cfg = load_config(None, ["rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.3",
-                             "rollout.vllm.kv_cache_memory_bytes=268435456", "rollout.vllm.enable_sleep_mode=true"])
+    cfg = load_config(
+        None,
+        [
+            "rollout.engine=vllm",
+            "rollout.vllm.gpu_memory_utilization=0.3",
+            "rollout.vllm.kv_cache_memory_bytes=268435456",
+            "rollout.vllm.enable_sleep_mode=true",
+        ],
+    )
     opts = cfg.rollout.engine_options()
-    assert (opts["gpu_memory_utilization"], opts["kv_cache_memory_bytes"], opts["enable_sleep_mode"]) == (0.3, 1 << 28, True)
+    assert (opts["gpu_memory_utilization"], opts["kv_cache_memory_bytes"], opts["enable_sleep_mode"]) == (
+        0.3,
+        1 << 28,
+        True,
+    )
     assert {"dtype", "tensor_parallel_size", "max_model_len", "enforce_eager"} <= set(opts)
     assert load_config(None, ["rollout.vllm.tensor_parallel_size=2"]).rollout.engine_options() == {}
     with pytest.raises(ConfigError, match=r"rollout\.vllm\.gpu_memory_utilization"):
@@ -80,8 +91,17 @@ def test_trainer_builds_the_engine_with_its_options_sleeps_it_for_the_update_and
         return EventEngine(model, tokenizer, events=events)
 
     monkeypatch.setattr(train_mod, "build_engine", fake_build)
-    cfg = load_config(None, TINY + ["run.steps=2", "optim.mini_batches=2", "rollout.engine=vllm",
-                                    "rollout.vllm.gpu_memory_utilization=0.25", "rollout.vllm.max_model_len=512"])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "run.steps=2",
+            "optim.mini_batches=2",
+            "rollout.engine=vllm",
+            "rollout.vllm.gpu_memory_utilization=0.25",
+            "rollout.vllm.max_model_len=512",
+        ],
+    )
     result = train_mod.train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
     assert [name for name, _ in built] == ["vllm"]  # no reference engine: no refresh, no KL
     assert built[0][1]["gpu_memory_utilization"] == 0.25 and built[0][1]["max_model_len"] == 512
@@ -158,11 +178,22 @@ def test_anchor_refresh_from_the_reference_samples_from_a_reference_engine_built
         return EventEngine(model, tokenizer, events=events)
 
     monkeypatch.setattr(train_mod, "build_engine", fake_build)
-    cfg = load_config(None, TINY + ["run.steps=2", "rollout.engine=vllm", "rollout.vllm.gpu_memory_utilization=0.2",
-                                    "algorithm.anchor.refresh_every=1", "algorithm.anchor.refresh_from=reference"])
+    cfg = load_config(
+        None,
+        TINY
+        + [
+            "run.steps=2",
+            "rollout.engine=vllm",
+            "rollout.vllm.gpu_memory_utilization=0.2",
+            "algorithm.anchor.refresh_every=1",
+            "algorithm.anchor.refresh_from=reference",
+        ],
+    )
     train_mod.train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
     assert len(built) == 2 and built[0][0] == built[1][0] and built[1][0]["gpu_memory_utilization"] == 0.2
     ref_events = built[1][1]
     # built for the refresh after step 1 (the step-0 anchor comes from the policy, then identical),
     # it samples once for the whole refresh, then sleeps; it never receives weights
-    assert ref_events[0] == "wake" and ref_events[-1] == "sleep" and "generate" in ref_events and "sync" not in ref_events
+    assert (
+        ref_events[0] == "wake" and ref_events[-1] == "sleep" and "generate" in ref_events and "sync" not in ref_events
+    )

@@ -58,8 +58,15 @@ def _rollout(policy, n_examples=4, max_turns=3):
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=max_turns, topk=2, max_obs_chars=120)
     examples = WORLD.questions("train")[:n_examples]
     with search_biased(policy):
-        trajs = run_agent_loop(eng, tok, examples, OverlapSearcher(WORLD.passages), epcfg,
-                               LoopConfig(max_turns=max_turns, max_new_tokens=12, max_response_tokens=400), seed=5)
+        trajs = run_agent_loop(
+            eng,
+            tok,
+            examples,
+            OverlapSearcher(WORLD.passages),
+            epcfg,
+            LoopConfig(max_turns=max_turns, max_new_tokens=12, max_response_tokens=400),
+            seed=5,
+        )
     return eng, trajs
 
 
@@ -88,7 +95,9 @@ def test_trajectories_hold_exactly_the_sampled_ids_with_env_tokens_between_turns
         assert [k for k, _ in runs] == [1, 0] * (len(runs) // 2) + [1] * (len(runs) % 2)
         for k, r in runs:
             if k == 0:
-                assert policy.tokenizer.decode(r).startswith("\n\n<information>") or "invalid" in policy.tokenizer.decode(r)
+                assert policy.tokenizer.decode(r).startswith(
+                    "\n\n<information>"
+                ) or "invalid" in policy.tokenizer.decode(r)
         assert all(lp == 0.0 for lp, m in zip(t.old_logprobs, t.loss_mask) if m == 0)
 
 
@@ -111,7 +120,9 @@ def test_env_and_padding_tokens_get_zero_gradient_in_the_training_step(policy):
         ref_lp = token_logprobs(response_logits(policy.model, batch), batch.response_ids, 1.0) - 0.3
     policy.model.train()
     adv = torch.linspace(-1.0, 1.0, len(batch))
-    loss, _, logits = micro_batch_loss(policy.model, batch, adv, loss_config(cfg.optim), temperature=1.0, ref_logprobs=ref_lp)
+    loss, _, logits = micro_batch_loss(
+        policy.model, batch, adv, loss_config(cfg.optim), temperature=1.0, ref_logprobs=ref_lp
+    )
     logits.retain_grad()
     loss.backward()
     g = logits.grad.abs().sum(-1)
@@ -162,8 +173,22 @@ def test_resume_after_crash_logs_each_step_once_and_matches_an_uninterrupted_run
 def test_smoke_config_trains_on_cpu_against_a_loopback_retriever(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pvpo.cli", "train", "--config", str(REPO / "configs" / "smoke.yaml"),
-                           "--run-dir", str(tmp_path / "smoke")], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pvpo.cli",
+            "train",
+            "--config",
+            str(REPO / "configs" / "smoke.yaml"),
+            "--run-dir",
+            str(tmp_path / "smoke"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     wall = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()]
@@ -191,11 +216,19 @@ def test_the_loop_steps_the_vector_env_with_one_retriever_call_per_turn(policy):
     scripts = [tok.encode(f"<search>{q}</search>", add_special_tokens=False) for q in queries]
     searcher = CountingSearcher(WORLD.passages)
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=2, topk=2, max_obs_chars=120)
-    trajs = run_agent_loop(HFEngine(ScriptedLM(scripts, len(tok)), tok), tok, WORLD.questions("train")[:3], searcher, epcfg,
-                           LoopConfig(max_turns=2, max_new_tokens=30, max_response_tokens=400), seed=0)
+    trajs = run_agent_loop(
+        HFEngine(ScriptedLM(scripts, len(tok)), tok),
+        tok,
+        WORLD.questions("train")[:3],
+        searcher,
+        epcfg,
+        LoopConfig(max_turns=2, max_new_tokens=30, max_response_tokens=400),
+        seed=0,
+    )
     # turn 1: three searches, one call, the duplicate asked once; turn 2 ends every episode
     assert [[tok.decode(tok.encode(q, add_special_tokens=False)) for q in c] for c in searcher.calls] == [
-        [tok.decode(tok.encode(q, add_special_tokens=False)) for q in queries[1:]]]
+        [tok.decode(tok.encode(q, add_special_tokens=False)) for q in queries[1:]]
+    ]
     assert [t.num_tool_calls for t in trajs] == [1, 1, 1]
     assert all(t.finish_reason == "max_turns" and t.loss_mask.count(0) > 0 for t in trajs)
 
@@ -213,7 +246,9 @@ def test_eos_without_answer_and_the_token_budget_end_trajectories_scored_as_they
                tok.encode(f"<answer>{gold}</answer>", add_special_tokens=False)]  # fmt: skip
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=3, topk=2, max_obs_chars=120)
     loop = LoopConfig(max_turns=3, max_new_tokens=30, max_response_tokens=30)
-    trajs = run_agent_loop(HFEngine(ScriptedLM(scripts, len(tok)), tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0)
+    trajs = run_agent_loop(
+        HFEngine(ScriptedLM(scripts, len(tok)), tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0
+    )
     assert [t.finish_reason for t in trajs] == ["eos", "budget", "answer"]
     assert trajs[0].response_ids == scripts[0] and trajs[0].loss_mask == [1] * len(scripts[0])
     assert len(trajs[1].response_ids) <= loop.max_response_tokens
@@ -237,7 +272,9 @@ def test_chat_template_option_wraps_the_prompt_as_a_user_turn(policy):
     loop = LoopConfig(max_turns=1, max_new_tokens=4, max_response_tokens=40, chat_template=True)
     with pytest.raises(ValueError, match="model.chat_template"):
         run_agent_loop(HFEngine(policy.model, tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0)
-    tok.chat_template = "{% for m in messages %}USER: {{ m['content'] }}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+    tok.chat_template = (
+        "{% for m in messages %}USER: {{ m['content'] }}{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}"
+    )
     trajs = run_agent_loop(HFEngine(policy.model, tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0)
     plain = prompt_ids(tok, epcfg.prompt(ex[0]))
     assert trajs[0].prompt_ids == tok.encode("USER: " + epcfg.prompt(ex[0]) + "ASSISTANT:", add_special_tokens=False)

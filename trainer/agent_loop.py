@@ -42,7 +42,9 @@ def prompt_ids(tokenizer: Any, prompt: str, *, chat_template: bool = False) -> l
     if chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("model.chat_template is set but the tokenizer has no chat template")
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
     return list(tokenizer.encode(prompt, add_special_tokens=False))
 
 

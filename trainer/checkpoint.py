@@ -72,7 +72,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np_state = state["numpy"]
     if isinstance(np_state, dict):  # a tuple is the legacy form, an ndarray inside
-        np_state = {**np_state, "state": {"key": np.asarray(np_state["state"]["key"], dtype=np.uint32), "pos": np_state["state"]["pos"]}}
+        np_state = {
+            **np_state,
+            "state": {"key": np.asarray(np_state["state"]["key"], dtype=np.uint32), "pos": np_state["state"]["pos"]},
+        }
     np.random.set_state(np_state)
     torch.random.set_rng_state(state["torch"])
 
@@ -80,8 +83,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 STATE_FILES_DIR = "run_state"  # copies of the run's state files (anchor, GT cache, ...) at the checkpoint's step
 
 
-def save_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                    extra: dict[str, Any] | None = None, keep: int = 2, state_files: Sequence[str | Path] = ()) -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+    state_files: Sequence[str | Path] = (),
+) -> Path:
     """Save the state after `step` optimizer steps; keep the newest `keep` checkpoints. Each of
     `state_files` that exists is copied in (`restore_state_files` puts them back on resume)."""
     root = Path(run_dir) / "checkpoints"
@@ -131,7 +143,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     name = marker.read_text().strip()
     path = root / name
     if not _STEP_DIR.fullmatch(name) or path.resolve().parent != root.resolve():
-        raise CheckpointError(f"{marker} names {name!r}: expected a step_NNNNNN directory inside {root}, refusing to load it")
+        raise CheckpointError(
+            f"{marker} names {name!r}: expected a step_NNNNNN directory inside {root}, refusing to load it"
+        )
     return path if (path / "trainer_state.pt").exists() else None
 
 
@@ -145,7 +159,9 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
         with torch.serialization.safe_globals(_numpy_array_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(f"{path} holds more than tensors and plain values, refusing to unpickle it: {e}") from None
+        raise CheckpointError(
+            f"{path} holds more than tensors and plain values, refusing to unpickle it: {e}"
+        ) from None
 
 
 def _numpy_array_globals() -> list[Any]:

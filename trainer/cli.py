@@ -21,16 +21,39 @@ def _load(config: Path | None, overrides: list[str]) -> object:
 
 
 def train_cmd(
-    overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides, e.g. run.steps=10 "
-                                                             "(`pvpo config keys` lists every key)")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config file, or a shipped preset's "
-                                                   "name: demo, smoke, search_r1_nq_hotpotqa_qwen2.5_3b")] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="key.sub=value overrides, e.g. run.steps=10 (`pvpo config keys` lists every key)"),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="YAML config file, or a shipped preset's name: demo, smoke, search_r1_nq_hotpotqa_qwen2.5_3b",
+        ),
+    ] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="continue from the run dir's latest checkpoint, with the run's "
-                                         "own config.yaml (overrides: only keys safe to change, e.g. run.steps)")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="delete what the run dir holds and start over")] = False,
-    nproc: Annotated[int, typer.Option("--nproc", min=1, help="processes (GPUs) on this machine: runs this command "
-                                       "under `torchrun --standalone --nproc_per_node N` (FSDP2)")] = 1,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="continue from the run dir's latest checkpoint, with the run's "
+            "own config.yaml (overrides: only keys safe to change, e.g. run.steps)",
+        ),
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="delete what the run dir holds and start over")
+    ] = False,
+    nproc: Annotated[
+        int,
+        typer.Option(
+            "--nproc",
+            min=1,
+            help="processes (GPUs) on this machine: runs this command "
+            "under `torchrun --standalone --nproc_per_node N` (FSDP2)",
+        ),
+    ] = 1,
 ) -> None:
     """Train a search agent with PVPO (or a baseline estimator) per a YAML config."""
     if nproc > 1:
@@ -49,9 +72,12 @@ def train_cmd(
         raise typer.Exit(code=2)
     run_dir = run_dir or Path("runs") / (config.stem if config else "default")
     if config is None and not resume:
-        typer.echo(f"no --config: training on the built-in defaults (synthetic world, tiny policy, no warm start, "
-                   f"run.steps=2) plus the overrides given, into {run_dir}; `pvpo config keys` lists every key. "
-                   "A preset: --config demo (or smoke)", err=True)
+        typer.echo(
+            f"no --config: training on the built-in defaults (synthetic world, tiny policy, no warm start, "
+            f"run.steps=2) plus the overrides given, into {run_dir}; `pvpo config keys` lists every key. "
+            "A preset: --config demo (or smoke)",
+            err=True,
+        )
     try:
         cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
         result = train(cfg, run_dir, resume=resume, overwrite=overwrite)  # type: ignore[arg-type]
@@ -59,13 +85,21 @@ def train_cmd(
         typer.echo(str(e), err=True)
         raise typer.Exit(code=2) from None
     last = result.metrics[-1] if result.metrics else {}
-    typer.echo(f"done: {result.steps_done} steps in {run_dir}; last reward/mean={last.get('reward/mean', float('nan')):.4f}")
+    typer.echo(
+        f"done: {result.steps_done} steps in {run_dir}; last reward/mean={last.get('reward/mean', float('nan')):.4f}"
+    )
 
 
 def demo_cmd(
     overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides of the demo config")] = None,
-    config: Annotated[Path, typer.Option("--config", "-c", help="YAML config file or shipped preset name "
-                                         "(default: the demo preset shipped with the package)")] = Path("demo"),
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config",
+            "-c",
+            help="YAML config file or shipped preset name (default: the demo preset shipped with the package)",
+        ),
+    ] = Path("demo"),
     run_dir: Annotated[Path, typer.Option("--run-dir", help="output folder")] = Path("runs/demo"),
     fresh: Annotated[bool, typer.Option("--fresh/--resume", help="start over, or continue a previous demo run")] = True,
 ) -> None:

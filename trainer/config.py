@@ -33,7 +33,9 @@ class TinyModelConfig(_Section):
     hidden_size: int = Field(96, ge=8, description="width of the tiny Qwen2 policy")
     num_layers: int = Field(2, ge=1, description="decoder layers")
     num_heads: int = Field(4, ge=1, description="attention heads (hidden_size must divide by it)")
-    num_kv_heads: int = Field(2, ge=1, description="key/value heads, grouped-query attention (num_heads must divide by it)")
+    num_kv_heads: int = Field(
+        2, ge=1, description="key/value heads, grouped-query attention (num_heads must divide by it)"
+    )
     intermediate_size: int = Field(256, ge=8, description="MLP width")
     vocab_size: int = Field(1024, ge=300, description="size of the BPE vocabulary trained on the corpus and questions")
     max_position_embeddings: int = Field(2048, ge=64, description="longest sequence, in tokens")
@@ -54,19 +56,33 @@ class LoRAConfig(_Section):
     r: int = Field(16, ge=1, description="adapter rank")
     alpha: int = Field(32, ge=1, description="adapter scale numerator: the update is scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], description="names of the modules that get adapters")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="names of the modules that get adapters",
+    )
 
 
 class ModelConfig(_Section):
-    path: str | None = Field(None, description="a Hugging Face causal LM (local dir or hub id); null = build the tiny policy")
+    path: str | None = Field(
+        None, description="a Hugging Face causal LM (local dir or hub id); null = build the tiny policy"
+    )
     chat_template: bool = Field(False, description="wrap each prompt as a user turn with the tokenizer's chat template")
     tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="compute dtype: the trained policy keeps float32 master weights and AdamW state and computes in it (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded)")
-    device: str = Field("auto", description="auto (CUDA when present) | cpu | cuda | cuda:N; under torchrun cuda = cuda:$LOCAL_RANK")
-    attn_implementation: str = Field("sdpa", description="sdpa | eager | flash_attention_2 (falls back to sdpa without flash-attn or CUDA)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="compute dtype: the trained policy keeps float32 master weights and AdamW state and computes in it (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded)",
+    )
+    device: str = Field(
+        "auto", description="auto (CUDA when present) | cpu | cuda | cuda:N; under torchrun cuda = cuda:$LOCAL_RANK"
+    )
+    attn_implementation: str = Field(
+        "sdpa", description="sdpa | eager | flash_attention_2 (falls back to sdpa without flash-attn or CUDA)"
+    )
     gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward pass")
     lora: LoRAConfig = LoRAConfig()
-    warm_start_steps: int = Field(0, ge=0, description="supervised steps on oracle trajectories before RL (data.source: synthetic only)")
+    warm_start_steps: int = Field(
+        0, ge=0, description="supervised steps on oracle trajectories before RL (data.source: synthetic only)"
+    )
     warm_start_lr: float = Field(3e-3, gt=0, description="learning rate of the warm start")
     warm_start_batch_size: int = Field(16, ge=1, description="oracle trajectories per warm-start step")
 
@@ -93,34 +109,62 @@ class SyntheticConfig(_Section):
     n_relations: int = Field(4, ge=1, le=6, description="relations between entities")
     max_hops: int = Field(4, ge=1, le=4, description="longest chain of relations a question follows")
     questions_per_hop: int = Field(150, ge=1, description="questions generated per hop count")
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of each hop's questions held out as the test split")
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of each hop's questions held out as the test split"
+    )
 
 
 class DataConfig(_Section):
     source: str = Field("synthetic", description="synthetic, or a QA file readable by pvpo.envs.loaders.load_dataset")
     synthetic: SyntheticConfig = SyntheticConfig()
     eval_source: str | None = Field(None, description="a QA file for evaluation when `source` is a file")
-    corpus: str | None = Field(None, description="corpus file to index when `source` is a file and retriever.url is null")
+    corpus: str | None = Field(
+        None, description="corpus file to index when `source` is a file and retriever.url is null"
+    )
     max_train_examples: int | None = Field(None, ge=1, description="RL prompts taken from the train split; null = all")
     max_eval_examples: int | None = Field(64, ge=1, description="held-out questions evaluated; null = all")
     prompts_per_step: int = Field(4, ge=1, description="distinct prompts per step, each rolled out rollout.n times")
-    shuffle_seed: int | None = Field(None, description="shuffle the train and eval questions before taking the first max_*_examples (the synthetic splits are otherwise ordered by hop count); null = file order")
-    warm_start_examples: int | None = Field(None, ge=1, description="synthetic only: oracle SFT questions taken from the train split after the RL prompts, so the warm start never sees an RL prompt; null = the warm start reuses the RL prompts")
-    warm_start_max_hops: int | None = Field(None, ge=1, le=4, description="the warm start's questions have at most this many hops; null = any")
+    shuffle_seed: int | None = Field(
+        None,
+        description="shuffle the train and eval questions before taking the first max_*_examples (the synthetic splits are otherwise ordered by hop count); null = file order",
+    )
+    warm_start_examples: int | None = Field(
+        None,
+        ge=1,
+        description="synthetic only: oracle SFT questions taken from the train split after the RL prompts, so the warm start never sees an RL prompt; null = the warm start reuses the RL prompts",
+    )
+    warm_start_max_hops: int | None = Field(
+        None, ge=1, le=4, description="the warm start's questions have at most this many hops; null = any"
+    )
 
 
 class RetrieverConfig(_Section):
-    url: str | list[str] | None = Field(None, description="an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g. one per node of a multi-node run); null = index the corpus and serve it on loopback")
+    url: str | list[str] | None = Field(
+        None,
+        description="an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g. one per node of a multi-node run); null = index the corpus and serve it on loopback",
+    )
     index_dir: str | None = Field(None, description="reuse a built index; null = build one under the run dir")
-    encoder: str | None = Field(None, description="sentence-transformers model of a built index; null = the packaged MiniLM")
-    encoder_backend: str | None = Field(None, description="runtime of the loopback index's encoder (build and queries): torch | onnx | onnx-int8 | openvino; null = $PVPO_ENCODER_BACKEND, else torch (pvpo.retriever.encoder)")
+    encoder: str | None = Field(
+        None, description="sentence-transformers model of a built index; null = the packaged MiniLM"
+    )
+    encoder_backend: str | None = Field(
+        None,
+        description="runtime of the loopback index's encoder (build and queries): torch | onnx | onnx-int8 | openvino; null = $PVPO_ENCODER_BACKEND, else torch (pvpo.retriever.encoder)",
+    )
     topk: int = Field(2, ge=1, description="passages returned per search")
-    token: str | None = Field(None, description="bearer token of an authenticated `url`; null = the "
-                              "PVPO_RETRIEVER_TOKEN environment variable (keeps the secret out of the run's config.yaml)")
+    token: str | None = Field(
+        None,
+        description="bearer token of an authenticated `url`; null = the "
+        "PVPO_RETRIEVER_TOKEN environment variable (keeps the secret out of the run's config.yaml)",
+    )
     timeout: float = Field(30.0, gt=0, description="seconds one /retrieve request may take before it is retried")
-    retries: int = Field(8, ge=0, description="retries after a failed request (connection error, timeout, 429/5xx), "
-                         "with backoff 0.2 s doubling up to max_backoff: the default 8 wait about 18 s in all, "
-                         "enough to ride out a server restart (~10 s to reload an index)")
+    retries: int = Field(
+        8,
+        ge=0,
+        description="retries after a failed request (connection error, timeout, 429/5xx), "
+        "with backoff 0.2 s doubling up to max_backoff: the default 8 wait about 18 s in all, "
+        "enough to ride out a server restart (~10 s to reload an index)",
+    )
     max_backoff: float = Field(4.0, gt=0, description="the longest wait between two retries, in seconds")
 
     @field_validator("encoder_backend")
@@ -134,7 +178,9 @@ class RetrieverConfig(_Section):
 class EnvConfig(_Section):
     protocol: str = Field("search_r1", description="tag protocol: search_r1 | research (pvpo.reward)")
     max_obs_chars: int = Field(400, ge=16, description="character budget of one search result's passages")
-    prompt_template: str = Field("default", description="a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)")
+    prompt_template: str = Field(
+        "default", description="a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)"
+    )
 
     @field_validator("prompt_template")
     @classmethod
@@ -158,10 +204,16 @@ class VLLMConfig(_Section):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of the GPU's memory vLLM may take")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine")
     max_model_len: int | None = Field(None, ge=16, description="longest sequence vLLM serves; null = the model's")
-    kv_cache_memory_bytes: int | None = Field(None, ge=1 << 20, description="fixes the KV cache size (CPU default: 512 MiB)")
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1 << 20, description="fixes the KV cache size (CPU default: 512 MiB)"
+    )
     enable_prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes")
-    enable_sleep_mode: bool | None = Field(None, description="release memory while the trainer runs; null = where the platform supports it")
-    sleep_level: Literal[1, 2] = Field(1, description="1: the KV cache sleeps while the trainer runs; 2: the weights too")
+    enable_sleep_mode: bool | None = Field(
+        None, description="release memory while the trainer runs; null = where the platform supports it"
+    )
+    sleep_level: Literal[1, 2] = Field(
+        1, description="1: the KV cache sleeps while the trainer runs; 2: the weights too"
+    )
     enforce_eager: bool | None = Field(None, description="null = eager on CPU, compiled / CUDA graphs on GPU")
     llm_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM unchanged")
 
@@ -171,7 +223,9 @@ class ImportanceCorrectionConfig(_Section):
     enabled, the PPO ratio's denominator is the trainer's log-prob of each sampled token and the
     per-token loss is weighted by `min(exp(lp_train - lp_sampler), cap)`."""
 
-    enabled: bool = Field(False, description="weight each token's loss by the truncated trainer/sampler probability ratio")
+    enabled: bool = Field(
+        False, description="weight each token's loss by the truncated trainer/sampler probability ratio"
+    )
     cap: float = Field(2.0, ge=1, description="the weight's upper bound")
 
 
@@ -222,8 +276,12 @@ class RolloutConfig(_Section):
 class AnchorConfig(_Section):
     num_rollouts: int = Field(4, ge=1, description="M: reference rollouts per training prompt")
     refresh_every: int = Field(0, ge=0, description="recompute the anchor every this many steps; 0 = never")
-    refresh_from: Literal["reference", "current"] = Field("reference", description="the policy a refresh samples: reference | current")
-    temperature: float | None = Field(None, gt=0, description="sampling temperature of the anchor's rollouts; null = rollout.temperature")
+    refresh_from: Literal["reference", "current"] = Field(
+        "reference", description="the policy a refresh samples: reference | current"
+    )
+    temperature: float | None = Field(
+        None, gt=0, description="sampling temperature of the anchor's rollouts; null = rollout.temperature"
+    )
 
 
 class GroupSamplingConfig(_Section):
@@ -231,7 +289,9 @@ class GroupSamplingConfig(_Section):
     prompts the reference always solves leave the training pool, prompts it never solves get a
     ground-truth trajectory injected into their groups. Recomputed at every anchor refresh."""
 
-    enabled: bool = Field(False, description="drop always-solved prompts and inject GT trajectories into never-solved ones")
+    enabled: bool = Field(
+        False, description="drop always-solved prompts and inject GT trajectories into never-solved ones"
+    )
     drop_threshold: float = Field(1.0, gt=0, le=1, description="reference accuracy >= this: prompt dropped")
     gt_threshold: float = Field(0.0, ge=0, lt=1, description="reference accuracy <= this: prompt gets a GT trajectory")
 
@@ -267,11 +327,19 @@ class GTConfig(_Section):
     """Ground-truth trajectories for the prompts the reference never solves (Group Sampling)."""
 
     source: str = Field("oracle", description="where GT trajectories come from: oracle | model")
-    replace_per_group: int = Field(1, ge=1, description="rollouts of a GT prompt's group replaced by its GT trajectory (at most rollout.n - 1: one stays the policy's own)")
+    replace_per_group: int = Field(
+        1,
+        ge=1,
+        description="rollouts of a GT prompt's group replaced by its GT trajectory (at most rollout.n - 1: one stays the policy's own)",
+    )
     attempts: int = Field(4, ge=1, description="tries per prompt before the source gives up on it")
-    min_reward: float = Field(1.0, ge=0, le=1, description="a GT trajectory must reach this reward (correct + well formed)")
+    min_reward: float = Field(
+        1.0, ge=0, le=1, description="a GT trajectory must reach this reward (correct + well formed)"
+    )
     logprobs: Literal["source", "reference"] = Field(
-        "source", description="pi_gt of the PPO ratio: the source's own probabilities (oracle: 1 per token), or the reference policy's")
+        "source",
+        description="pi_gt of the PPO ratio: the source's own probabilities (oracle: 1 per token), or the reference policy's",
+    )
     model: GTModelConfig = GTModelConfig()
 
     @field_validator("source")
@@ -283,7 +351,9 @@ class GTConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    estimator: str = Field("pvpo", description="advantage estimator by name: grpo | dr_grpo | rloo | pvpo | gdpo | v05 | v05_value | ppo")
+    estimator: str = Field(
+        "pvpo", description="advantage estimator by name: grpo | dr_grpo | rloo | pvpo | gdpo | v05 | v05_value | ppo"
+    )
     reward: str = Field("pvpo", description="reward by name (pvpo.reward): pvpo | em | search_r1_format | research_f1")
     reward_params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
     anchor: AnchorConfig = AnchorConfig()
@@ -296,7 +366,11 @@ class AlgorithmConfig(_Section):
 
     @model_validator(mode="after")
     def _gt_fits_group(self) -> AlgorithmConfig:
-        if self.group_sampling.enabled and self.gt.source == "model" and not (self.gt.model.path or self.gt.model.base_url):
+        if (
+            self.group_sampling.enabled
+            and self.gt.source == "model"
+            and not (self.gt.model.path or self.gt.model.base_url)
+        ):
             raise ValueError("algorithm.gt.source=model needs gt.model.path or gt.model.base_url")
         return self
 
@@ -328,18 +402,29 @@ class OptimConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     epochs: int = Field(1, ge=1, description="PPO epochs over one rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per mini-batch (when max_tokens_per_micro_batch is null)")
-    max_tokens_per_micro_batch: int | None = Field(None, ge=16, description="pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest row), longest rows first; null = grad_accum micro-batches by row count")
+    grad_accum: int = Field(
+        1, ge=1, description="micro-batches per mini-batch (when max_tokens_per_micro_batch is null)"
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=16,
+        description="pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest row), longest rows first; null = grad_accum micro-batches by row count",
+    )
     grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this; null = no clipping")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clipped below 1 - clip_low")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clipped above 1 + clip_high")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip bound on negative-advantage tokens; null = off")
-    kl_coef: float = Field(0.0, ge=0, description="weight of the KL to the frozen reference; 0 = no reference model loaded for KL")
+    kl_coef: float = Field(
+        0.0, ge=0, description="weight of the KL to the frozen reference; 0 = no reference model loaded for KL"
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator: k1 | k2 | k3")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
-    loss_agg: str | None = Field(None, description="null = the estimator's own (dr_grpo: seq-mean-token-sum-norm, others: token-mean)")
+    loss_agg: str | None = Field(
+        None, description="null = the estimator's own (dr_grpo: seq-mean-token-sum-norm, others: token-mean)"
+    )
     loss_norm_len: int | None = Field(
-        None, ge=1, description="seq-mean-token-sum-norm's constant divisor; null = rollout.max_response_tokens")
+        None, ge=1, description="seq-mean-token-sum-norm's constant divisor; null = rollout.max_response_tokens"
+    )
 
     @field_validator("loss_agg")
     @classmethod
@@ -357,10 +442,15 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(1, ge=0, description="checkpoint every this many steps; 0 = only at the end")
     eval_every: int = Field(0, ge=0, description="evaluate every this many steps; 0 = only before and after")
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of evaluation; 0 = greedy")
-    eval_top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling for evaluation (PVPO evaluates at T=0.6, top-p 0.95)")
+    eval_top_p: float = Field(
+        1.0, gt=0, le=1, description="nucleus sampling for evaluation (PVPO evaluates at T=0.6, top-p 0.95)"
+    )
     rollout_budget: int | None = Field(
-        None, ge=1, description="stop after the step whose cumulative rollouts (anchor and GT generation included) reach this; "
-        "null = run.steps only (estimators compared at equal rollout cost)")
+        None,
+        ge=1,
+        description="stop after the step whose cumulative rollouts (anchor and GT generation included) reach this; "
+        "null = run.steps only (estimators compared at equal rollout cost)",
+    )
     tensorboard: bool = Field(True, description="write TensorBoard events")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
 
@@ -382,7 +472,8 @@ class TrainConfig(_Section):
             raise ValueError(
                 f"model.warm_start_steps={self.model.warm_start_steps} needs oracle trajectories, which only "
                 f"data.source=synthetic has (got data.source={self.data.source!r}): set model.warm_start_steps=0, "
-                "or warm-start the model elsewhere and give its folder as model.path")
+                "or warm-start the model elsewhere and give its folder as model.path"
+            )
         return self
 
 
@@ -420,7 +511,9 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {key}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {key}: {msg}")
+        lines.append(
+            f"  {key}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {key}: {msg}"
+        )
     return "invalid config:\n" + "\n".join(lines)
 
 

@@ -8,8 +8,12 @@ from typing import Annotated
 
 import typer
 
-config_app = typer.Typer(name="config", help="List the training config's keys, or show a resolved config.",
-                         no_args_is_help=True, add_completion=False)
+config_app = typer.Typer(
+    name="config",
+    help="List the training config's keys, or show a resolved config.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 @config_app.command("keys")
@@ -19,7 +23,9 @@ def keys_cmd(
     """Every config key with its default, type and description."""
     from pvpo.trainer.config_doc import config_keys, format_keys
 
-    found = [k for k in config_keys() if prefix is None or k.key == prefix or k.key.startswith(prefix.rstrip(".") + ".")]
+    found = [
+        k for k in config_keys() if prefix is None or k.key == prefix or k.key.startswith(prefix.rstrip(".") + ".")
+    ]
     if not found:
         sections = sorted({k.key.split(".")[0] for k in config_keys()})
         raise ValueError(f"no config key starts with {prefix!r}; sections: {sections}")
@@ -29,8 +35,10 @@ def keys_cmd(
 @config_app.command("show")
 def show_cmd(
     overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides")] = None,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML file or shipped preset name "
-                                                   "(default: the built-in defaults)")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="YAML file or shipped preset name (default: the built-in defaults)"),
+    ] = None,
 ) -> None:
     """The config `pvpo train` would run with, every key resolved, as YAML."""
     import yaml

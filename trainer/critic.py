@@ -57,8 +57,9 @@ class Critic(torch.nn.Module):
         return torch.cat(parts).to(batch.response_ids.device)
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float | None = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float | None = 0.2
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss (module docstring) as a token mean over `mask`; stats: `critic/vf_loss`,
     `critic/vf_clipfrac` (tokens where the clipped term is the larger)."""
     m = (mask > 0).to(values.dtype)
@@ -84,9 +85,19 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - (r - v).var() / r.var())
 
 
-def critic_update(critic: Critic, optimizer: torch.optim.Optimizer, batch: Batch, old_values: torch.Tensor,
-                  returns: torch.Tensor, *, clip: float | None, epochs: int = 1, micro_rows: int = 16,
-                  grad_clip: float | None = 1.0, seed: int = 0) -> dict[str, float]:
+def critic_update(
+    critic: Critic,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    *,
+    clip: float | None,
+    epochs: int = 1,
+    micro_rows: int = 16,
+    grad_clip: float | None = 1.0,
+    seed: int = 0,
+) -> dict[str, float]:
     """`epochs` passes over `batch`, one optimizer step per pass with gradients accumulated over
     micro-batches of `micro_rows` rows (each weighted by its share of the model tokens), so the
     step is that of the token-mean loss over the whole batch. Returns mean stats and the critic's
@@ -113,5 +124,7 @@ def critic_update(critic: Critic, optimizer: torch.optim.Optimizer, batch: Batch
         optimizer.step()
     out = {k: sum(v) / len(v) for k, v in stats.items()}
     out["critic/explained_var"] = explained_variance(old_values, returns, batch.loss_mask)
-    out["critic/value_mean"] = float(old_values[batch.loss_mask > 0].mean()) if bool((batch.loss_mask > 0).any()) else 0.0
+    out["critic/value_mean"] = (
+        float(old_values[batch.loss_mask > 0].mean()) if bool((batch.loss_mask > 0).any()) else 0.0
+    )
     return out

@@ -34,8 +34,14 @@ def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:
     top.tick_params(labelsize=7)
 
 
-def plot_curves(metrics: Sequence[dict[str, Any]], path: str | Path, *, eval_before: dict[str, float] | None = None,
-                eval_after: dict[str, float] | None = None, smooth: int = 5) -> Path:
+def plot_curves(
+    metrics: Sequence[dict[str, Any]],
+    path: str | Path,
+    *,
+    eval_before: dict[str, float] | None = None,
+    eval_after: dict[str, float] | None = None,
+    smooth: int = 5,
+) -> Path:
     """Train reward per step (raw and a `smooth`-step moving average), the PVPO anchor on the same
     prompts and their difference, and held-out EM (with s.e.) at every evaluation, against RL steps
     (bottom axis) and cumulative rollout cost (top axis), as a PNG."""
@@ -79,8 +85,12 @@ def plot_curves(metrics: Sequence[dict[str, Any]], path: str | Path, *, eval_bef
         for h, mk in ((1, "v"), (2, "^"), (3, "<"), (4, ">")):
             key = f"eval/accuracy_{h}hop"
             if all(key in e for _, e in pts):
-                ax[1].plot(xs, [e[key] for _, e in pts], marker=mk, ls=":", color=f"C{4 + h}", label=f"held-out EM, {h}-hop")
-        ax[1].plot(xs, [e["eval/format_ok"] for _, e in pts], marker=".", ls=":", color="C7", label="held-out format ok")
+                ax[1].plot(
+                    xs, [e[key] for _, e in pts], marker=mk, ls=":", color=f"C{4 + h}", label=f"held-out EM, {h}-hop"
+                )
+        ax[1].plot(
+            xs, [e["eval/format_ok"] for _, e in pts], marker=".", ls=":", color="C7", label="held-out format ok"
+        )
     ax[1].set_xlabel("RL step")
     ax[1].set_title(f"held-out test questions (n={int((eval_before or {}).get('eval/n', 0))}, greedy)", fontsize=10)
     ax[1].set_ylim(-0.02, 1.19)
@@ -92,8 +102,15 @@ def plot_curves(metrics: Sequence[dict[str, Any]], path: str | Path, *, eval_bef
     return Path(path)
 
 
-def learning_check(before: dict[str, float], after: dict[str, float], *, em_before: Sequence[float] = (),
-                   em_after: Sequence[float] = (), min_gain: float = 0.15, min_se: float = 3.0) -> tuple[bool, str]:
+def learning_check(
+    before: dict[str, float],
+    after: dict[str, float],
+    *,
+    em_before: Sequence[float] = (),
+    em_after: Sequence[float] = (),
+    min_gain: float = 0.15,
+    min_se: float = 3.0,
+) -> tuple[bool, str]:
     """Whether held-out EM rose by at least `min_gain` and by `min_se` standard errors of the gain,
     with the sentence that says so. Given each question's EM before and after (the same questions),
     the s.e. is the paired one, sd(after_i - before_i) / sqrt(n); otherwise sqrt(se_b^2 + se_a^2)."""
@@ -106,11 +123,16 @@ def learning_check(before: dict[str, float], after: dict[str, float], *, em_befo
         mean = sum(d) / n
         se, kind = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n), "paired"
     else:
-        se, kind = math.sqrt(before.get("eval/accuracy_se", 0.0) ** 2 + after.get("eval/accuracy_se", 0.0) ** 2), "unpaired"
+        se, kind = (
+            math.sqrt(before.get("eval/accuracy_se", 0.0) ** 2 + after.get("eval/accuracy_se", 0.0) ** 2),
+            "unpaired",
+        )
     z = (a - b) / se if se > 0 else (float("inf") if a > b else 0.0)
     ok = a - b >= min_gain and z >= min_se
-    return ok, (f"held-out EM {b:.3f} -> {a:.3f}: {a - b:+.3f}, {z:.1f} {kind} s.e. of the gain "
-                f"({'meets' if ok else 'misses'} the demo's bar of {min_gain:+.2f} and {min_se:.0f} s.e.)")
+    return ok, (
+        f"held-out EM {b:.3f} -> {a:.3f}: {a - b:+.3f}, {z:.1f} {kind} s.e. of the gain "
+        f"({'meets' if ok else 'misses'} the demo's bar of {min_gain:+.2f} and {min_se:.0f} s.e.)"
+    )
 
 
 def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -118,8 +140,9 @@ def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def summary_table(cfg: TrainConfig, result: TrainResult, timings: dict[str, float], *, n_sft: int, n_rl: int,
-                  load: str = "") -> str:
+def summary_table(
+    cfg: TrainConfig, result: TrainResult, timings: dict[str, float], *, n_sft: int, n_rl: int, load: str = ""
+) -> str:
     """A markdown table of what the demo measured: held-out before/after, training, timings."""
     b, a, m = result.eval_before, result.eval_after, result.metrics
 
@@ -142,19 +165,38 @@ def summary_table(cfg: TrainConfig, result: TrainResult, timings: dict[str, floa
              "| held-out | before RL | after RL | change |", "|---|---|---|---|"]  # fmt: skip
     lines += [f"| {name} | {' | '.join(ba(key))} |" for name, key in held]
     rows = [
-        ("warm start", f"{len(ws)} SFT steps on {n_sft} oracle trajectories ("
-                       + ("disjoint from RL and test" if cfg.data.warm_start_examples else "the RL prompts'") + "), loss "
-                       + (f"{ws[0]:.3f} -> {ws[-1]:.3f}" if ws else "n/a")),  # fmt: skip
-        ("RL", f"{cfg.algorithm.estimator}{' + Group Sampling with GT trajectories' if cfg.algorithm.group_sampling.enabled else ''}, "
-               f"{len(m)} steps x {cfg.data.prompts_per_step} prompts x {cfg.rollout.n} rollouts, {n_rl} distinct train prompts"),  # fmt: skip
-        (f"train reward, first -> last {k} steps", f"{f(_mean(m[:k], 'reward/mean'))} -> {f(_mean(m[-k:], 'reward/mean'))}"),
-        (f"train reward - PVPO anchor, first -> last {k} steps",
-         f"{f(_mean([{'g': r['reward/mean'] - r['anchor/mean']} for r in m[:k] if 'anchor/mean' in r], 'g'), '+.3f')} -> "
-         f"{f(_mean([{'g': r['reward/mean'] - r['anchor/mean']} for r in m[-k:] if 'anchor/mean' in r], 'g'), '+.3f')}"),
+        (
+            "warm start",
+            f"{len(ws)} SFT steps on {n_sft} oracle trajectories ("
+            + ("disjoint from RL and test" if cfg.data.warm_start_examples else "the RL prompts'")
+            + "), loss "
+            + (f"{ws[0]:.3f} -> {ws[-1]:.3f}" if ws else "n/a"),
+        ),  # fmt: skip
+        (
+            "RL",
+            f"{cfg.algorithm.estimator}{' + Group Sampling with GT trajectories' if cfg.algorithm.group_sampling.enabled else ''}, "
+            f"{len(m)} steps x {cfg.data.prompts_per_step} prompts x {cfg.rollout.n} rollouts, {n_rl} distinct train prompts",
+        ),  # fmt: skip
+        (
+            f"train reward, first -> last {k} steps",
+            f"{f(_mean(m[:k], 'reward/mean'))} -> {f(_mean(m[-k:], 'reward/mean'))}",
+        ),
+        (
+            f"train reward - PVPO anchor, first -> last {k} steps",
+            f"{f(_mean([{'g': r['reward/mean'] - r['anchor/mean']} for r in m[:k] if 'anchor/mean' in r], 'g'), '+.3f')} -> "
+            f"{f(_mean([{'g': r['reward/mean'] - r['anchor/mean']} for r in m[-k:] if 'anchor/mean' in r], 'g'), '+.3f')}",
+        ),
         (f"train EM, first -> last {k} steps", f"{f(_mean(m[:k], 'accuracy'))} -> {f(_mean(m[-k:], 'accuracy'))}"),
-        ("rollout cost: rollouts / policy tokens / tool calls (anchor and GT included)",
-         " / ".join(f"{m[-1].get(f'cost/cum_{x}', 0):.0f}" for x in ("rollouts", "policy_tokens", "tool_calls")) if m else "n/a"),
-        ("wall time (s): total / index+serve / warm start / RL+eval", " / ".join(f"{timings.get(x, 0):.0f}" for x in ("total", "setup", "warm_start", "train"))),
+        (
+            "rollout cost: rollouts / policy tokens / tool calls (anchor and GT included)",
+            " / ".join(f"{m[-1].get(f'cost/cum_{x}', 0):.0f}" for x in ("rollouts", "policy_tokens", "tool_calls"))
+            if m
+            else "n/a",
+        ),
+        (
+            "wall time (s): total / index+serve / warm start / RL+eval",
+            " / ".join(f"{timings.get(x, 0):.0f}" for x in ("total", "setup", "warm_start", "train")),
+        ),
     ]
     gs = m[0] if m and "gs/gt_frac" in m[0] else None
     if gs is not None:

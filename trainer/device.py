@@ -105,11 +105,17 @@ class Placement:
         return contextlib.nullcontext() if self.sharded else autocast(self.device, self.dtype)
 
 
-def placement(device: str = "auto", dtype: str = "float32", attn_implementation: str = "sdpa",
-              gradient_checkpointing: bool = False) -> Placement:
+def placement(
+    device: str = "auto",
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    gradient_checkpointing: bool = False,
+) -> Placement:
     """Resolve the `model.*` placement keys."""
     dev = resolve_device(device)
-    return Placement(dev, compute_dtype(dtype), resolve_attn_implementation(attn_implementation, dev), gradient_checkpointing)
+    return Placement(
+        dev, compute_dtype(dtype), resolve_attn_implementation(attn_implementation, dev), gradient_checkpointing
+    )
 
 
 def place_policy_model(model: torch.nn.Module, where: Placement) -> torch.nn.Module:

@@ -36,8 +36,17 @@ from pvpo.trainer.checkpoint import (
 from pvpo.trainer.distributed import barrier, full_state_dict, is_main, rank, world_size
 
 
-def save_sharded_checkpoint(run_dir: str | Path, step: int, *, model: Any, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                            extra: dict[str, Any] | None = None, keep: int = 2, state_files: Sequence[str | Path] = ()) -> Path:
+def save_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+    state_files: Sequence[str | Path] = (),
+) -> Path:
     """Save the state after `step` optimizer steps (a collective: every rank calls it); keep the
     newest `keep` checkpoints."""
     import torch.distributed.checkpoint as dcp

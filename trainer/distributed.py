@@ -83,7 +83,16 @@ def torchrun_command(nproc: int, cli_args: Sequence[str]) -> list[str]:
             skip = True
         elif not a.startswith("--nproc="):
             args.append(a)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "pvpo.cli", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "pvpo.cli",
+        *args,
+    ]
 
 
 def check_supported(cfg: Any) -> None:
@@ -166,7 +175,9 @@ def exclusive_prefix_sum(n: int) -> int:
     return int(sum(all_gather_objects(int(n))[: rank()]))
 
 
-def reduce_metrics(metrics: Mapping[str, float], weight: float, *, sum_prefixes: Sequence[str] = ("cost/",)) -> dict[str, float]:
+def reduce_metrics(
+    metrics: Mapping[str, float], weight: float, *, sum_prefixes: Sequence[str] = ("cost/",)
+) -> dict[str, float]:
     """Each metric averaged over ranks, weighted by `weight` (e.g. the rank's trajectories);
     `time/*` take the slowest rank's value, counts under `sum_prefixes` are summed. Keys present on
     only some ranks reduce over those."""
@@ -214,7 +225,11 @@ def shard(model: torch.nn.Module, *, compute_dtype: torch.dtype = torch.float32)
     parameters, the master copy the optimizer updates, stay float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype != torch.float32 else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        if compute_dtype != torch.float32
+        else MixedPrecisionPolicy()
+    )
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
@@ -271,8 +286,9 @@ def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
     return full
 
 
-def engine_for(build: Callable[..., RolloutEngine], model: torch.nn.Module, *, engine: str, dtype: str,
-               options: Mapping[str, Any]) -> RolloutEngine:
+def engine_for(
+    build: Callable[..., RolloutEngine], model: torch.nn.Module, *, engine: str, dtype: str, options: Mapping[str, Any]
+) -> RolloutEngine:
     """A rollout engine over `model`: `build(model=..., **options)` in a single process; under
     torchrun, over whole weights (an unsharded copy for the transformers engine, vLLM's own copy
     started with the external launcher) behind `gathered_weights_engine`. vLLM's `dtype: auto` is
@@ -301,9 +317,18 @@ def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float | N
 
 
 # ---- anchor ----------------------------------------------------------------------------------
-def build_anchor_shared(build: Callable[..., Any], examples: Sequence[Any], rollout_fn: Callable[..., Any], *,
-                        num_rollouts: int, batch_size: int, store: Any, step: int, source: str,
-                        show_progress: bool = True) -> Any:
+def build_anchor_shared(
+    build: Callable[..., Any],
+    examples: Sequence[Any],
+    rollout_fn: Callable[..., Any],
+    *,
+    num_rollouts: int,
+    batch_size: int,
+    store: Any,
+    step: int,
+    source: str,
+    show_progress: bool = True,
+) -> Any:
     """`anchor.build_anchor` with its prompts split over the ranks (whole `batch_size` batches, so
     each batch and its seed are what one process would roll out), the per-prompt statistics
     gathered into `store` on every rank and saved by rank 0. A single process calls `build`."""
@@ -323,7 +348,10 @@ def build_anchor_shared(build: Callable[..., Any], examples: Sequence[Any], roll
     build(mine, rollout_fn, num_rollouts=num_rollouts, batch_size=batch_size, store=local, step=step, source=source,
           show_progress=show_progress)  # fmt: skip
     # each gathered stat already includes what the store held for its prompt: it replaces it
-    merged = {**store.stats(), **{uid: stat for part in all_gather_objects(local.stats()) for uid, stat in part.items()}}
+    merged = {
+        **store.stats(),
+        **{uid: stat for part in all_gather_objects(local.stats()) for uid, stat in part.items()},
+    }
     store.reset(step=step, source=source)
     for uid, stat in merged.items():
         store.update(uid, [stat.mean_reward] * stat.n, [stat.accuracy] * stat.n)

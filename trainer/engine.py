@@ -96,7 +96,8 @@ EngineFactory = Callable[..., RolloutEngine]
 # The built-in engines live in their own modules, imported when first asked for (the vLLM engine
 # module imports vllm itself only when an engine is built).
 ENGINES: Registry[EngineFactory] = Registry(
-    "rollout engine", lazy={"hf": "pvpo.trainer.hf_engine", "vllm": "pvpo.trainer.vllm_engine"})
+    "rollout engine", lazy={"hf": "pvpo.trainer.hf_engine", "vllm": "pvpo.trainer.vllm_engine"}
+)
 
 
 def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:

@@ -31,10 +31,18 @@ class GDPOConfig(_Section):
     then normalised over the batch. Components are the reward's own (`pvpo`: format, r_acc)."""
 
     components: list[str] | None = Field(
-        None, description="reward component names, one column each; null = every component the reward returns, sorted")
-    weights: dict[str, float] = Field(default_factory=dict, description="component -> weight; a component not named weighs 1")
-    conditions: list[GDPOCondition] = Field(default_factory=list, description="[{component, when, threshold}]: a component counts only where `when` reaches `threshold`")
-    batch_norm: bool = Field(True, description="normalise the summed advantages over the whole batch (the paper's last step)")
+        None, description="reward component names, one column each; null = every component the reward returns, sorted"
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="component -> weight; a component not named weighs 1"
+    )
+    conditions: list[GDPOCondition] = Field(
+        default_factory=list,
+        description="[{component, when, threshold}]: a component counts only where `when` reaches `threshold`",
+    )
+    batch_norm: bool = Field(
+        True, description="normalise the summed advantages over the whole batch (the paper's last step)"
+    )
 
 
 class PriorFusionConfig(_Section):
@@ -43,13 +51,17 @@ class PriorFusionConfig(_Section):
     MSE(k) + c k, from `rollout.n` (k_init) up to `k_max`. The prior is the PVPO anchor
     (estimator `v05`) or a value model over prompt embeddings (estimator `v05_value`)."""
 
-    k_max: int = Field(16, ge=1, description="most rollouts a prompt may get in one step (paper: 16; k_init = rollout.n, paper: 4)")
+    k_max: int = Field(
+        16, ge=1, description="most rollouts a prompt may get in one step (paper: 16; k_init = rollout.n, paper: 4)"
+    )
     cost: float = Field(1 / 256, ge=0, description="c, the price of one more rollout in MSE units (paper: 1/256)")
     adaptive: bool = Field(True, description="false: fixed rollout.n per prompt, fusion only")
     value_model: Literal["knn", "ridge"] = Field("knn", description="v05_value's regressor over prompt embeddings")
     knn_k: int = Field(8, ge=1, description="neighbours of the kNN value model")
     ridge_alpha: float = Field(1.0, gt=0, description="L2 penalty of the ridge value model")
-    encoder: str | None = Field(None, description="sentence-transformers model of the prompt embeddings; null = the packaged MiniLM")
+    encoder: str | None = Field(
+        None, description="sentence-transformers model of the prompt embeddings; null = the packaged MiniLM"
+    )
 
 
 class CriticConfig(_Section):
@@ -60,7 +72,9 @@ class CriticConfig(_Section):
     warmup_steps: int = Field(0, ge=0, description="first steps train only the critic (the policy is not updated)")
     epochs: int = Field(1, ge=1, description="critic passes over one rollout batch")
     micro_batch_rows: int = Field(16, ge=1, description="rows per critic forward/backward pass")
-    grad_clip: float | None = Field(1.0, gt=0, description="clip the critic's gradient norm to this; null = no clipping")
+    grad_clip: float | None = Field(
+        1.0, gt=0, description="clip the critic's gradient norm to this; null = no clipping"
+    )
 
 
 class PPOConfig(_Section):

@@ -47,34 +47,82 @@ def _judge(base_url: str, model: str, api_key: str | None, api: str, concurrency
 @eval_app.callback()
 def eval_cmd(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Option("--model", help="Local HF model folder (engines hf, vllm); with --engine openai, only the run's label")] = None,
-    dataset: Annotated[list[str] | None, typer.Option("--dataset", "-d", help="Benchmark name (nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle) or a FlashRAG jsonl file; repeat for several")] = None,
-    retriever_url: Annotated[list[str] | None, typer.Option("--retriever-url", help="Search-R1 /retrieve server(s), round-robin")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Output folder; each dataset goes to OUT/<dataset>/")] = None,
-    split: Annotated[str | None, typer.Option(help="Split (default: the benchmark's evaluation split, test or dev)")] = None,
-    data_dir: Annotated[Path | None, typer.Option("--data-dir", envvar="PVPO_DATA_DIR", help="Folder of FlashRAG datasets (<name>/<split>.jsonl)")] = None,
-    limit: Annotated[int | None, typer.Option(help="Evaluate N questions (the first N, or a draw with --sample-seed)")] = None,
-    sample_seed: Annotated[int | None, typer.Option("--sample-seed", help="Seed of the random N-question subset (recorded in metrics.json)")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="Local HF model folder (engines hf, vllm); with --engine openai, only the run's label"
+        ),
+    ] = None,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dataset",
+            "-d",
+            help="Benchmark name (nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle) or a FlashRAG jsonl file; repeat for several",
+        ),
+    ] = None,
+    retriever_url: Annotated[
+        list[str] | None, typer.Option("--retriever-url", help="Search-R1 /retrieve server(s), round-robin")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Output folder; each dataset goes to OUT/<dataset>/")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Split (default: the benchmark's evaluation split, test or dev)")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", envvar="PVPO_DATA_DIR", help="Folder of FlashRAG datasets (<name>/<split>.jsonl)"),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Evaluate N questions (the first N, or a draw with --sample-seed)")
+    ] = None,
+    sample_seed: Annotated[
+        int | None,
+        typer.Option("--sample-seed", help="Seed of the random N-question subset (recorded in metrics.json)"),
+    ] = None,
     engine: Annotated[str, typer.Option(help="hf | vllm | openai")] = "hf",
-    template: Annotated[str, typer.Option(help="Prompt template / tag protocol, e.g. search_r1, research")] = "search_r1",
+    template: Annotated[
+        str, typer.Option(help="Prompt template / tag protocol, e.g. search_r1, research")
+    ] = "search_r1",
     temperature: Annotated[float, typer.Option(help="0 = greedy (default); PVPO used 0.6")] = 0.0,
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling (PVPO used 0.95)")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="-1 = off")] = -1,
     max_turns: Annotated[int, typer.Option("--max-turns")] = 6,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Per turn")] = 512,
-    max_response_tokens: Annotated[int, typer.Option("--max-response-tokens", help="Whole response (model + env tokens; openai: model tokens)")] = 4096,
+    max_response_tokens: Annotated[
+        int, typer.Option("--max-response-tokens", help="Whole response (model + env tokens; openai: model tokens)")
+    ] = 4096,
     topk: Annotated[int, typer.Option(help="Passages per search")] = 3,
-    max_obs_chars: Annotated[int | None, typer.Option("--max-obs-chars", help="Trim a search result to this many characters (default: no trim)")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Questions rolled out together (also the resume unit)")] = 32,
+    max_obs_chars: Annotated[
+        int | None,
+        typer.Option("--max-obs-chars", help="Trim a search result to this many characters (default: no trim)"),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Questions rolled out together (also the resume unit)")
+    ] = 32,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
-    chat_template: Annotated[bool | None, typer.Option("--chat-template/--no-chat-template", help="Wrap the prompt in the tokenizer's chat template (default: when it has one)")] = None,
+    chat_template: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat-template/--no-chat-template",
+            help="Wrap the prompt in the tokenizer's chat template (default: when it has one)",
+        ),
+    ] = None,
     dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")] = "auto",
-    base_url: Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (engine openai)")] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (engine openai)"),
+    ] = None,
     model_name: Annotated[str | None, typer.Option("--model-name", help="Model name at --base-url")] = None,
     api: Annotated[str, typer.Option(help="completions (text prompt) | chat (messages)")] = "completions",
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for --base-url")] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for --base-url")
+    ] = None,
     concurrency: Annotated[int, typer.Option(help="Concurrent requests to --base-url")] = 16,
-    judge_base_url: Annotated[str | None, typer.Option("--judge-base-url", help="OpenAI-compatible endpoint of the LLM judge")] = None,
+    judge_base_url: Annotated[
+        str | None, typer.Option("--judge-base-url", help="OpenAI-compatible endpoint of the LLM judge")
+    ] = None,
     judge_model: Annotated[str | None, typer.Option("--judge-model", help="Judge model name")] = None,
     judge_api_key: Annotated[str | None, typer.Option("--judge-api-key", envvar="PVPO_JUDGE_API_KEY")] = None,
     judge_api: Annotated[str, typer.Option("--judge-api", help="chat | completions")] = "chat",
@@ -125,11 +173,15 @@ def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], o
     if engine == "openai":
         from pvpo.trainer.openai_engine import OpenAIClient, OpenAIPolicy
 
-        policy: Any = OpenAIPolicy(OpenAIClient(base_url, model_name, api_key=api_key), api=api, concurrency=concurrency)  # type: ignore[arg-type]
+        assert base_url is not None and model_name is not None  # the command refuses an openai run without them
+        policy: Any = OpenAIPolicy(
+            OpenAIClient(base_url, model_name, api_key=api_key), api=api, concurrency=concurrency
+        )
         model_id = f"{base_url}#{model_name}"
     else:
-        policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)  # type: ignore[arg-type]
-        model_id = str(Path(model).resolve())  # type: ignore[arg-type]
+        assert model is not None  # the command refuses a local engine without --model
+        policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)
+        model_id = str(Path(model).resolve())
     name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
     with RetrieverClient(retriever_urls, topk=settings.topk) as searcher:
         for ds in resolved:
@@ -155,7 +207,10 @@ def _model_label(path: Path) -> str:
 
 @eval_app.command("report")
 def report_cmd(
-    dirs: Annotated[list[Path], typer.Argument(help="Run folders (OUT of pvpo eval, or one dataset's folder); one table row per method")],
+    dirs: Annotated[
+        list[Path],
+        typer.Argument(help="Run folders (OUT of pvpo eval, or one dataset's folder); one table row per method"),
+    ],
     metric: Annotated[str, typer.Option(help="em | f1 | acc | lasj | format_ok | searches")] = "em",
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV")] = None,
     md_path: Annotated[Path | None, typer.Option("--md", help="Also write the markdown table to a file")] = None,
@@ -180,8 +235,13 @@ def report_cmd(
 
 @eval_app.command("rescore")
 def rescore_cmd(
-    path: Annotated[Path, typer.Argument(help="FlashRAG-format predictions (jsonl, or FlashRAG's intermediate_data.json)")],
-    extract: Annotated[str | None, typer.Option(help="Re-read each pred from output.final_response with this tag protocol (search_r1, research)")] = None,
+    path: Annotated[
+        Path, typer.Argument(help="FlashRAG-format predictions (jsonl, or FlashRAG's intermediate_data.json)")
+    ],
+    extract: Annotated[
+        str | None,
+        typer.Option(help="Re-read each pred from output.final_response with this tag protocol (search_r1, research)"),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the re-scored items (jsonl) here")] = None,
 ) -> None:
     """Recompute EM / F1 / ACC (cover-EM) of every item and the totals, as FlashRAG's metric_score.txt."""
@@ -217,7 +277,13 @@ def judge_cmd(
 
     try:
         judge = _judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency)
-        runs = [d for base in dirs for d in ([base] if (base / PREDICTIONS).exists() else sorted(p.parent for p in base.glob(f"*/{PREDICTIONS}")))]
+        runs = [
+            d
+            for base in dirs
+            for d in (
+                [base] if (base / PREDICTIONS).exists() else sorted(p.parent for p in base.glob(f"*/{PREDICTIONS}"))
+            )
+        ]
         if not runs:
             raise FileNotFoundError(f"no {PREDICTIONS} in {[str(d) for d in dirs]}")
         for run in runs:

@@ -95,7 +95,14 @@ def find_runs(dirs: Sequence[str | Path], metric: str = "em") -> list[RunResult]
             value = m.get(key)
             if value is None:
                 continue
-            out.append(RunResult(str(m.get("label") or d.name), str(m.get("dataset") or f.parent.name), float(value), int(m.get("n", 0))))
+            out.append(
+                RunResult(
+                    str(m.get("label") or d.name),
+                    str(m.get("dataset") or f.parent.name),
+                    float(value),
+                    int(m.get("n", 0)),
+                )
+            )
     return out
 
 

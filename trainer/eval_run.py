@@ -84,7 +84,9 @@ def resolve_template(name: str) -> tuple[TagProtocol, str]:
         return get_protocol(tpl.protocol), tpl.prompt_template
     if name in available_protocols():
         return get_protocol(name), DEFAULT_PROMPT
-    raise EvalError(f"unknown template {name!r}; known templates: {available_templates()}, tag protocols: {available_protocols()}")
+    raise EvalError(
+        f"unknown template {name!r}; known templates: {available_templates()}, tag protocols: {available_protocols()}"
+    )
 
 
 def episode_config(settings: EvalSettings) -> EpisodeConfig:
@@ -195,7 +197,9 @@ def token_policy(model: str | Path, engine: str = "hf", *, dtype: str = "auto", 
     target = device or ("cuda" if cuda else "cpu")
     module: torch.nn.Module = policy.model
     module.to(target)
-    eng = build_engine("hf", model=policy.model, tokenizer=policy.tokenizer, micro_batch_size=batch_size, **dict(engine_options or {}))
+    eng = build_engine(
+        "hf", model=policy.model, tokenizer=policy.tokenizer, micro_batch_size=batch_size, **dict(engine_options or {})
+    )
     return TokenPolicy(eng, policy.tokenizer)
 
 
@@ -318,8 +322,10 @@ def _check_same_run(out_dir: Path, run: Mapping[str, Any]) -> None:
     diff = [k for k in keys if before.get(k) != run.get(k)]
     if diff:
         k = diff[0]
-        raise EvalError(f"{out_dir} holds a run with other settings ({k}: {before.get(k)!r} there, {run.get(k)!r} now); "
-                        "use another --out or delete it")
+        raise EvalError(
+            f"{out_dir} holds a run with other settings ({k}: {before.get(k)!r} there, {run.get(k)!r} now); "
+            "use another --out or delete it"
+        )
 
 
 def run_eval(
@@ -347,7 +353,9 @@ def run_eval(
         raise EvalError("the dataset has duplicate ids; give each question its own id")
     stray = done - wanted
     if stray:
-        raise EvalError(f"{pred_path} has {len(stray)} ids not in this run's questions (e.g. {sorted(stray)[0]!r}); use another --out")
+        raise EvalError(
+            f"{pred_path} has {len(stray)} ids not in this run's questions (e.g. {sorted(stray)[0]!r}); use another --out"
+        )
     started = time.perf_counter()
     bar = Progress(total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q",
                    enabled=show_progress)  # fmt: skip

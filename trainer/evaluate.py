@@ -61,7 +61,9 @@ def evaluate(
     loop = replace(loop, temperature=temperature, top_p=top_p)
     trajs: list[Trajectory] = []
     for start in range(0, len(examples), batch_size):
-        trajs += run_agent_loop(engine, tokenizer, examples[start : start + batch_size], searcher, episode_config, loop, seed=seed + start)
+        trajs += run_agent_loop(
+            engine, tokenizer, examples[start : start + batch_size], searcher, episode_config, loop, seed=seed + start
+        )
     if per_question is not None:  # each question's EM, in order: paired comparisons of two evaluations
         per_question[:] = [t.accuracy for t in trajs]
     return eval_metrics(trajs, examples)

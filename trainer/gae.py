@@ -30,15 +30,20 @@ def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
         raise ValueError(f"expected rewards [B] and mask [B, T], got {tuple(rewards.shape)} and {tuple(mask.shape)}")
     m = mask > 0
     t = mask.shape[1]
-    last = torch.where(m, torch.arange(t, device=mask.device).expand_as(m), torch.full_like(m, -1, dtype=torch.long)).max(dim=1).values
+    last = (
+        torch.where(m, torch.arange(t, device=mask.device).expand_as(m), torch.full_like(m, -1, dtype=torch.long))
+        .max(dim=1)
+        .values
+    )
     out = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
     rows = (last >= 0).nonzero().squeeze(1)
     out[rows, last[rows]] = rewards[rows]
     return out
 
 
-def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0,
-        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each `[B, T]`, 0 off the model tokens (`mask` 0). See the module
     docstring: the recursion skips mask-0 tokens, carrying the next value and advantage over them."""
     if not (token_rewards.shape == values.shape == mask.shape):
@@ -88,7 +93,9 @@ def ppo(
     model tokens when `whiten` (groups play no part: the critic is the baseline)."""
     _check(rewards, uids)
     if values is None or mask is None:
-        raise ValueError("ppo needs values= (the critic's [B, T]) and mask= (the loss mask [B, T]); the trainer passes them")
+        raise ValueError(
+            "ppo needs values= (the critic's [B, T]) and mask= (the loss mask [B, T]); the trainer passes them"
+        )
     mask = mask.to(rewards.device)
     adv, _ = gae(outcome_token_rewards(rewards, mask), values.to(rewards), mask, gamma=gamma, lam=lam)
     return masked_whiten(adv, mask, eps) if whiten else adv

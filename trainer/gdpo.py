@@ -22,7 +22,9 @@ import torch
 from pvpo.trainer.advantages import _check, group_stats, group_std, register_estimator
 
 
-def component_matrix(components: Sequence[Mapping[str, float]], names: Sequence[str] | None = None) -> tuple[torch.Tensor, list[str]]:
+def component_matrix(
+    components: Sequence[Mapping[str, float]], names: Sequence[str] | None = None
+) -> tuple[torch.Tensor, list[str]]:
     """`[B, K]` float32 tensor of the named reward components of each trajectory, and the names
     (one column each, in order; `names=None` = every name any trajectory has, sorted). A
     trajectory without components (a reward that failed, scoring 0: `pvpo.reward`'s totality
@@ -55,7 +57,9 @@ def condition(components: torch.Tensor, names: Sequence[str], conditions: Sequen
     return out
 
 
-def weight_vector(names: Sequence[str], weights: Mapping[str, float] | Sequence[float] | None, like: torch.Tensor) -> torch.Tensor:
+def weight_vector(
+    names: Sequence[str], weights: Mapping[str, float] | Sequence[float] | None, like: torch.Tensor
+) -> torch.Tensor:
     """`[K]` component weights: a mapping by name (unnamed components weigh 1), a sequence of K,
     or None (all 1). A name that is not a component is a KeyError listing the components."""
     k = len(names)

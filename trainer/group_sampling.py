@@ -42,11 +42,21 @@ class Partition:
 
     def fractions(self) -> dict[str, float]:
         n = max(1, len(self.dropped) + len(self.kept) + len(self.gt))
-        return {"gs/dropped_frac": len(self.dropped) / n, "gs/kept_frac": len(self.kept) / n, "gs/gt_frac": len(self.gt) / n}
+        return {
+            "gs/dropped_frac": len(self.dropped) / n,
+            "gs/kept_frac": len(self.kept) / n,
+            "gs/gt_frac": len(self.gt) / n,
+        }
 
 
-def partition(uids: Sequence[str], stats: Mapping[str, AnchorStat], *, drop_threshold: float = 1.0,
-              gt_threshold: float = 0.0, computed_at_step: int = 0) -> Partition:
+def partition(
+    uids: Sequence[str],
+    stats: Mapping[str, AnchorStat],
+    *,
+    drop_threshold: float = 1.0,
+    gt_threshold: float = 0.0,
+    computed_at_step: int = 0,
+) -> Partition:
     """Split `uids` (in order, duplicates ignored) by their reference accuracy in `stats`; a uid
     without a stat raises KeyError naming it (the anchor must be complete first)."""
     if not 0.0 <= gt_threshold < drop_threshold <= 1.0:

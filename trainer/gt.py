@@ -154,7 +154,9 @@ class EndpointSource:
             raise ValueError("gt.model.base_url: an endpoint's log-probs are over its own tokenization; "
                              "set algorithm.gt.logprobs=reference")  # fmt: skip
         self.ctx, self.cfg = context, m
-        self.client = OpenAIClient(m.base_url, m.model, api_key=os.environ.get(m.api_key_env) or None, timeout=m.timeout_s)
+        self.client = OpenAIClient(
+            m.base_url, m.model, api_key=os.environ.get(m.api_key_env) or None, timeout=m.timeout_s
+        )
 
     def _chat(self, messages: list[dict[str, str]], seed: int) -> str:
         from pvpo.trainer.openai_engine import restore_stop
@@ -163,7 +165,9 @@ class EndpointSource:
         body = {"messages": messages, "temperature": c.temperature, "seed": seed,
                 "max_tokens": self.ctx.loop.max_new_tokens, "stop": list(p.stop_strings)}  # fmt: skip
         choice = self.client.post("chat/completions", body)["choices"][0]
-        text, _ = restore_stop(choice["message"]["content"] or "", choice.get("finish_reason"), choice.get("stop_reason"), p)
+        text, _ = restore_stop(
+            choice["message"]["content"] or "", choice.get("finish_reason"), choice.get("stop_reason"), p
+        )
         return text
 
     def generate(self, examples: Sequence[QAExample], *, attempt: int) -> list[Trajectory | None]:
@@ -270,19 +274,32 @@ class GTCache:
 
         if self.path is None:
             return
-        doc = {"version": FORMAT_VERSION, "records": {u: asdict(r) for u, r in self.records.items()}, "failed": self.failed}
+        doc = {
+            "version": FORMAT_VERSION,
+            "records": {u: asdict(r) for u, r in self.records.items()},
+            "failed": self.failed,
+        }
         atomic_write_text(self.path, json.dumps(doc))
 
 
-def fetch_gt(examples: Sequence[QAExample], source: GTSource, cache: GTCache, *, attempts: int, min_reward: float,
-             on_generated: Callable[[list[Trajectory]], None] | None = None,
-             set_logprobs: Callable[[list[Trajectory]], None] | None = None) -> dict[str, float]:
+def fetch_gt(
+    examples: Sequence[QAExample],
+    source: GTSource,
+    cache: GTCache,
+    *,
+    attempts: int,
+    min_reward: float,
+    on_generated: Callable[[list[Trajectory]], None] | None = None,
+    set_logprobs: Callable[[list[Trajectory]], None] | None = None,
+) -> dict[str, float]:
     """Fill `cache` for every example that has no GT trajectory yet (and has not failed before):
     up to `attempts` tries each, keeping the first whose reward reaches `min_reward`.
     `on_generated` sees every trajectory the source wrote (cost accounting); `set_logprobs`
     replaces the kept ones' `old_logprobs` with pi_gt when pi_gt is not the source's own.
     Returns `gt/*` counts of this call."""
-    pending = [ex for ex in dict((e.uid, e) for e in examples).values() if ex.uid not in cache and ex.uid not in cache.failed]
+    pending = [
+        ex for ex in dict((e.uid, e) for e in examples).values() if ex.uid not in cache and ex.uid not in cache.failed
+    ]
     asked = len(pending)
     kept: list[tuple[str, Trajectory]] = []
     tries = 0
@@ -295,7 +312,9 @@ def fetch_gt(examples: Sequence[QAExample], source: GTSource, cache: GTCache, *,
         made = [t for t in trajs if t is not None]
         if on_generated is not None:
             on_generated(made)
-        good = {ex.uid: t for ex, t in zip(pending, trajs, strict=True) if t is not None and t.reward >= min_reward - 1e-9}
+        good = {
+            ex.uid: t for ex, t in zip(pending, trajs, strict=True) if t is not None and t.reward >= min_reward - 1e-9
+        }
         kept += list(good.items())
         pending = [ex for ex in pending if ex.uid not in good]
     if set_logprobs is not None and kept:

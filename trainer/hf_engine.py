@@ -79,7 +79,9 @@ class HFEngine(RolloutEngine):
         return str(self.tokenizer.decode(ids[-(n_chars + 4) :], skip_special_tokens=False))
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, gen: torch.Generator) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, gen: torch.Generator
+    ) -> list[Completion]:
         model = self.model
         was_training = model.training
         model.eval()
@@ -88,7 +90,9 @@ class HFEngine(RolloutEngine):
         finally:
             model.train(was_training)
 
-    def _sample(self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, gen: torch.Generator) -> list[Completion]:
+    def _sample(
+        self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, gen: torch.Generator
+    ) -> list[Completion]:
         b = len(prompts)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
@@ -108,7 +112,9 @@ class HFEngine(RolloutEngine):
         past = None
         step_ids, step_pos = input_ids, positions
         for _ in range(sampling.max_new_tokens):
-            res = model(input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past, use_cache=True)
+            res = model(
+                input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past, use_cache=True
+            )
             past = res.past_key_values
             greedy = sampling.temperature <= 0  # temperature 0: argmax, log-probs at T = 1
             logits = res.logits[:, -1, :].float() / (1.0 if greedy else sampling.temperature)
@@ -136,7 +142,9 @@ class HFEngine(RolloutEngine):
                             break
             if all(f is not None for f in finish):
                 break
-            fed = torch.tensor([t[-1] if f is None else self.pad_id for t, f in zip(tokens, finish, strict=True)], dtype=torch.long)
+            fed = torch.tensor(
+                [t[-1] if f is None else self.pad_id for t, f in zip(tokens, finish, strict=True)], dtype=torch.long
+            )
             step_ids = fed[:, None].to(self.device)
             step_pos = step_pos[:, -1:] + 1
             attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=self.device)], dim=1)

@@ -26,7 +26,9 @@ def truncated_importance_weights(
     `train_logprobs` are the trainer's log-probs of the sampled tokens under the policy that
     sampled them (no gradient flows through the weights)."""
     if train_logprobs.shape != sampler_logprobs.shape or train_logprobs.shape != mask.shape:
-        raise ValueError(f"shape mismatch: {tuple(train_logprobs.shape)}, {tuple(sampler_logprobs.shape)}, {tuple(mask.shape)}")
+        raise ValueError(
+            f"shape mismatch: {tuple(train_logprobs.shape)}, {tuple(sampler_logprobs.shape)}, {tuple(mask.shape)}"
+        )
     keep = mask.bool()
     diff = train_logprobs.detach() - sampler_logprobs.detach()
     # Padding positions may hold anything (even -inf - -inf = nan): zero them before exp.
@@ -34,7 +36,9 @@ def truncated_importance_weights(
     return torch.where(keep, torch.exp(diff), torch.zeros_like(diff))
 
 
-def logprob_mismatch(train_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def logprob_mismatch(
+    train_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """Metrics over model tokens: mean and max |lp_sampler - lp_train|, the mean token-level
     importance ratio exp(train - sampler) before truncation, and the token count."""
     m = mask.bool()
@@ -50,7 +54,9 @@ def logprob_mismatch(train_logprobs: torch.Tensor, sampler_logprobs: torch.Tenso
     }
 
 
-def truncated_fraction(train_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, *, cap: float) -> float:
+def truncated_fraction(
+    train_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, *, cap: float
+) -> float:
     """Fraction of model tokens whose importance ratio exceeds `cap` (was truncated)."""
     m = mask.bool()
     n = int(m.sum())

@@ -31,7 +31,9 @@ def is_lora(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def add_lora(model: torch.nn.Module, *, r: int, alpha: int, dropout: float, target_modules: Sequence[str]) -> torch.nn.Module:
+def add_lora(
+    model: torch.nn.Module, *, r: int, alpha: int, dropout: float, target_modules: Sequence[str]
+) -> torch.nn.Module:
     """`model` with LoRA adapters on `target_modules` (a peft `PeftModel`; only adapters train)."""
     from peft import LoraConfig, get_peft_model
 
@@ -40,7 +42,9 @@ def add_lora(model: torch.nn.Module, *, r: int, alpha: int, dropout: float, targ
     if missing:
         raise ValueError(f"model.lora.target_modules {missing} are not modules of {type(model).__name__}; "
                          f"its linear layers include {sorted(n for n in present if n.endswith('proj'))}")  # fmt: skip
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, config)
 
 
@@ -83,7 +87,9 @@ def apply_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple
     from pvpo.trainer.distributed import is_distributed
 
     if is_distributed():
-        raise ValueError("model.lora.enabled is single-process only; run without torchrun (--nproc 1) or set model.lora.enabled=false")
+        raise ValueError(
+            "model.lora.enabled is single-process only; run without torchrun (--nproc 1) or set model.lora.enabled=false"
+        )
     shares = getattr(engine, "model", None) is model
     peft_model = add_lora(model, r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, target_modules=cfg.target_modules)
     if shares:  # the transformers engine samples from the trained module: now the adapted one

@@ -42,9 +42,16 @@ def padded_tokens(rows: Sequence[int], prompt_lens: Sequence[int], response_lens
     return len(rows) * (max(prompt_lens[i] for i in rows) + max(response_lens[i] for i in rows))
 
 
-def plan_micro_batches(rows: Sequence[int], prompt_lens: Sequence[int], response_lens: Sequence[int], *,
-                       max_tokens: int | None = None, max_rows: int | None = None, parts: int = 1,
-                       min_count: int = 1) -> list[list[int]]:
+def plan_micro_batches(
+    rows: Sequence[int],
+    prompt_lens: Sequence[int],
+    response_lens: Sequence[int],
+    *,
+    max_tokens: int | None = None,
+    max_rows: int | None = None,
+    parts: int = 1,
+    min_count: int = 1,
+) -> list[list[int]]:
     """Cut `rows` (indices into the length lists) into micro-batches.
 
     With `max_tokens`, rows are packed longest first while the padded size stays within it (and
@@ -58,14 +65,19 @@ def plan_micro_batches(rows: Sequence[int], prompt_lens: Sequence[int], response
         cur: list[int] = []
         for i in order:
             cand = cur + [i]
-            if cur and (padded_tokens(cand, prompt_lens, response_lens) > max_tokens or (max_rows and len(cand) > max_rows)):
+            if cur and (
+                padded_tokens(cand, prompt_lens, response_lens) > max_tokens or (max_rows and len(cand) > max_rows)
+            ):
                 plan.append(cur)
                 cand = [i]
             cur = cand
         if cur:
             plan.append(cur)
     else:
-        chunks = [c.tolist() for c in torch.tensor_split(torch.tensor(rows, dtype=torch.long), min(max(parts, 1), max(len(rows), 1)))]
+        chunks = [
+            c.tolist()
+            for c in torch.tensor_split(torch.tensor(rows, dtype=torch.long), min(max(parts, 1), max(len(rows), 1)))
+        ]
         for c in (c for c in chunks if c):
             step = max_rows or len(c)
             plan += [c[s : s + step] for s in range(0, len(c), step)]
@@ -107,7 +119,9 @@ def loss_units(loss_mask: torch.Tensor, agg: str) -> float:
         return float((loss_mask.sum(-1) > 0).sum())
     if agg == "seq-mean-token-sum-norm":
         return float(loss_mask.shape[0])
-    raise ValueError(f"unknown loss aggregation {agg!r}; known: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm")
+    raise ValueError(
+        f"unknown loss aggregation {agg!r}; known: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"
+    )
 
 
 @dataclass
@@ -121,8 +135,9 @@ class MicroBatch:
     weight: float
 
 
-def micro_batches(batch: Batch, rows: Sequence[int], *, agg: str, max_tokens: int | None, parts: int = 1,
-                  max_rows: int | None = None) -> list[MicroBatch]:
+def micro_batches(
+    batch: Batch, rows: Sequence[int], *, agg: str, max_tokens: int | None, parts: int = 1, max_rows: int | None = None
+) -> list[MicroBatch]:
     """The micro-batches of the mini-batch `rows` of `batch`, weighted for an exact accumulation
     over all ranks (a collective: every data-parallel rank must call it for each mini-batch)."""
     pl, rl = row_lengths(batch)
@@ -141,7 +156,9 @@ def micro_batches(batch: Batch, rows: Sequence[int], *, agg: str, max_tokens: in
     return out
 
 
-def accumulate(micros: Sequence[MicroBatch], loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict[str, float]]]) -> tuple[float, list[dict[str, float]]]:
+def accumulate(
+    micros: Sequence[MicroBatch], loss_fn: Callable[[MicroBatch], tuple[torch.Tensor, dict[str, float]]]
+) -> tuple[float, list[dict[str, float]]]:
     """Backward of each micro-batch's weighted loss; returns the mini-batch's loss over all ranks
     (what one pass over the whole mini-batch would give) and the stats of the non-empty ones."""
     loss_sum, stats = 0.0, []
@@ -155,7 +172,9 @@ def accumulate(micros: Sequence[MicroBatch], loss_fn: Callable[[MicroBatch], tup
 
 
 @torch.no_grad()
-def batch_forward(batch: Batch, fn: Callable[[Batch], torch.Tensor], *, max_tokens: int | None, max_rows: int) -> torch.Tensor:
+def batch_forward(
+    batch: Batch, fn: Callable[[Batch], torch.Tensor], *, max_tokens: int | None, max_rows: int
+) -> torch.Tensor:
     """`fn` (per-token `[b, r]` values, e.g. log-probs) over all rows of `batch` in micro-batches,
     reassembled in row order as `[B, R]` (zeros beyond each micro-batch's kept columns). The
     same number of forwards runs on every rank."""

@@ -35,7 +35,9 @@ def tag_tokens(protocol_tags: Iterable[str]) -> list[str]:
     return [t for tag in protocol_tags for t in (f"<{tag}>", f"</{tag}>")]
 
 
-def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 1024, extra_tokens: Sequence[str] = ()) -> PreTrainedTokenizerBase:
+def train_tokenizer(
+    texts: Iterable[str], *, vocab_size: int = 1024, extra_tokens: Sequence[str] = ()
+) -> PreTrainedTokenizerBase:
     """A byte-level BPE tokenizer trained on `texts`, wrapped as PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -128,4 +130,3 @@ def policy_from_config(cfg: ModelConfig, *, corpus_texts: Iterable[str], tags: I
     if cfg.path:
         return load_policy(cfg.path, dtype=cfg.dtype)
     return build_tiny_policy(corpus_texts, cfg.tiny, tags=tags, seed=seed)
-

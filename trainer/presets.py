@@ -14,8 +14,10 @@ def _preset_dir() -> Path:
     try:
         return Path(str(resources.files(PRESETS_PACKAGE)))
     except ModuleNotFoundError:
-        raise FileNotFoundError(f"the package {PRESETS_PACKAGE} is not installed: reinstall pvpo-search "
-                                "(`pip install .`, or `pip install -e .` in a checkout)") from None
+        raise FileNotFoundError(
+            f"the package {PRESETS_PACKAGE} is not installed: reinstall pvpo-search "
+            "(`pip install .`, or `pip install -e .` in a checkout)"
+        ) from None
 
 
 def available_presets() -> list[str]:
@@ -43,5 +45,4 @@ def resolve_config(config: str | Path) -> Path:
             return preset_path(path.name)
         except FileNotFoundError:
             pass
-    raise FileNotFoundError(f"config {str(config)!r} is neither a file nor a shipped preset "
-                            f"({available_presets()})")
+    raise FileNotFoundError(f"config {str(config)!r} is neither a file nor a shipped preset ({available_presets()})")

@@ -61,7 +61,9 @@ def mse(d2: float, var: float, k: int) -> float:
     return d2 * noise / (d2 + noise) if d2 + noise > 0 else 0.0
 
 
-def fused_baselines(rewards: torch.Tensor, uids: Sequence[str], prior: Mapping[str, float | None] | None) -> tuple[torch.Tensor, dict[str, Fusion]]:
+def fused_baselines(
+    rewards: torch.Tensor, uids: Sequence[str], prior: Mapping[str, float | None] | None
+) -> tuple[torch.Tensor, dict[str, Fusion]]:
     """Per-sample fused baselines `[B]` and each prompt's `Fusion`."""
     _check(rewards, uids)
     _, count, mean = group_stats(rewards, uids)

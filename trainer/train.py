@@ -58,7 +58,12 @@ log = logging.getLogger(__name__)
 
 WARM_START_FILE = "warm_start.json"  # the warm start's losses and questions, for reports and resumes
 ANCHOR_FILE, PARTITION_FILE, GT_FILE = "anchor.json", "group_sampling.json", "gt_cache.json"
-STATE_FILES = (ANCHOR_FILE, PARTITION_FILE, GT_FILE, VALUE_MODEL_FILE)  # checkpointed with the weights: a resume sees them as they were
+STATE_FILES = (
+    ANCHOR_FILE,
+    PARTITION_FILE,
+    GT_FILE,
+    VALUE_MODEL_FILE,
+)  # checkpointed with the weights: a resume sees them as they were
 
 
 @dataclass
@@ -97,8 +102,16 @@ def loop_config(cfg: TrainConfig, temperature: float | None = None) -> LoopConfi
 class Trainer:
     """Holds the run's policy, engine, optimizer and anchor; `run()` trains to `run.steps`."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searcher, *, resume: bool = False,
-                 show_progress: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        data: Data,
+        searcher: Searcher,
+        *,
+        resume: bool = False,
+        show_progress: bool = True,
+    ) -> None:
         self.cfg, self.run_dir, self.data, self.searcher = cfg, run_dir, data, searcher
         self.show_progress = show_progress
         self.epcfg = episode_config(cfg)
@@ -137,7 +150,9 @@ class Trainer:
                     ddp.shard(mod, compute_dtype=self.where.dtype)
             self.engine.sync_weights(self.model)
         self._ref_engine: RolloutEngine | None = None  # built on first use: only anchor refreshes sample from it
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+        )
         self.estimator = get_estimator(alg.estimator)
         self.start_step = 0
         self.cost = CostCounter()
@@ -173,7 +188,9 @@ class Trainer:
         # every rank logs the reduced metrics; rank 0's are the run's, the others' go under ranks/
         log_dir = run_dir if ddp.is_main() else run_dir / "ranks" / f"rank_{ddp.rank()}"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.logger = MetricsLogger(log_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard and ddp.is_main())
+        self.logger = MetricsLogger(
+            log_dir, resume_step=self.start_step, tensorboard=cfg.run.tensorboard and ddp.is_main()
+        )
 
     def close(self) -> None:
         """Shut the rollout engines down (vLLM: its engine process and its temporary copy of the
@@ -222,8 +239,16 @@ class Trainer:
         record = {"losses": self.result.warm_start_losses, "questions": [ex.uid for ex in questions]}
         (self.run_dir / WARM_START_FILE).write_text(json.dumps(record))
 
-    def rollout(self, examples: Sequence[QAExample], *, seed: int, engine: RolloutEngine | None = None,
-                temperature: float | None = None, kind: str = "train", offset: int = 0) -> list[Trajectory]:
+    def rollout(
+        self,
+        examples: Sequence[QAExample],
+        *,
+        seed: int,
+        engine: RolloutEngine | None = None,
+        temperature: float | None = None,
+        kind: str = "train",
+        offset: int = 0,
+    ) -> list[Trajectory]:
         """Trajectories for `examples`, `rollout.batch_size` at a time, counted as `kind` cost.
         `offset`: the position of `examples[0]` in the step's whole list (a rank's share), so the
         batches' seeds are those of a single process rolling out the whole list."""
@@ -286,7 +311,9 @@ class Trainer:
                          gt_threshold=gs.gt_threshold, computed_at_step=at)  # fmt: skip
         part.report.update(part.fractions())
         if self._anchor_s_per_rollout is not None:
-            part.report.update(savings(part, rollouts_per_prompt=self.cfg.rollout.n, seconds_per_rollout=self._anchor_s_per_rollout))
+            part.report.update(
+                savings(part, rollouts_per_prompt=self.cfg.rollout.n, seconds_per_rollout=self._anchor_s_per_rollout)
+            )
         wanted = set(part.gt)
         ctx = GTContext(self.tokenizer, self.searcher, self.epcfg, loop_config(self.cfg), self.data.world)
         source = build_gt_source(alg.gt.source, alg.gt, ctx)
@@ -321,7 +348,9 @@ class Trainer:
         keep = self.partition.pool
         kept = [ex for ex in self.data.train if ex.uid in keep]
         if not kept:
-            log.warning("group sampling dropped every training prompt (the reference solves them all); training on all of them")
+            log.warning(
+                "group sampling dropped every training prompt (the reference solves them all); training on all of them"
+            )
             return self.data.train
         return kept
 
@@ -365,7 +394,9 @@ class Trainer:
         t0 = time.perf_counter()
         self.engine.wake_up()
         with self.memory.phase("rollout"):
-            trajs = self.rollout(group, seed=_seed(cfg.run.seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group)))
+            trajs = self.rollout(
+                group, seed=_seed(cfg.run.seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group))
+            )
             trajs += self.adv_inputs.extra_rollouts(  # V0.5's adaptive budget: more rollouts for some prompts, counted
                 prompts, trajs, lambda exs, rnd: self.rollout(exs, seed=_seed(cfg.run.seed, "v05", step, rnd, ddp.rank())),
                 self.anchor.values() if self.anchor is not None else None)  # fmt: skip
@@ -443,8 +474,15 @@ def _maybe_searcher(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searc
             yield s
 
 
-def train(cfg: TrainConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-          searcher: Searcher | None = None, show_progress: bool = True) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    searcher: Searcher | None = None,
+    show_progress: bool = True,
+) -> TrainResult:
     """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
     differs from the run's own config.yaml outside `run_dir.SAFE_ON_RESUME` (RunDirError)."""

@@ -130,7 +130,9 @@ def collate(trajs: Sequence[Trajectory], pad_id: int) -> Batch:
 
 def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Logits `[B, R, V]` that predict each response token (the position before it)."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False)
+    out = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
+    )
     return out.logits[:, batch.prompt_len - 1 : -1, :]
 
 

@@ -42,8 +42,9 @@ def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len
 
 
 @torch.no_grad()
-def batch_logprobs(model: torch.nn.Module, batch: Batch, temperature: float, micro: int = 16,
-                   max_tokens: int | None = None) -> torch.Tensor:
+def batch_logprobs(
+    model: torch.nn.Module, batch: Batch, temperature: float, micro: int = 16, max_tokens: int | None = None
+) -> torch.Tensor:
     """Log-probs `[B, R]` of the response tokens under `model` (the frozen reference, or the
     policy before its update), without gradient, `micro` rows and at most `max_tokens` padded
     tokens at a time (0 beyond each row's response)."""
@@ -68,10 +69,16 @@ def micro_batch_loss(
     `old_logprobs` replaces the batch's sampler log-probs as the ratio denominator."""
     logits = response_logits(model, batch)
     logp = token_logprobs(logits, batch.response_ids, temperature)
-    entropy = entropy_from_logits(logits, temperature) if loss_cfg.entropy_coef else logged_entropy(logits, batch.loss_mask, temperature)
+    entropy = (
+        entropy_from_logits(logits, temperature)
+        if loss_cfg.entropy_coef
+        else logged_entropy(logits, batch.loss_mask, temperature)
+    )
     adv_tok = broadcast_to_tokens(advantages.to(logp.dtype), batch.loss_mask)
     old = batch.old_logprobs if old_logprobs is None else old_logprobs
-    loss, stats = loss_cfg(logp, old, adv_tok, batch.loss_mask, ref_logprobs=ref_logprobs, entropy=entropy, is_weights=is_weights)
+    loss, stats = loss_cfg(
+        logp, old, adv_tok, batch.loss_mask, ref_logprobs=ref_logprobs, entropy=entropy, is_weights=is_weights
+    )
     if bool(batch.is_gt.any()):
         stats.update(gt_ratio_stats(logp.detach(), batch))
     return loss, stats, logits
@@ -145,9 +152,15 @@ def policy_update(
         loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
     device = next(model.parameters()).device
     batch, advantages, max_tokens = batch.to(device), advantages.to(device), optim.max_tokens_per_micro_batch
-    ref_lp = batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens) if ref_model is not None and optim.kl_coef > 0 else None
+    ref_lp = (
+        batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens)
+        if ref_model is not None and optim.kl_coef > 0
+        else None
+    )
     model.train()
-    lp_train_old = batch_logprobs(model, batch, temperature, max_tokens=max_tokens)  # the weights that sampled the batch
+    lp_train_old = batch_logprobs(
+        model, batch, temperature, max_tokens=max_tokens
+    )  # the weights that sampled the batch
     old_lp, is_w, mismatch = importance_terms(lp_train_old, batch, importance)
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, list[float]] = defaultdict(list)
@@ -156,7 +169,9 @@ def policy_update(
         # every rank takes the same number of optimizer steps (FSDP's collectives)
         for mini in _split(order, min(optim.mini_batches, all_reduce_min(len(batch)))):
             optimizer.zero_grad(set_to_none=True)
-            micros = micro_batches(batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum)
+            micros = micro_batches(
+                batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum
+            )
 
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r

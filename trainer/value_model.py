@@ -32,7 +32,9 @@ def minilm_embed(model: str | None = None) -> Embed:
 class PromptValueModel:
     """uid -> (embedding, mean reward); `predict` by kNN or ridge (module docstring)."""
 
-    def __init__(self, embed: Embed, *, kind: str = "knn", k: int = 8, alpha: float = 1.0, path: str | Path | None = None) -> None:
+    def __init__(
+        self, embed: Embed, *, kind: str = "knn", k: int = 8, alpha: float = 1.0, path: str | Path | None = None
+    ) -> None:
         if kind not in ("knn", "ridge"):
             raise ValueError(f"unknown value model {kind!r}; known: knn, ridge")
         self.embed, self.kind, self.k, self.alpha = embed, kind, k, alpha

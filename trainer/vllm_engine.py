@@ -138,7 +138,11 @@ class VLLMEngine(RolloutEngine):
             enable_sleep_mode = False
         self.sleep_enabled = enable_sleep_mode
         if not self.sleep_enabled:
-            log.info("vLLM sleep mode off on %s (supported: %s): sleep/wake_up are no-ops", self.platform, self.sleep_supported)
+            log.info(
+                "vLLM sleep mode off on %s (supported: %s): sleep/wake_up are no-ops",
+                self.platform,
+                self.sleep_supported,
+            )
         if kv_cache_memory_bytes is None and current_platform.is_cpu():
             kv_cache_memory_bytes = CPU_DEFAULT_KV_CACHE_BYTES
         if enforce_eager is None:
@@ -217,7 +221,9 @@ class VLLMEngine(RolloutEngine):
         with torch.no_grad():
             weights = [(name, t.detach()) for name, t in model.state_dict().items()]
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
         except AttributeError as e:
             # vLLM releases without the in-place reload RPC: the model's own loader (TRL's path).
             log.warning("vLLM has no reload_weights (%s); loading through model.load_weights", e)
@@ -283,7 +289,9 @@ def check_installed() -> None:
 
 
 @register_engine("vllm")
-def _build_vllm(model: PreTrainedModel | str | Path, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any) -> VLLMEngine:
+def _build_vllm(
+    model: PreTrainedModel | str | Path, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any
+) -> VLLMEngine:
     return VLLMEngine(model, tokenizer, **kwargs)
 
 

@@ -76,8 +76,14 @@ def oracle_trajectories(
         env.close()
 
 
-def disjoint_splits(train: Sequence[QAExample], *, n_rl: int | None, n_sft: int | None, max_sft_hops: int | None = None,
-                    shuffle_seed: int | None = None) -> tuple[list[QAExample], list[QAExample]]:
+def disjoint_splits(
+    train: Sequence[QAExample],
+    *,
+    n_rl: int | None,
+    n_sft: int | None,
+    max_sft_hops: int | None = None,
+    shuffle_seed: int | None = None,
+) -> tuple[list[QAExample], list[QAExample]]:
     """(RL prompts, warm-start questions) from one train split, sharing no question.
 
     The split is shuffled with `shuffle_seed` (kept in order when None); the first `n_rl` are the
@@ -92,7 +98,9 @@ def disjoint_splits(train: Sequence[QAExample], *, n_rl: int | None, n_sft: int 
         return rl, list(rl)
     rest = [ex for ex in items[len(rl) :] if max_sft_hops is None or ex.metadata.get("hops", 1) <= max_sft_hops]
     if len(rest) < n_sft:
-        raise ValueError(f"asked for {n_sft} warm-start questions disjoint from {len(rl)} RL prompts, only {len(rest)} left")
+        raise ValueError(
+            f"asked for {n_sft} warm-start questions disjoint from {len(rl)} RL prompts, only {len(rest)} left"
+        )
     return rl, rest[:n_sft]
 
 
@@ -105,12 +113,23 @@ def sft_loss(model: torch.nn.Module, trajs: Sequence[Trajectory], pad_id: int) -
     return -aggregate(logp, batch.loss_mask, "token-mean")
 
 
-def warm_start(model: torch.nn.Module, trajs: Sequence[Trajectory], pad_id: int, *, steps: int, lr: float,
-               batch_size: int, seed: int, show_progress: bool = True) -> list[float]:
+def warm_start(
+    model: torch.nn.Module,
+    trajs: Sequence[Trajectory],
+    pad_id: int,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    show_progress: bool = True,
+) -> list[float]:
     """`steps` AdamW steps of SFT on `trajs` (shuffled with `seed`); returns the loss per step."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * max(0.05, 1 - s / steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * max(0.05, 1 - s / steps)
+    )
     model.train()
     order: list[int] = []
     losses = []
