@@ -285,3 +285,22 @@ def test_all_script_evaluates_the_seven_benchmarks_and_writes_the_table(
         .read_text()
         .startswith("method,nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle,avg,")
     )
+
+
+def test_eval_sends_the_retriever_token_and_a_missing_one_fails_in_one_line(
+    policy_dir: Path, tiny, tmp_path: Path
+) -> None:
+    from pvpo.retriever.server import BackgroundServer
+
+    data = str(shared_data("flashrag", "bamboogle.test.jsonl"))
+    with BackgroundServer(tiny, token="s3cret") as server:
+        ok = _invoke(
+            _eval_args(policy_dir, data, server.url, tmp_path / "ok", "--limit", "2", "--retriever-token", "s3cret")
+        )
+        assert "bamboogle (test, N=2): EM" in ok.output
+        assert json.loads((tmp_path / "ok" / "bamboogle" / "metrics.json").read_text())["searches"] >= 1
+        refused = runner.invoke(app, _eval_args(policy_dir, data, server.url, tmp_path / "no", "--limit", "2"),
+                                env=ENV | {"PVPO_RETRIEVER_TOKEN": ""})  # fmt: skip
+    assert refused.exit_code == 2, refused.output
+    assert "refused the request (401)" in refused.output and "PVPO_RETRIEVER_TOKEN" in refused.output
+    assert "Traceback" not in refused.output

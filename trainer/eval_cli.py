@@ -64,6 +64,15 @@ def eval_cmd(
     retriever_url: Annotated[
         list[str] | None, typer.Option("--retriever-url", help="Search-R1 /retrieve server(s), round-robin")
     ] = None,
+    retriever_token: Annotated[
+        str | None,
+        typer.Option(
+            "--retriever-token",
+            envvar="PVPO_RETRIEVER_TOKEN",
+            show_default=False,
+            help="Bearer token of a `pvpo retriever serve --token` server",
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", help="Output folder; each dataset goes to OUT/<dataset>/")
     ] = None,
@@ -151,6 +160,7 @@ def eval_cmd(
                                 max_new_tokens=max_new_tokens, max_response_tokens=max_response_tokens, topk=topk,
                                 max_obs_chars=max_obs_chars, batch_size=batch_size, seed=seed, chat_template=chat_template)  # fmt: skip
         _run(model=model, datasets=list(dataset or []), retriever_urls=list(retriever_url or []), out=out,  # type: ignore[arg-type]
+             retriever_token=retriever_token or None,
              split=split, data_dir=data_dir, limit=limit, sample_seed=sample_seed, engine=engine, settings=settings,
              dtype=dtype, base_url=base_url, model_name=model_name, api=api, api_key=api_key, concurrency=concurrency,
              judge=_judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency) if judge_base_url else None,  # type: ignore[arg-type]
@@ -159,8 +169,8 @@ def eval_cmd(
         _fail(e)
 
 
-def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], out: Path, split: str | None,
-         data_dir: Path | None, limit: int | None, sample_seed: int | None, engine: str, settings: Any, dtype: str,
+def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], retriever_token: str | None,
+         out: Path, split: str | None, data_dir: Path | None, limit: int | None, sample_seed: int | None, engine: str, settings: Any, dtype: str,
          base_url: str | None, model_name: str | None, api: str, api_key: str | None, concurrency: int,
          judge: Any, label: str | None, quiet: bool) -> None:  # fmt: skip
     from pvpo.envs.datasets import resolve_dataset, sample_subset
@@ -183,7 +193,7 @@ def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], o
         policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)
         model_id = str(Path(model).resolve())
     name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
-    with RetrieverClient(retriever_urls, topk=settings.topk) as searcher:
+    with RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher:
         for ds in resolved:
             examples = sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed)
             meta = {"label": name, "dataset": ds.name, "split": ds.split, "source": str(ds.path.resolve()), "limit": limit,
