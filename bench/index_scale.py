@@ -66,7 +66,9 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    from pvpo.retriever.index import faiss_gpus
+
+    gpus = faiss_gpus()
     return (
         f"{platform.node()} | {cpu} | {os.cpu_count()} cores, {mem:.0f} GiB RAM | faiss {faiss.__version__} "
         f"({gpus} GPUs visible to faiss) | numpy {np.__version__} | Python {platform.python_version()}"
@@ -547,12 +549,11 @@ def index_section(args: argparse.Namespace) -> list[str]:
 
 def gpu_row(c: Candidate, index: Any, queries: np.ndarray, truth: np.ndarray, args: argparse.Namespace) -> str:
     """The candidate moved to all GPUs by the retriever's own `to_device` (fp16, sharded)."""
-    import faiss
 
-    from pvpo.retriever.index import apply_search_params, to_device
+    from pvpo.retriever.index import apply_search_params, faiss_gpus, to_device
     from pvpo.retriever.rerank import RerankedIndex
 
-    if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
+    if faiss_gpus() == 0:
         return "skipped"
     inner = index.index if isinstance(index, RerankedIndex) else index
     gpu_index, where = to_device(inner, "cuda")

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,31 +28,12 @@ from retrieval_quality import DEFAULT_DATA  # noqa: E402
 from retriever import machine, questions_and_queries  # noqa: E402
 
 
-def free_base_port(n: int) -> int:
-    """A port p with p .. p+n-1 all free on 127.0.0.1."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        socks = []
-        try:
-            for p in range(base, base + n):
-                socks.append(socket.socket())
-                socks[-1].bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")
-
-
 def serve(index: Path, replicas: int, extra: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
     """`pvpo retriever serve --replicas K` (K=1: one plain server); returns it once all answer."""
-    import httpx
+    from pvpo.retriever.replicas import wait_healthy
+    from pvpo.retriever.testing import free_consecutive_ports
 
-    port = free_base_port(replicas)
+    port = free_consecutive_ports(replicas)
     cmd = [
         sys.executable,
         "-m",
@@ -74,20 +54,11 @@ def serve(index: Path, replicas: int, extra: list[str]) -> tuple[subprocess.Pope
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
     urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
-    deadline = time.time() + 300
-    for url in urls:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}")
-            if time.time() > deadline:
-                proc.kill()
-                raise RuntimeError("servers did not start in 300 s")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    try:
+        wait_healthy(urls, [proc] * replicas, timeout=300)
+    except RuntimeError:
+        proc.kill()
+        raise
     return proc, urls
 
 

@@ -111,7 +111,7 @@ def start_server(
     threads: int,
     extra: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen, str]:
-    import httpx
+    from pvpo.retriever.replicas import wait_healthy
 
     port = free_port()
     cmd = [
@@ -142,17 +142,13 @@ def start_server(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"}
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start in 180 s")
+    try:
+        wait_healthy([url], [proc], timeout=180)
+    except RuntimeError as e:
+        exited = proc.poll() is not None
+        proc.kill()
+        raise RuntimeError(f"{e}: {proc.stderr.read().decode()[-2000:]}" if exited else str(e)) from None
+    return proc, url
 
 
 WRK_SCRIPT = r"""

@@ -56,6 +56,13 @@ def prepare_corpus(corpus: str | Path, out_dir: Path) -> CorpusStore:
     return CorpusStore(target, out_dir / OFFSETS_FILE)
 
 
+def check_rerank_depth(rerank_depth: int) -> None:
+    """A one-line error unless `rerank_depth` is >= 0 (0 = no re-ranking); callers check before
+    encoding or linking anything."""
+    if rerank_depth < 0:
+        raise ValueError(f"rerank_depth must be >= 0 (0 = no re-ranking), got {rerank_depth}")
+
+
 def _encode_chunks(
     store: CorpusStore, emb_dir: Path, encoder: Any, *, chunk_size: int, batch_size: int, show_progress: bool
 ) -> list[Path]:
@@ -129,8 +136,7 @@ def write_dense_index(
     from pvpo.retriever.index import coarse_assigner, faiss_gpus
     from pvpo.retriever.rerank import VECTORS_FILE, write_fp16_store
 
-    if rerank_depth < 0:
-        raise ValueError(f"rerank_depth must be >= 0 (0 = no re-ranking), got {rerank_depth}")
+    check_rerank_depth(rerank_depth)
     n = sum(len(c) for c in chunks)
     dim = int(chunks[0].shape[1])
     index = make_faiss_index(dim, index_type)
@@ -198,8 +204,7 @@ def build_index(
     interruption resumes encoding at the first missing chunk."""
     from pvpo.retriever.encoder import Encoder
 
-    if rerank_depth < 0:
-        raise ValueError(f"rerank_depth must be >= 0 (0 = no re-ranking), got {rerank_depth}")
+    check_rerank_depth(rerank_depth)
     out = Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -362,8 +367,7 @@ def reindex_prebuilt(
 
     from pvpo.retriever.index import read_faiss_index, read_meta
 
-    if rerank_depth < 0:
-        raise ValueError(f"rerank_depth must be >= 0 (0 = no re-ranking), got {rerank_depth}")
+    check_rerank_depth(rerank_depth)
     if not Path(faiss_index).exists():
         raise FileNotFoundError(f"{faiss_index} does not exist")
     flat = read_faiss_index(Path(faiss_index), mmap=True)  # faiss returns it as its own class

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -18,26 +19,25 @@ ENCODER_BACKEND_HELP = (
 ENCODER_DTYPE_HELP = "torch encoder dtype: float32, float16 or bfloat16 (default: float16 on GPU, float32 on CPU)."
 
 
-def _dtype_option(value: str | None) -> str | None:
-    from pvpo.retriever.encoder import check_dtype
+def _encoder_option(check_name: str) -> Callable[[str | None], str | None]:
+    """A typer callback running pvpo.retriever.encoder's `check_name` on a given value (imported
+    when an option is given, so `--help` stays light); its ValueError becomes a usage error."""
 
-    if value is not None:
-        try:
-            check_dtype(value)
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
-    return value
+    def callback(value: str | None) -> str | None:
+        if value is not None:
+            from pvpo.retriever import encoder
+
+            try:
+                getattr(encoder, check_name)(value)
+            except ValueError as e:
+                raise typer.BadParameter(str(e)) from None
+        return value
+
+    return callback
 
 
-def _backend_option(value: str | None) -> str | None:
-    from pvpo.retriever.encoder import check_backend
-
-    if value is not None:
-        try:
-            check_backend(value)
-        except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
-    return value
+_dtype_option = _encoder_option("check_dtype")
+_backend_option = _encoder_option("check_backend")
 
 
 retriever_app = typer.Typer(

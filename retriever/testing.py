@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from pathlib import Path
 
 TINY_CORPUS: list[dict[str, str]] = [
@@ -94,3 +95,25 @@ def build_tiny_index(base_dir: str | Path, *, index_type: str = "Flat") -> Path:
     if not (out / "meta.json").exists():
         build_index(corpus, out, index_type=index_type, show_progress=False, batch_size=64)
     return out
+
+
+def free_consecutive_ports(n: int, host: str = "127.0.0.1") -> int:
+    """A port p with p .. p+n-1 all free on `host` (for `serve --replicas n --port p`)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports on {host}")

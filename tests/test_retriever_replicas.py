@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,31 +15,16 @@ import pytest
 
 from pvpo.retriever.client import RetrieverClient
 from pvpo.retriever.replicas import ReplicaSet, replica_threads, replica_urls
-from pvpo.retriever.testing import TINY_QUERIES, build_tiny_index
+from pvpo.retriever.testing import TINY_QUERIES, build_tiny_index, free_consecutive_ports
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _free_consecutive_ports(n: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free consecutive ports")
+def _serve_two_replicas(index: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    """`pvpo retriever serve --replicas 2` on ports port, port + 1 (stdout piped: the serving lines)."""
+    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--host", "127.0.0.1",
+           "--port", str(port), "--replicas", "2", "--device", "cpu", "--log-level", "warning", *extra]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
 
 
 def _alive(pid: int) -> bool:
@@ -65,29 +49,8 @@ def test_replica_urls_and_threads() -> None:
 
 def test_two_replicas_share_the_clients_requests_and_stop_on_sigterm(tmp_path: Path) -> None:
     index = build_tiny_index(tmp_path)
-    port = _free_consecutive_ports(2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--replicas",
-        "2",
-        "--device",
-        "cpu",
-        "--encoder-backend",
-        "torch",
-        "--log-level",
-        "warning",
-    ]
-    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    port = free_consecutive_ports(2)
+    parent = _serve_two_replicas(index, port, "--encoder-backend", "torch")
     try:
         # each replica prints its own "serving ..." line; the parent's comes once all answer /health
         lines = [parent.stdout.readline() for _ in range(3)]
@@ -117,27 +80,8 @@ def test_two_replicas_share_the_clients_requests_and_stop_on_sigterm(tmp_path: P
 
 def test_replicas_of_a_killed_parent_stop_too(tmp_path: Path) -> None:
     index = build_tiny_index(tmp_path)
-    port = _free_consecutive_ports(2)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--replicas",
-        "2",
-        "--device",
-        "cpu",
-        "--log-level",
-        "warning",
-    ]
-    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    port = free_consecutive_ports(2)
+    parent = _serve_two_replicas(index, port)
     try:
         line = next((x for x in (parent.stdout.readline() for _ in range(3)) if "replicas (pids" in x), "")
         pids = [int(p) for p in line.split("(pids ", 1)[1].split(")", 1)[0].split()]

@@ -13,6 +13,7 @@ from pvpo.retriever.build import build_index, write_dense_index
 from pvpo.retriever.index import (
     DenseRetriever,
     apply_search_params,
+    faiss_gpus,
     load_retriever,
     make_faiss_index,
     train_if_needed,
@@ -200,14 +201,8 @@ def test_rerank_depth_is_a_search_param_overridable_at_load(reranked_dir: Path) 
         load_retriever(reranked_dir, device="cpu", rerank_file="nope.npy")
 
 
-def _faiss_gpus() -> int:
-    import faiss
-
-    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(_faiss_gpus() == 0, reason="needs CUDA and faiss with GPU support")
+@pytest.mark.skipif(faiss_gpus() == 0, reason="needs CUDA and faiss with GPU support")
 def test_recipe_on_gpu_fp16_sharded_matches_cpu(reranked_dir: Path) -> None:
     cpu = load_retriever(reranked_dir, device="cpu")
     gpu = load_retriever(reranked_dir, device="cuda")
@@ -297,7 +292,7 @@ def test_build_cli_reindexes_a_flat_index_with_rerank_and_nprobe(tmp_path: Path,
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_faiss_gpus() == 0, reason="needs CUDA and faiss with GPU support")
+@pytest.mark.skipif(faiss_gpus() == 0, reason="needs CUDA and faiss with GPU support")
 def test_gpu_trained_and_assigned_build_reranks_exactly(tmp_path: Path) -> None:
     import faiss
 
