@@ -51,7 +51,7 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
 
 def warm_policy(cfg: Any, data: Any, searcher: Any, where: Path) -> Path:
     """The warm-started initial policy of `cfg`'s seed (built once, then reused)."""
-    from pvpo.trainer.train import Trainer
+    from pvpo.trainer.loop import Trainer
 
     if not (where / "initial_policy" / "config.json").exists():
         shutil.rmtree(where, ignore_errors=True)
@@ -62,7 +62,7 @@ def warm_policy(cfg: Any, data: Any, searcher: Any, where: Path) -> Path:
 
 def run_one(cfg: Any, data: Any, searcher: Any, warm: Path, run_dir: Path) -> dict[str, Any]:
     """Train one configuration from the shared warm start; its summary is saved as result.json."""
-    from pvpo.trainer.train import Trainer
+    from pvpo.trainer.loop import Trainer
 
     done = run_dir / "result.json"
     if done.exists():
@@ -84,7 +84,7 @@ def run_one(cfg: Any, data: Any, searcher: Any, warm: Path, run_dir: Path) -> di
         "pvpo_cost": m[-1]["cost/cum_pvpo"], "wall_s": wall,
         "adv_var": sum(r["adv/std"] ** 2 for r in m) / len(m), "curve": curve,
     }  # fmt: skip
-    from pvpo.trainer.checkpoint import atomic_write_text
+    from pvpo.trainer.state.checkpoint import atomic_write_text
 
     atomic_write_text(done, json.dumps(summary))
     return summary
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     from pvpo.retriever.build import build_index
     from pvpo.retriever.client import RetrieverClient
     from pvpo.retriever.server import BackgroundServer
-    from pvpo.trainer.config import load_config
+    from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.resources import load_data
 
     algs = [a for a in args.algorithms.split(",") if a]

@@ -31,8 +31,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _policy(args: argparse.Namespace, world, protocol, train):  # type: ignore[no-untyped-def]
-    from pvpo.trainer.config import TinyModelConfig
-    from pvpo.trainer.policy import build_tiny_policy, load_policy
+    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.model.policy import build_tiny_policy, load_policy
 
     if args.model:
         return load_policy(args.model, dtype=args.dtype)
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     from pvpo.envs.synthetic import SyntheticWorld
     from pvpo.retriever.build import build_index
     from pvpo.retriever.index import load_retriever
-    from pvpo.trainer.agent_loop import LoopConfig, run_agent_loop
-    from pvpo.trainer.engine import SamplingConfig, build_engine
+    from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
+    from pvpo.trainer.rollout.engine import SamplingConfig, build_engine
 
     world = SyntheticWorld.generate(args.seed, 40, n_relations=3, max_hops=3, questions_per_hop=16)
     train = world.questions("train")
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     build_index(world.write_corpus(tmp / "corpus.jsonl"), tmp / "index", index_type="bm25", show_progress=False)
     searcher = load_retriever(tmp / "index")
     if args.warm_start_steps and not args.model:
-        from pvpo.trainer.warmstart import oracle_trajectories, warm_start
+        from pvpo.trainer.model.warmstart import oracle_trajectories, warm_start
 
         trajs = oracle_trajectories(
             train, lambda ex: world.oracle_trajectory(ex, protocol), policy.tokenizer, searcher, epcfg

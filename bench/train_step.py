@@ -71,7 +71,7 @@ def build_model(shape: str) -> torch.nn.Module:
 
 def make_batch(rows: int, vocab: int, prompt_len: int, response_len: int, seed: int = 0):
     """Multi-turn trajectories of varied lengths: model turns (trained) and env turns (masked)."""
-    from pvpo.trainer.trajectory import Trajectory, collate
+    from pvpo.trainer.rollout.trajectory import Trajectory, collate
 
     rng = random.Random(seed)
     trajs = []
@@ -91,7 +91,7 @@ def make_batch(rows: int, vocab: int, prompt_len: int, response_len: int, seed: 
 
 
 def bare_step(model, opt, batch, autocast) -> None:
-    from pvpo.trainer.losses import token_logprobs
+    from pvpo.trainer.algorithms.losses import token_logprobs
 
     opt.zero_grad(set_to_none=True)
     with autocast():
@@ -105,9 +105,9 @@ def bare_step(model, opt, batch, autocast) -> None:
 
 
 def loss_pass_step(model, opt, batch, adv, ref_lp, optim, autocast) -> None:
-    from pvpo.trainer.distributed import clip_grad_norm
-    from pvpo.trainer.micro_batch import accumulate, micro_batches
-    from pvpo.trainer.update import loss_config, micro_batch_loss
+    from pvpo.trainer.model.micro_batch import accumulate, micro_batches
+    from pvpo.trainer.model.update import loss_config, micro_batch_loss
+    from pvpo.trainer.parallel.distributed import clip_grad_norm
 
     loss_cfg = loss_config(optim, norm_len=batch.loss_mask.shape[-1])
     opt.zero_grad(set_to_none=True)
@@ -128,7 +128,7 @@ def loss_pass_step(model, opt, batch, adv, ref_lp, optim, autocast) -> None:
 def precision_report(base: torch.nn.Module, batch, where) -> None:
     """Why float32 master weights: the log-prob gap of bf16 compute (autocast) and of bf16 weights
     against float32, and how much of the model one AdamW step at lr 1e-6 moves in each."""
-    from pvpo.trainer.update import batch_logprobs
+    from pvpo.trainer.model.update import batch_logprobs
 
     fp32 = copy.deepcopy(base).to(where.device).eval()
     bf16_w = copy.deepcopy(base).to(where.device, torch.bfloat16).eval()
@@ -170,9 +170,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from pvpo.trainer.config import load_config
-    from pvpo.trainer.device import place_policy_model, place_reference_model, placement
-    from pvpo.trainer.update import batch_logprobs, policy_update
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.model.device import place_policy_model, place_reference_model, placement
+    from pvpo.trainer.model.update import batch_logprobs, policy_update
 
     where = placement(args.device, args.dtype, "sdpa", args.gradient_checkpointing)
     sync = (lambda: torch.cuda.synchronize(where.device)) if where.device.type == "cuda" else (lambda: None)

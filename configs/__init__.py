@@ -1,2 +1,2 @@
 """The YAML presets shipped with the package as `pvpo.configs` (package data: a wheel carries these
-very files), found by name with `pvpo.trainer.presets.preset_path`."""
+very files), found by name with `pvpo.trainer.config.presets.preset_path`."""

@@ -39,8 +39,8 @@ _COMPONENT_CLIS = (
     "pvpo.retriever.cli",
     "pvpo.envs.cli",
     "pvpo.trainer.cli",
-    "pvpo.trainer.config_cli",
-    "pvpo.trainer.eval_cli",
+    "pvpo.trainer.config.cli",
+    "pvpo.evaluation.cli",
 )
 
 for _name in _COMPONENT_CLIS:

@@ -1,5 +1,5 @@
 """Package `__init__` exports resolved on first use (PEP 562), so `from pvpo.trainer import Trainer`
-works while `import pvpo.trainer.config` or `import pvpo.retriever.client` still imports no torch,
+works while `import pvpo.trainer.config.schema` or `import pvpo.retriever.client` still imports no torch,
 faiss or transformers."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def describe(err: BaseException) -> str | None:
     if isinstance(err, FileNotFoundError | NotADirectoryError | IsADirectoryError | PermissionError):
         what = f"{err.strerror}: {err.filename}" if err.filename else str(err)
         return f"error: {what}\n  fix: check the path"
-    if _is_instance(err, "pvpo.trainer.config", "ConfigError"):
+    if _is_instance(err, "pvpo.trainer.config.schema", "ConfigError"):
         return f"error: {err}"
     if isinstance(err, ValueError):  # bad input named by the code that refused it
         return f"error: {err}"

@@ -23,4 +23,4 @@ else
     "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec || true
 fi
 "${PIP[@]}" install -q -e '.[dev]'
-"$VENV/bin/python" -c "import vllm, transformers, torch, pvpo.trainer.vllm_engine; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+"$VENV/bin/python" -c "import vllm, transformers, torch, pvpo.trainer.rollout.vllm_engine; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"

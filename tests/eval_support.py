@@ -23,13 +23,13 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: 
 
     from pvpo.envs.data import QAExample
     from pvpo.envs.episode import EpisodeConfig
+    from pvpo.evaluation.judge import judge_prompt
     from pvpo.retriever.index import load_retriever
     from pvpo.retriever.testing import TINY_CORPUS, build_tiny_index
     from pvpo.reward import SEARCH_R1
-    from pvpo.trainer.config import TinyModelConfig
-    from pvpo.trainer.judge import judge_prompt
-    from pvpo.trainer.policy import build_tiny_policy, save_policy
-    from pvpo.trainer.warmstart import oracle_trajectories, warm_start
+    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.model.policy import build_tiny_policy, save_policy
+    from pvpo.trainer.model.warmstart import oracle_trajectories, warm_start
 
     torch.manual_seed(seed)
     examples = [QAExample(f"t/{i}", q, ("Berlin",)) for i, q in enumerate(questions)]
@@ -50,7 +50,7 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: 
         )
     finally:
         retriever.close()
-    from pvpo.trainer.trajectory import Trajectory
+    from pvpo.trainer.rollout.trajectory import Trajectory
 
     tok = policy.tokenizer
     for k, p in enumerate(judge_prompts * 2):  # weighted up: at 1 in 5 samples it wrote "Score: </answer>"

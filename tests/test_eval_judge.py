@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pvpo.evaluation.judge import JudgeCache, Verdict, judge_prompt, judge_summary, parse_score
 from pvpo.reward import RESEARCH, SEARCH_R1
-from pvpo.trainer.judge import JudgeCache, Verdict, judge_prompt, judge_summary, parse_score
-from pvpo.trainer.openai_engine import restore_stop
+from pvpo.trainer.rollout.openai_client import restore_stop
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_openai_client_retries_an_unreachable_endpoint_then_names_it() -> None:
     import socket
     import time
 
-    from pvpo.trainer.openai_engine import OpenAIClient, OpenAIError
+    from pvpo.trainer.rollout.openai_client import OpenAIClient, OpenAIError
 
     with socket.socket() as s:  # a loopback port with nothing listening
         s.bind(("127.0.0.1", 0))

@@ -154,8 +154,8 @@ def test_openai_policy_over_vllm_server_matches_the_token_loop(
 def test_llm_judge_over_vllm_server_scores_caches_and_reports(
     policy_dir: Path, server: str, retriever_url: str, tmp_path: Path
 ) -> None:
-    from pvpo.trainer.judge import Judge, judge_run, parse_score
-    from pvpo.trainer.openai_engine import OpenAIClient
+    from pvpo.evaluation.judge import Judge, judge_run, parse_score
+    from pvpo.trainer.rollout.openai_client import OpenAIClient
 
     items = _eval(tmp_path / "run", retriever_url, "--model", str(policy_dir), "--engine", "hf",
                   "--judge-base-url", server, "--judge-model", "tiny", "--judge-api", "chat")  # fmt: skip
@@ -185,7 +185,7 @@ def test_llm_judge_over_vllm_server_scores_caches_and_reports(
 
 
 def test_openai_errors_name_the_endpoint_and_status(server: str) -> None:
-    from pvpo.trainer.openai_engine import OpenAIClient, OpenAIError
+    from pvpo.trainer.rollout.openai_client import OpenAIClient, OpenAIError
 
     client = OpenAIClient(server, "no-such-model", retries=1, backoff=0.01)
     with pytest.raises(OpenAIError, match=r"completions failed after 1 attempt\(s\): HTTP 404"):
@@ -210,10 +210,10 @@ def test_gt_endpoint_source_writes_what_the_local_model_source_writes(
     the reference's (`gt.logprobs: reference`), set by the trainer's callback."""
     from pvpo.envs.data import QAExample
     from pvpo.envs.episode import EpisodeConfig
-    from pvpo.trainer.agent_loop import LoopConfig
-    from pvpo.trainer.config import load_config
-    from pvpo.trainer.gt import GTCache, GTContext, build_gt_source, fetch_gt
-    from pvpo.trainer.policy import load_policy
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.model.policy import load_policy
+    from pvpo.trainer.reference.gt import GTCache, GTContext, build_gt_source, fetch_gt
+    from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     tok = load_policy(policy_dir).tokenizer
     exs = [

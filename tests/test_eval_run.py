@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from pvpo.cli import app
 from pvpo.envs.datasets import resolve_dataset, sample_subset
 from pvpo.envs.loaders import load_dataset
-from pvpo.trainer.eval_report import build_table, find_runs, markdown_table, rescore_file, rescore_items, write_csv
-from pvpo.trainer.eval_run import EvalError, EvalSettings, load_done, read_items
+from pvpo.evaluation.report import build_table, find_runs, markdown_table, rescore_file, rescore_items, write_csv
+from pvpo.evaluation.run import EvalError, EvalSettings, load_done, read_items
 from tests.conftest import REPO, shared_data
 from tests.eval_support import searching_policy
 
@@ -87,8 +87,8 @@ def test_settings_name_the_bad_value() -> None:
 
 # ---- the hf engine honours top-p at evaluation --------------------------------------------------
 def test_hf_engine_top_p_samples_only_the_nucleus(policy_dir: Path) -> None:
-    from pvpo.trainer.engine import SamplingConfig
-    from pvpo.trainer.eval_run import token_policy
+    from pvpo.evaluation.policies import token_policy
+    from pvpo.trainer.rollout.engine import SamplingConfig
 
     pol = token_policy(policy_dir, "hf")
     prompts = [

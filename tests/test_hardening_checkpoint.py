@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pvpo.trainer.checkpoint import (
+from pvpo.trainer.state.checkpoint import (
     CheckpointError,
     atomic_write_dir,
     latest_checkpoint,
@@ -22,7 +22,7 @@ from pvpo.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from pvpo.trainer.metrics_log import MetricsLogger
+from pvpo.trainer.state.metrics_log import MetricsLogger
 
 
 class _Saves:

@@ -12,9 +12,9 @@ import torch
 from test_trainer_core import TINY, WORLD, OverlapSearcher
 from typer.testing import CliRunner
 
-from pvpo.trainer.checkpoint import save_checkpoint
-from pvpo.trainer.config import dump_config, load_config
-from pvpo.trainer.run_dir import RunDirError, check_resume_config, prepare_fresh, resume_config
+from pvpo.trainer.config.schema import dump_config, load_config
+from pvpo.trainer.state.checkpoint import save_checkpoint
+from pvpo.trainer.state.run_dir import RunDirError, check_resume_config, prepare_fresh, resume_config
 
 
 def _run_with_config(tmp_path: Path, *overrides: str) -> Path:
@@ -90,7 +90,7 @@ def test_cli_refuses_a_conflicting_resume_and_an_occupied_run_dir_with_exit_2(tm
 
 
 def test_a_finished_run_resumes_with_its_own_config_for_more_steps(tmp_path: Path) -> None:
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     searcher = OverlapSearcher(WORLD.passages)
     run = tmp_path / "run"

@@ -10,7 +10,7 @@ from pathlib import Path
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-COMPONENTS = ("reward", "retriever", "envs", "trainer", "configs")
+COMPONENTS = ("reward", "retriever", "envs", "trainer", "evaluation", "configs")
 
 
 def test_each_component_folder_is_linked_into_the_pvpo_package_by_a_relative_symlink() -> None:
@@ -24,7 +24,15 @@ def test_each_component_folder_is_linked_into_the_pvpo_package_by_a_relative_sym
 def test_the_packages_setuptools_ships_are_exactly_the_folders_on_disk() -> None:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "package-dir" not in config  # a mapping would bring back the import hook
-    on_disk = {"pvpo"} | {f"pvpo.{p.name}" for p in (REPO / "pvpo").iterdir() if (p / "__init__.py").is_file()}
+    pvpo = REPO / "pvpo"
+    on_disk = {"pvpo"}
+    for link in pvpo.iterdir():  # each component and its sub-packages (os.walk does not follow the links)
+        if (link / "__init__.py").is_file():
+            on_disk |= {
+                "pvpo." + ".".join(d.relative_to(link.resolve().parent).parts)
+                for d in [link.resolve(), *link.resolve().rglob("*")]
+                if (d / "__init__.py").is_file()
+            }
     assert set(config["packages"]) == on_disk
 
 

@@ -14,12 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from pvpo.cli import app
-from pvpo.trainer.config import load_config
-from pvpo.trainer.presets import available_presets, preset_path, resolve_config
+from pvpo.trainer.config.presets import available_presets, preset_path, resolve_config
+from pvpo.trainer.config.schema import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 RESOLVE = (
-    "import json, pvpo; from pvpo.trainer.presets import preset_path; from pvpo.trainer.config import load_config; "
+    "import json, pvpo; from pvpo.trainer.config.presets import preset_path; from pvpo.trainer.config.schema import load_config; "
     "print(json.dumps({'pvpo': pvpo.__file__, 'demo': load_config(preset_path('demo')).model_dump(mode='json')}))"
 )
 

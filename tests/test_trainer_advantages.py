@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from pvpo.trainer.advantages import (
+from pvpo.trainer.algorithms.advantages import (
     advantage_stats,
     available_estimators,
     broadcast_to_tokens,

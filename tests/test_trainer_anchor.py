@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pvpo.trainer import anchor as anchor_mod
-from pvpo.trainer.advantages import get_estimator
-from pvpo.trainer.anchor import AnchorStat, AnchorStore, build_anchor, needs_refresh
+from pvpo.trainer.algorithms.advantages import get_estimator
+from pvpo.trainer.reference import anchor as anchor_mod
+from pvpo.trainer.reference.anchor import AnchorStat, AnchorStore, build_anchor, needs_refresh
 
 
 @dataclass(frozen=True)

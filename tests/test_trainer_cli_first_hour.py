@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pvpo.cli import app
-from pvpo.trainer.config import ConfigError, load_config
+from pvpo.trainer.config.schema import ConfigError, load_config
 
 
 def test_warm_start_on_a_qa_file_is_refused_naming_the_key() -> None:

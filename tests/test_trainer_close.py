@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from test_trainer_core import TINY, WORLD, OverlapSearcher
 
-from pvpo.trainer.config import load_config
-from pvpo.trainer.hf_engine import HFEngine
-from pvpo.trainer.metrics_log import MetricsLogger
+from pvpo.trainer.config.schema import load_config
+from pvpo.trainer.rollout.hf_engine import HFEngine
+from pvpo.trainer.state.metrics_log import MetricsLogger
 
 
 class Boom(RuntimeError):
@@ -20,7 +20,7 @@ class Boom(RuntimeError):
 def test_train_closes_its_engine_when_done_and_when_a_step_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     closed: list[HFEngine] = []
     monkeypatch.setattr(HFEngine, "close", lambda self: closed.append(self))

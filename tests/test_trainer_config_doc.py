@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from pvpo.cli import app
-from pvpo.trainer.config_doc import config_keys
+from pvpo.trainer.config.docs import config_keys
 
 TRAINER = Path(__file__).resolve().parents[1] / "trainer"
 
@@ -21,7 +21,7 @@ def test_every_config_key_has_a_description() -> None:
 
 
 def test_no_field_is_documented_by_a_trailing_comment_only_its_description() -> None:
-    for name in ("config.py", "estimator_config.py"):
+    for name in ("config/schema.py", "config/estimators.py"):
         for n, line in enumerate((TRAINER / name).read_text().splitlines(), 1):
             assert not re.match(r"^    \w+: [^=]+= .*#", line), f"{name}:{n}: {line.strip()}"
 

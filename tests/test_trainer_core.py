@@ -11,10 +11,10 @@ import torch
 
 from pvpo.envs.synthetic import SyntheticWorld
 from pvpo.retriever.types import Passage
-from pvpo.trainer.config import ConfigError, TinyModelConfig, load_config
-from pvpo.trainer.engine import SamplingConfig
-from pvpo.trainer.hf_engine import HFEngine
-from pvpo.trainer.policy import build_tiny_policy
+from pvpo.trainer.config.schema import ConfigError, TinyModelConfig, load_config
+from pvpo.trainer.model.policy import build_tiny_policy
+from pvpo.trainer.rollout.engine import SamplingConfig
+from pvpo.trainer.rollout.hf_engine import HFEngine
 
 TAGS = ("think", "search", "information", "answer")
 WORLD = SyntheticWorld.generate(0, 12, n_relations=2, max_hops=2, questions_per_hop=6)
@@ -88,7 +88,7 @@ def test_config_overrides_parse_yaml_values(tmp_path):
 
 # ---- engine ------------------------------------------------------------------------------------
 def test_engine_logprobs_match_recomputation_with_left_padding(policy):
-    from pvpo.trainer.losses import token_logprobs
+    from pvpo.trainer.algorithms.losses import token_logprobs
 
     eng = HFEngine(policy.model, policy.tokenizer)
     prompts = [policy.tokenizer.encode("Who is the rival of"), policy.tokenizer.encode("Q")]

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from pvpo.envs.synthetic import synthetic_world
-from pvpo.trainer.config import config_from_dict
-from pvpo.trainer.evaluate import eval_metrics
+from pvpo.trainer.config.schema import config_from_dict
+from pvpo.trainer.heldout import eval_metrics
+from pvpo.trainer.model.warmstart import disjoint_splits
 from pvpo.trainer.resources import load_data
-from pvpo.trainer.trajectory import Trajectory
-from pvpo.trainer.warmstart import disjoint_splits
+from pvpo.trainer.rollout.trajectory import Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
 

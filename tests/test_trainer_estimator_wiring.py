@@ -8,8 +8,8 @@ import math
 import torch
 from test_trainer_core import TINY, WORLD, OverlapSearcher
 
-from pvpo.trainer.config import load_config
-from pvpo.trainer.train import train
+from pvpo.trainer.config.schema import load_config
+from pvpo.trainer.loop import train
 
 
 def _train(tmp_path, *overrides: str):
@@ -35,7 +35,7 @@ def test_ppo_warms_up_its_critic_then_updates_the_policy_with_token_advantages(t
 
 
 def test_v05_extra_rollouts_go_through_the_trainer_and_are_counted(tmp_path, monkeypatch):
-    from pvpo.trainer.train import Trainer
+    from pvpo.trainer.loop import Trainer
 
     real = Trainer.rollout
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pvpo.trainer.advantages import advantage_stats, broadcast_to_tokens, get_estimator
-from pvpo.trainer.config import TinyModelConfig
-from pvpo.trainer.critic import Critic, critic_update, value_loss
-from pvpo.trainer.gae import gae, masked_whiten, outcome_token_rewards
-from pvpo.trainer.policy import build_tiny_policy
-from pvpo.trainer.trajectory import Trajectory, collate
+from pvpo.trainer.algorithms.advantages import advantage_stats, broadcast_to_tokens, get_estimator
+from pvpo.trainer.algorithms.critic import Critic, critic_update, value_loss
+from pvpo.trainer.algorithms.gae import gae, masked_whiten, outcome_token_rewards
+from pvpo.trainer.config.schema import TinyModelConfig
+from pvpo.trainer.model.policy import build_tiny_policy
+from pvpo.trainer.rollout.trajectory import Trajectory, collate
 
 MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]])  # model, model, env, env, model
 VALUES = torch.tensor([[0.5, 0.6, 9.0, 9.0, 0.8]])  # the env tokens' values are never read

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from pvpo.trainer.advantages import get_estimator
-from pvpo.trainer.config import ConfigError, load_config
-from pvpo.trainer.gdpo import component_matrix, condition
+from pvpo.trainer.algorithms.advantages import get_estimator
+from pvpo.trainer.algorithms.gdpo import component_matrix, condition
+from pvpo.trainer.config.schema import ConfigError, load_config
 
 R2 = 1 / math.sqrt(2)  # 0.7071: (r - mean) / std of two different values, unbiased std
 

@@ -34,8 +34,8 @@ GPU_OVERRIDES = [
 
 
 def _train(tmp_path: Path, overrides: list[str], steps: int):
-    from pvpo.trainer.config import load_config
-    from pvpo.trainer.train import train
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.loop import train
 
     cfg = load_config(SMOKE, [*GPU_OVERRIDES, *overrides, f"run.steps={steps}"])
     return train(cfg, tmp_path / "run", show_progress=False)
@@ -57,7 +57,7 @@ def test_qwen2_5_3b_shaped_model_runs_one_pvpo_step_with_vllm_colocated(tmp_path
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from pvpo.envs.synthetic import SyntheticWorld
-    from pvpo.trainer.policy import train_tokenizer
+    from pvpo.trainer.model.policy import train_tokenizer
 
     world = SyntheticWorld.generate(0, 16, n_relations=2, max_hops=2, questions_per_hop=8)
     tok = train_tokenizer([p.contents for p in world.passages], vocab_size=512,

@@ -9,13 +9,13 @@ import pytest
 import torch
 from test_trainer_core import TINY, WORLD, OverlapSearcher
 
-from pvpo.trainer.anchor import AnchorStat
-from pvpo.trainer.config import load_config
-from pvpo.trainer.cost import CostCounter
-from pvpo.trainer.group_sampling import load_partition, partition, save_partition, savings
-from pvpo.trainer.gt import GTCache, fetch_gt
-from pvpo.trainer.trajectory import Trajectory, collate
-from pvpo.trainer.update import gt_ratio_stats
+from pvpo.trainer.config.schema import load_config
+from pvpo.trainer.model.update import gt_ratio_stats
+from pvpo.trainer.reference.anchor import AnchorStat
+from pvpo.trainer.reference.group_sampling import load_partition, partition, save_partition, savings
+from pvpo.trainer.reference.gt import GTCache, fetch_gt
+from pvpo.trainer.rollout.trajectory import Trajectory, collate
+from pvpo.trainer.state.cost import CostCounter
 
 
 def _stat(acc: float) -> AnchorStat:
@@ -116,9 +116,9 @@ def test_cached_gt_trajectory_is_injected_with_pi_gt_as_its_ratio_denominator(tm
 
 def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_string():
     from pvpo.envs.episode import EpisodeConfig
-    from pvpo.trainer.agent_loop import LoopConfig
-    from pvpo.trainer.gt import GTContext, build_gt_source
-    from pvpo.trainer.policy import policy_from_config
+    from pvpo.trainer.model.policy import policy_from_config
+    from pvpo.trainer.reference.gt import GTContext, build_gt_source
+    from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     cfg = load_config(None, TINY)
     policy = policy_from_config(
@@ -144,7 +144,7 @@ def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_str
 
 def test_an_endpoint_reply_gets_back_the_stop_string_the_server_stripped():
     from pvpo.reward import SEARCH_R1
-    from pvpo.trainer.openai_engine import restore_stop
+    from pvpo.trainer.rollout.openai_client import restore_stop
 
     def close_open_block(text: str, protocol) -> str:  # what EndpointSource does with a "stop" reply
         return restore_stop(text, "stop", None, protocol)[0]
@@ -155,7 +155,7 @@ def test_an_endpoint_reply_gets_back_the_stop_string_the_server_stripped():
 
 
 def test_model_source_needs_a_model_and_endpoint_needs_reference_logprobs():
-    from pvpo.trainer.config import ConfigError
+    from pvpo.trainer.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="gt.model.path or gt.model.base_url"):
         load_config(None, ["algorithm.group_sampling.enabled=true", "algorithm.gt.source=model"])
@@ -204,7 +204,7 @@ GS = TINY + [
 
 
 def test_training_with_group_sampling_injects_gt_and_logs_its_ratio_fractions_and_cost(tmp_path):
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     cfg = load_config(None, GS + ["run.steps=2"])
     result = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
@@ -222,7 +222,7 @@ def test_training_with_group_sampling_injects_gt_and_logs_its_ratio_fractions_an
 
 
 def test_one_rollout_of_each_group_stays_the_policys_own_whatever_replace_per_group_asks(tmp_path):
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     cfg = load_config(None, GS + ["run.steps=1", "rollout.n=2", "algorithm.gt.replace_per_group=5"])
     (m,) = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False).metrics
@@ -237,7 +237,7 @@ def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path, 
     step 2 (restored from checkpoint 2), not the step-3 anchor the crashed run left on disk."""
     from test_trainer_loop import Crash, crash_after_logging
 
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     cfg = load_config(
         None,
@@ -268,7 +268,7 @@ def test_resume_uses_the_anchor_and_gt_state_of_the_checkpointed_step(tmp_path, 
 # ---- learning from GT: the prompts the reference never solves -----------------------------------
 def _recording_trainer(*args, **kwargs):
     """A Trainer that keeps each step's sampled (kind="train") trajectories in `.sampled`."""
-    from pvpo.trainer.train import Trainer
+    from pvpo.trainer.loop import Trainer
 
     class RecordingTrainer(Trainer):
         def __init__(self, *a, **kw) -> None:
@@ -335,9 +335,9 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
     the policy's is refused."""
     from pvpo.envs.data import QAExample
     from pvpo.envs.episode import EpisodeConfig
-    from pvpo.trainer.agent_loop import LoopConfig
-    from pvpo.trainer.gt import GTContext, build_gt_source
-    from pvpo.trainer.policy import load_policy, policy_from_config
+    from pvpo.trainer.model.policy import load_policy, policy_from_config
+    from pvpo.trainer.reference.gt import GTContext, build_gt_source
+    from pvpo.trainer.rollout.agent_loop import LoopConfig
     from tests.eval_support import searching_policy
 
     questions = [
@@ -380,7 +380,7 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
 
 
 def test_a_rollout_budget_ends_the_run_at_the_step_that_reaches_it_with_a_final_eval_and_checkpoint(tmp_path):
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     cfg = load_config(None, TINY + ["run.steps=50", "run.rollout_budget=40", "run.checkpoint_every=0"])
     metrics = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False).metrics

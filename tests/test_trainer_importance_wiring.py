@@ -11,11 +11,11 @@ import torch
 from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 from test_trainer_loop import _rollout, search_biased
 
-from pvpo.trainer.config import ConfigError, load_config
-from pvpo.trainer.engine import ENGINES
-from pvpo.trainer.hf_engine import HFEngine
-from pvpo.trainer.trajectory import collate
-from pvpo.trainer.update import batch_logprobs, policy_update
+from pvpo.trainer.config.schema import ConfigError, load_config
+from pvpo.trainer.model.update import batch_logprobs, policy_update
+from pvpo.trainer.rollout.engine import ENGINES
+from pvpo.trainer.rollout.hf_engine import HFEngine
+from pvpo.trainer.rollout.trajectory import collate
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -81,7 +81,7 @@ class EventEngine(HFEngine):
 def test_trainer_builds_the_engine_with_its_options_sleeps_it_for_the_update_and_logs_the_mismatch(
     tmp_path, monkeypatch: pytest.MonkeyPatch, vllm_allowed: None
 ) -> None:
-    import pvpo.trainer.train as train_mod
+    import pvpo.trainer.loop as train_mod
 
     built: list[tuple[str, dict]] = []
     events: list[str] = []
@@ -149,7 +149,7 @@ def test_importance_correction_uses_the_trainers_logprobs_and_capped_weights(pol
 
 
 def test_gt_trajectories_keep_their_own_denominator_and_unit_weight(policy) -> None:  # noqa: F811
-    from pvpo.trainer.update import importance_terms
+    from pvpo.trainer.model.update import importance_terms
 
     _, trajs = _rollout(policy)
     batch = collate(trajs, policy.tokenizer.pad_token_id)
@@ -168,7 +168,7 @@ def test_gt_trajectories_keep_their_own_denominator_and_unit_weight(policy) -> N
 def test_anchor_refresh_from_the_reference_samples_from_a_reference_engine_built_with_the_same_options(
     tmp_path, monkeypatch: pytest.MonkeyPatch, vllm_allowed: None
 ) -> None:
-    import pvpo.trainer.train as train_mod
+    import pvpo.trainer.loop as train_mod
 
     built: list[tuple[dict, list[str]]] = []
 

@@ -17,12 +17,12 @@ import torch
 from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 
 from pvpo.envs.episode import EpisodeConfig
-from pvpo.trainer.agent_loop import LoopConfig, run_agent_loop
-from pvpo.trainer.config import load_config
-from pvpo.trainer.hf_engine import HFEngine
-from pvpo.trainer.losses import token_logprobs
-from pvpo.trainer.trajectory import collate, response_logits
-from pvpo.trainer.update import loss_config, micro_batch_loss
+from pvpo.trainer.algorithms.losses import token_logprobs
+from pvpo.trainer.config.schema import load_config
+from pvpo.trainer.model.update import loss_config, micro_batch_loss
+from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
+from pvpo.trainer.rollout.hf_engine import HFEngine
+from pvpo.trainer.rollout.trajectory import collate, response_logits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ class Crash(RuntimeError):
 
 def crash_after_logging(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:
     """Make training raise Crash right after step `at_step` is logged, before its checkpoint."""
-    from pvpo.trainer.metrics_log import MetricsLogger
+    from pvpo.trainer.state.metrics_log import MetricsLogger
 
     log = MetricsLogger.log
 
@@ -151,7 +151,7 @@ def crash_after_logging(monkeypatch: pytest.MonkeyPatch, at_step: int) -> None:
 
 
 def test_resume_after_crash_logs_each_step_once_and_matches_an_uninterrupted_run(tmp_path, monkeypatch):
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     cfg = load_config(None, TINY + ["run.steps=3", "run.checkpoint_every=1"])
     searcher = OverlapSearcher(WORLD.passages)
@@ -264,7 +264,7 @@ def test_eos_without_answer_and_the_token_budget_end_trajectories_scored_as_they
 def test_chat_template_option_wraps_the_prompt_as_a_user_turn(policy):
     import copy
 
-    from pvpo.trainer.agent_loop import prompt_ids
+    from pvpo.trainer.rollout.agent_loop import prompt_ids
 
     tok = copy.deepcopy(policy.tokenizer)
     ex = WORLD.questions("train")[:2]

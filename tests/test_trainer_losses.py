@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pvpo.trainer.losses import (
+from pvpo.trainer.algorithms.losses import (
     AGGREGATION_MODES,
     LossConfig,
     aggregate,

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from pvpo.trainer.adaptive_budget import extend_groups, objective, wants_more
-from pvpo.trainer.advantages import get_estimator
-from pvpo.trainer.prior_fusion import fuse, fused_baselines, fusion_stats
-from pvpo.trainer.value_model import PromptValueModel
+from pvpo.trainer.algorithms.adaptive_budget import extend_groups, objective, wants_more
+from pvpo.trainer.algorithms.advantages import get_estimator
+from pvpo.trainer.algorithms.prior_fusion import fuse, fused_baselines, fusion_stats
+from pvpo.trainer.algorithms.value_model import PromptValueModel
 
 
 def test_shrinkage_trusts_a_prior_the_rollouts_cannot_reject():

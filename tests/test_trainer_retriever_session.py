@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from pvpo.retriever import encoder as enc
-from pvpo.trainer.config import ConfigError, load_config
+from pvpo.trainer.config.schema import ConfigError, load_config
 from pvpo.trainer.resources import retriever_session
 
 

@@ -10,10 +10,10 @@ import torch
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import Episode, EpisodeConfig
-from pvpo.trainer.advantages import get_estimator
-from pvpo.trainer.config import ConfigError, load_config
-from pvpo.trainer.losses import entropy_from_logits
-from pvpo.trainer.update import loss_config
+from pvpo.trainer.algorithms.advantages import get_estimator
+from pvpo.trainer.algorithms.losses import entropy_from_logits
+from pvpo.trainer.config.schema import ConfigError, load_config
+from pvpo.trainer.model.update import loss_config
 
 EX = QAExample(uid="q", question="Who is the mentor of Zaro?", golden_answers=("Kelmo",))
 

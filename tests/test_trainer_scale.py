@@ -14,13 +14,13 @@ from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.envs.templates import get_template, render_prompt
 from pvpo.reward import RESEARCH, SEARCH_R1
-from pvpo.trainer.config import ConfigError, TinyModelConfig, load_config
-from pvpo.trainer.device import place_policy_model, placement
-from pvpo.trainer.distributed import torchrun_command
-from pvpo.trainer.micro_batch import accumulate, micro_batches, plan_micro_batches, row_lengths, trim_columns
-from pvpo.trainer.policy import build_tiny_model, train_tokenizer
-from pvpo.trainer.trajectory import Trajectory, collate
-from pvpo.trainer.update import batch_logprobs, loss_config, micro_batch_loss
+from pvpo.trainer.config.schema import ConfigError, TinyModelConfig, load_config
+from pvpo.trainer.model.device import place_policy_model, placement
+from pvpo.trainer.model.micro_batch import accumulate, micro_batches, plan_micro_batches, row_lengths, trim_columns
+from pvpo.trainer.model.policy import build_tiny_model, train_tokenizer
+from pvpo.trainer.model.update import batch_logprobs, loss_config, micro_batch_loss
+from pvpo.trainer.parallel.distributed import torchrun_command
+from pvpo.trainer.rollout.trajectory import Trajectory, collate
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=300)
 
@@ -146,7 +146,7 @@ def test_one_training_step_in_bf16_with_checkpointing_and_token_micro_batches(tm
     from test_trainer_core import TINY as TINY_RUN
     from test_trainer_core import WORLD, OverlapSearcher
 
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     cfg = load_config(
         None,
@@ -227,7 +227,7 @@ def test_tiny_qwen2_trains_in_bf16_on_cuda_with_the_hf_engine(tmp_path):
     from test_trainer_core import TINY as TINY_RUN
     from test_trainer_core import WORLD, OverlapSearcher
 
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     cfg = load_config(
         None,
@@ -267,7 +267,7 @@ def test_lora_trains_only_adapters_and_checkpoints_a_merged_hf_folder_that_resum
     from test_trainer_core import WORLD, OverlapSearcher
     from transformers import AutoModelForCausalLM
 
-    from pvpo.trainer.train import train
+    from pvpo.trainer.loop import train
 
     over = [
         *TINY_RUN,
@@ -298,7 +298,7 @@ def test_lora_trains_only_adapters_and_checkpoints_a_merged_hf_folder_that_resum
 
 
 def test_merged_lora_weights_load_into_the_plain_model_and_give_the_adapted_outputs(tok):
-    from pvpo.trainer.lora import add_lora, merged_state_dict
+    from pvpo.trainer.model.lora import add_lora, merged_state_dict
 
     peft_model = add_lora(_model(tok), r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"])
     with torch.no_grad():
@@ -329,9 +329,9 @@ def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template
     from test_trainer_core import WORLD, OverlapSearcher
     from transformers import AutoModelForCausalLM
 
-    from pvpo.trainer.policy import build_tiny_policy, save_policy
+    from pvpo.trainer.loop import train
+    from pvpo.trainer.model.policy import build_tiny_policy, save_policy
     from pvpo.trainer.resources import episode_config
-    from pvpo.trainer.train import train
 
     texts = [p.contents for p in WORLD.passages] + [q.question for q in WORLD.questions("train")]
     policy = build_tiny_policy(texts, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,

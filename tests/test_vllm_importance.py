@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from pvpo.trainer.config import ImportanceCorrectionConfig
-from pvpo.trainer.importance import (
+from pvpo.trainer.algorithms.importance import (
     logprob_mismatch,
     truncated_fraction,
     truncated_importance_weights,
 )
+from pvpo.trainer.config.schema import ImportanceCorrectionConfig
 
 
 def test_weights_are_exp_of_the_logprob_gap_on_model_tokens() -> None:

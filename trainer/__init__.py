@@ -1,5 +1,10 @@
-"""pvpo.trainer: typed config, rollout engines, the token-exact agent loop, advantage estimators,
-losses, the PVPO anchor and Group Sampling, the training loop, the demo and evaluation.
+"""pvpo.trainer: PVPO and its baselines over token-exact multi-turn search trajectories.
+
+Sub-packages by job: `config` (typed config, presets), `rollout` (engines, the agent loop,
+trajectories), `algorithms` (estimators, losses), `model` (policy, update, LoRA, warm start),
+`parallel` (torchrun, FSDP2), `reference` (anchor, Group Sampling, GT), `state` (run dir,
+checkpoints, metrics, cost); `loop.py` is one training step read top to bottom, `setup.py` what a
+run builds before its first step. Evaluation is its own component, `pvpo.evaluation`.
 
 Exports load on first use: `import pvpo.trainer.config` stays free of torch.
 """
@@ -8,44 +13,38 @@ from pvpo.lazy_exports import lazy_exports
 
 _EXPORTS = {
     # configuration
-    "TrainConfig": "config",
-    "ConfigError": "config",
-    "load_config": "config",
-    "dump_config": "config",
-    "config_from_dict": "config",
+    "TrainConfig": "config.schema",
+    "ConfigError": "config.schema",
+    "load_config": "config.schema",
+    "dump_config": "config.schema",
+    "config_from_dict": "config.schema",
     # training and the demo
-    # (the functions `train` and `evaluate` share their modules' names: pvpo.trainer.train.train)
-    "Trainer": "train",
-    "TrainResult": "train",
+    "Trainer": "loop",
+    "TrainResult": "loop",
+    "train": "loop",
     "run_demo": "demo",
     # advantage estimators by name
-    "register_estimator": "advantages",
-    "get_estimator": "advantages",
-    "available_estimators": "advantages",
+    "register_estimator": "algorithms.advantages",
+    "get_estimator": "algorithms.advantages",
+    "available_estimators": "algorithms.advantages",
     # rollout engines by name
-    "RolloutEngine": "engine",
-    "SamplingConfig": "engine",
-    "Completion": "engine",
-    "register_engine": "engine",
-    "build_engine": "engine",
-    "available_engines": "engine",
+    "RolloutEngine": "rollout.engine",
+    "SamplingConfig": "rollout.engine",
+    "Completion": "rollout.engine",
+    "register_engine": "rollout.engine",
+    "build_engine": "rollout.engine",
+    "available_engines": "rollout.engine",
     # trajectories, losses, the anchor
-    "Trajectory": "trajectory",
-    "LossConfig": "losses",
-    "total_loss": "losses",
-    "policy_loss": "losses",
-    "AnchorStore": "anchor",
-    "build_anchor": "anchor",
+    "Trajectory": "rollout.trajectory",
+    "LossConfig": "algorithms.losses",
+    "total_loss": "algorithms.losses",
+    "policy_loss": "algorithms.losses",
+    "AnchorStore": "reference.anchor",
+    "build_anchor": "reference.anchor",
     # policies
-    "Policy": "policy",
-    "load_policy": "policy",
-    "save_policy": "policy",
-    # evaluation
-    "run_eval": "eval_run",
-    "EvalSettings": "eval_run",
-    "token_policy": "eval_run",
-    "Judge": "judge",
-    "judge_run": "judge",
+    "Policy": "model.policy",
+    "load_policy": "model.policy",
+    "save_policy": "model.policy",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

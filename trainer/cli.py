@@ -10,8 +10,8 @@ import typer
 
 def _load(config: Path | None, overrides: list[str]) -> object:
     """The config: a file or a shipped preset's name (`demo`, `smoke`), or the defaults (None)."""
-    from pvpo.trainer.config import ConfigError, load_config
-    from pvpo.trainer.presets import resolve_config
+    from pvpo.trainer.config.presets import resolve_config
+    from pvpo.trainer.config.schema import ConfigError, load_config
 
     try:
         return load_config(None if config is None else resolve_config(config), overrides)
@@ -60,12 +60,12 @@ def train_cmd(
         import subprocess
         import sys
 
-        from pvpo.trainer.distributed import torchrun_command
+        from pvpo.trainer.parallel.distributed import torchrun_command
 
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
-    from pvpo.trainer.config import ConfigError
-    from pvpo.trainer.run_dir import resume_config
-    from pvpo.trainer.train import train
+    from pvpo.trainer.config.schema import ConfigError
+    from pvpo.trainer.loop import train
+    from pvpo.trainer.state.run_dir import resume_config
 
     if resume and overwrite:
         typer.echo("--resume and --overwrite contradict each other: pick one", err=True)

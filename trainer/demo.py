@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pvpo.trainer.config import TrainConfig
+from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.loop import Trainer, TrainResult
 from pvpo.trainer.resources import load_data, retriever_session
-from pvpo.trainer.train import Trainer, TrainResult
 
 
 def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:

@@ -17,8 +17,8 @@ from typing import Any
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Searcher
-from pvpo.trainer.config import TrainConfig
-from pvpo.trainer.policy import Policy
+from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.model.policy import Policy
 
 
 @dataclass
@@ -46,7 +46,7 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
     `max_train_examples` are the RL prompts, and `warm_start_examples` further questions (sharing
     none with the RL prompts) are the warm start's; without it `warm_start` is the RL prompts."""
     from pvpo.envs.loaders import load_dataset
-    from pvpo.trainer.warmstart import disjoint_splits
+    from pvpo.trainer.model.warmstart import disjoint_splits
 
     d = cfg.data
     if d.source == "synthetic":
@@ -115,7 +115,7 @@ def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy,
 
     It is saved to `<run>/initial_policy` once built (and warm-started), so a resumed run and the
     frozen reference both reload the same weights and tokenizer."""
-    from pvpo.trainer.policy import load_policy, policy_from_config
+    from pvpo.trainer.model.policy import load_policy, policy_from_config
 
     saved = run_dir / "initial_policy"
     if (saved / "config.json").exists():

@@ -1,0 +1,311 @@
+"""`pvpo eval`: evaluate a policy per dataset (FlashRAG-layout predictions, metrics, LLM judge),
+merge runs into a table, re-score prediction files. Heavy imports stay inside the commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+eval_app = typer.Typer(
+    name="eval",
+    help="Evaluate a search agent per dataset (EM/F1/CEM, LLM judge); `report` merges runs into a table; `rescore` re-scores a file.",
+    invoke_without_command=True,
+    no_args_is_help=True,
+)
+
+_DEBUG = False
+
+
+def _fail(err: BaseException) -> None:
+    """One line on stderr (the traceback only with --debug), exit 2."""
+    if _DEBUG:
+        raise err
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from pvpo.evaluation.run import EvalError
+    from pvpo.trainer.rollout.openai_client import OpenAIError
+
+    return (EvalError, OpenAIError, FileNotFoundError, KeyError, ValueError, ImportError, OSError)
+
+
+def _judge(base_url: str, model: str, api_key: str | None, api: str, concurrency: int) -> Any:
+    from pvpo.evaluation.judge import Judge
+    from pvpo.trainer.rollout.openai_client import OpenAIClient
+
+    if api not in ("chat", "completions"):
+        raise ValueError(f"--judge-api {api!r}: one of ['chat', 'completions']")
+    return Judge(OpenAIClient(base_url, model, api_key=api_key), api=api, concurrency=concurrency)
+
+
+@eval_app.callback()
+def eval_cmd(
+    ctx: typer.Context,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", help="Local HF model folder (engines hf, vllm); with --engine openai, only the run's label"
+        ),
+    ] = None,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dataset",
+            "-d",
+            help="Benchmark name (nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle) or a FlashRAG jsonl file; repeat for several",
+        ),
+    ] = None,
+    retriever_url: Annotated[
+        list[str] | None, typer.Option("--retriever-url", help="Search-R1 /retrieve server(s), round-robin")
+    ] = None,
+    retriever_token: Annotated[
+        str | None,
+        typer.Option(
+            "--retriever-token",
+            envvar="PVPO_RETRIEVER_TOKEN",
+            show_default=False,
+            help="Bearer token of a `pvpo retriever serve --token` server",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Output folder; each dataset goes to OUT/<dataset>/")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Split (default: the benchmark's evaluation split, test or dev)")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", envvar="PVPO_DATA_DIR", help="Folder of FlashRAG datasets (<name>/<split>.jsonl)"),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="Evaluate N questions (the first N, or a draw with --sample-seed)")
+    ] = None,
+    sample_seed: Annotated[
+        int | None,
+        typer.Option("--sample-seed", help="Seed of the random N-question subset (recorded in metrics.json)"),
+    ] = None,
+    engine: Annotated[str, typer.Option(help="hf | vllm | openai")] = "hf",
+    template: Annotated[
+        str, typer.Option(help="Prompt template / tag protocol, e.g. search_r1, research")
+    ] = "search_r1",
+    temperature: Annotated[float, typer.Option(help="0 = greedy (default); PVPO used 0.6")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling (PVPO used 0.95)")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="-1 = off")] = -1,
+    max_turns: Annotated[int, typer.Option("--max-turns")] = 6,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Per turn")] = 512,
+    max_response_tokens: Annotated[
+        int, typer.Option("--max-response-tokens", help="Whole response (model + env tokens; openai: model tokens)")
+    ] = 4096,
+    topk: Annotated[int, typer.Option(help="Passages per search")] = 3,
+    max_obs_chars: Annotated[
+        int | None,
+        typer.Option("--max-obs-chars", help="Trim a search result to this many characters (default: no trim)"),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Questions rolled out together (also the resume unit)")
+    ] = 32,
+    seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
+    chat_template: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat-template/--no-chat-template",
+            help="Wrap the prompt in the tokenizer's chat template (default: when it has one)",
+        ),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")] = "auto",
+    base_url: Annotated[
+        str | None,
+        typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (engine openai)"),
+    ] = None,
+    model_name: Annotated[str | None, typer.Option("--model-name", help="Model name at --base-url")] = None,
+    api: Annotated[str, typer.Option(help="completions (text prompt) | chat (messages)")] = "completions",
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token for --base-url")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="Concurrent requests to --base-url")] = 16,
+    judge_base_url: Annotated[
+        str | None, typer.Option("--judge-base-url", help="OpenAI-compatible endpoint of the LLM judge")
+    ] = None,
+    judge_model: Annotated[str | None, typer.Option("--judge-model", help="Judge model name")] = None,
+    judge_api_key: Annotated[str | None, typer.Option("--judge-api-key", envvar="PVPO_JUDGE_API_KEY")] = None,
+    judge_api: Annotated[str, typer.Option("--judge-api", help="chat | completions")] = "chat",
+    label: Annotated[str | None, typer.Option(help="Method name in report tables (default: the model's name)")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Full tracebacks")] = False,
+) -> None:
+    """Evaluate a policy on one or more datasets: `pvpo eval --model PATH --dataset nq --retriever-url URL --out DIR`."""
+    global _DEBUG
+    _DEBUG = debug
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        missing = [f"--{k}" for k, v in (("dataset", dataset), ("retriever-url", retriever_url), ("out", out)) if not v]
+        if engine == "openai":
+            missing += [f"--{k}" for k, v in (("base-url", base_url), ("model-name", model_name)) if not v]
+        elif not model:
+            missing.append("--model")
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)} (see pvpo eval --help)")
+        if bool(judge_base_url) != bool(judge_model):
+            raise ValueError("--judge-base-url and --judge-model go together")
+        from pvpo.evaluation.run import EvalSettings
+
+        settings = EvalSettings(template=template, temperature=temperature, top_p=top_p, top_k=top_k, max_turns=max_turns,
+                                max_new_tokens=max_new_tokens, max_response_tokens=max_response_tokens, topk=topk,
+                                max_obs_chars=max_obs_chars, batch_size=batch_size, seed=seed, chat_template=chat_template)  # fmt: skip
+        _run(model=model, datasets=list(dataset or []), retriever_urls=list(retriever_url or []), out=out,  # type: ignore[arg-type]
+             retriever_token=retriever_token or None,
+             split=split, data_dir=data_dir, limit=limit, sample_seed=sample_seed, engine=engine, settings=settings,
+             dtype=dtype, base_url=base_url, model_name=model_name, api=api, api_key=api_key, concurrency=concurrency,
+             judge=_judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency) if judge_base_url else None,  # type: ignore[arg-type]
+             label=label, quiet=quiet)  # fmt: skip
+    except _errors() as e:
+        _fail(e)
+
+
+def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], retriever_token: str | None,
+         out: Path, split: str | None, data_dir: Path | None, limit: int | None, sample_seed: int | None, engine: str, settings: Any, dtype: str,
+         base_url: str | None, model_name: str | None, api: str, api_key: str | None, concurrency: int,
+         judge: Any, label: str | None, quiet: bool) -> None:  # fmt: skip
+    from pvpo.envs.datasets import resolve_dataset, sample_subset
+    from pvpo.envs.loaders import load_dataset
+    from pvpo.evaluation.judge import JudgeCache, judge_run
+    from pvpo.evaluation.policies import token_policy
+    from pvpo.evaluation.run import run_eval
+    from pvpo.retriever.client import RetrieverClient
+
+    resolved = [resolve_dataset(d, split=split, data_dir=data_dir) for d in datasets]  # fail before loading a model
+    if engine == "openai":
+        from pvpo.evaluation.policies import OpenAIPolicy
+        from pvpo.trainer.rollout.openai_client import OpenAIClient
+
+        assert base_url is not None and model_name is not None  # the command refuses an openai run without them
+        policy: Any = OpenAIPolicy(
+            OpenAIClient(base_url, model_name, api_key=api_key), api=api, concurrency=concurrency
+        )
+        model_id = f"{base_url}#{model_name}"
+    else:
+        assert model is not None  # the command refuses a local engine without --model
+        policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)
+        model_id = str(Path(model).resolve())
+    name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
+    with RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher:
+        for ds in resolved:
+            examples = sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed)
+            meta = {"label": name, "dataset": ds.name, "split": ds.split, "source": str(ds.path.resolve()), "limit": limit,
+                    "sample_seed": sample_seed, "model": model_id, "engine": engine if engine != "openai" else f"openai-{api}"}  # fmt: skip
+            run_dir = out / ds.name
+            m = run_eval(policy, examples, searcher, settings, run_dir, meta=meta, show_progress=not quiet)
+            line = f"{ds.name} ({ds.split}, N={m['n']}): EM {m['em']:.4f} (s.e. {m['em_se']:.4f})  F1 {m['f1']:.4f}  ACC {m['acc']:.4f}"
+            if judge is not None:
+                judge.cache = JudgeCache(None)  # each run keeps its own cache file
+                s = judge_run(run_dir, judge, show_progress=not quiet)
+                line += f"  LasJ {s['lasj_mean']:.3f}/5 {s['lasj_distribution']}"
+            typer.echo(f"{line}  -> {run_dir}")
+
+
+def _model_label(path: Path) -> str:
+    """A table row name for a model folder: its name, with its parent's for a checkpoint's
+    `policy` folder (`step_001005/policy`)."""
+    path = path.resolve()
+    return f"{path.parent.name}/{path.name}" if path.name in ("policy", "hf", "model") else path.name
+
+
+@eval_app.command("report")
+def report_cmd(
+    dirs: Annotated[
+        list[Path],
+        typer.Argument(help="Run folders (OUT of pvpo eval, or one dataset's folder); one table row per method"),
+    ],
+    metric: Annotated[str, typer.Option(help="em | f1 | acc | lasj | format_ok | searches")] = "em",
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV")] = None,
+    md_path: Annotated[Path | None, typer.Option("--md", help="Also write the markdown table to a file")] = None,
+) -> None:
+    """Merge runs into one markdown table (datasets as columns, Avg last, N per column) and a CSV."""
+    from pvpo.evaluation.report import build_table, find_runs, markdown_table, write_csv
+
+    try:
+        results = find_runs(dirs, metric)
+        if not results:
+            raise ValueError(f"no run in {[str(d) for d in dirs]} has metric {metric!r}")
+        table = build_table(results)
+        text = markdown_table(table, metric=metric)
+        if md_path:
+            md_path.write_text(text, encoding="utf-8")
+        if csv_path:
+            write_csv(table, csv_path)
+    except _errors() as e:
+        _fail(e)
+    typer.echo(text, nl=False)
+
+
+@eval_app.command("rescore")
+def rescore_cmd(
+    path: Annotated[
+        Path, typer.Argument(help="FlashRAG-format predictions (jsonl, or FlashRAG's intermediate_data.json)")
+    ],
+    extract: Annotated[
+        str | None,
+        typer.Option(help="Re-read each pred from output.final_response with this tag protocol (search_r1, research)"),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the re-scored items (jsonl) here")] = None,
+) -> None:
+    """Recompute EM / F1 / ACC (cover-EM) of every item and the totals, as FlashRAG's metric_score.txt."""
+    from pvpo.evaluation.report import metric_score_text, rescore_file
+    from pvpo.reward import get_protocol
+
+    try:
+        res = rescore_file(path, extract=get_protocol(extract) if extract else None)
+        if out:
+            out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in res.items), encoding="utf-8")
+    except _errors() as e:
+        _fail(e)
+    typer.echo(metric_score_text(res.totals), nl=False)
+    note = f"n: {res.totals['n']}; items whose stored metric_score differs: {res.changed_scores}"
+    if extract:
+        note += f"; items whose stored pred differs from the re-extracted one: {res.changed_preds}"
+    typer.echo(note, err=True)
+
+
+@eval_app.command("judge")
+def judge_cmd(
+    dirs: Annotated[list[Path], typer.Argument(help="Run folders (one dataset each, or OUT holding several)")],
+    judge_base_url: Annotated[str, typer.Option("--judge-base-url", help="OpenAI-compatible endpoint of the judge")],
+    judge_model: Annotated[str, typer.Option("--judge-model", help="Judge model name")],
+    judge_api_key: Annotated[str | None, typer.Option("--judge-api-key", envvar="PVPO_JUDGE_API_KEY")] = None,
+    judge_api: Annotated[str, typer.Option("--judge-api", help="chat | completions")] = "chat",
+    concurrency: Annotated[int, typer.Option(help="Concurrent judge requests")] = 16,
+    quiet: Annotated[bool, typer.Option("--quiet")] = False,
+) -> None:
+    """Grade existing runs' predictions 0-5 with an LLM judge (cached); adds LasJ to metrics.json."""
+    from pvpo.evaluation.judge import JudgeCache, judge_run
+    from pvpo.evaluation.run import PREDICTIONS
+
+    try:
+        judge = _judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency)
+        runs = [
+            d
+            for base in dirs
+            for d in (
+                [base] if (base / PREDICTIONS).exists() else sorted(p.parent for p in base.glob(f"*/{PREDICTIONS}"))
+            )
+        ]
+        if not runs:
+            raise FileNotFoundError(f"no {PREDICTIONS} in {[str(d) for d in dirs]}")
+        for run in runs:
+            judge.cache = JudgeCache(None)  # each run keeps its own cache file
+            s = judge_run(run, judge, show_progress=not quiet)
+            typer.echo(f"{run}: LasJ {s['lasj_mean']:.3f}/5 {s['lasj_distribution']}")
+    except _errors() as e:
+        _fail(e)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `eval` (with `report`, `rescore`, `judge`) to the `pvpo` CLI."""
+    app.add_typer(eval_app, name="eval")

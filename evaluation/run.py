@@ -1,0 +1,306 @@
+"""One evaluation run: a policy answers one dataset's questions through the search env, and every
+answer is written in FlashRAG's item layout, resumably, with the run's metrics.
+
+`<out>/predictions.jsonl` holds one item per question, as FlashRAG's `intermediate_data.json`
+items (`id`, `question`, `golden_answers`, `output: {query, final_response, pred, metric_score:
+{em, f1, acc}}`, acc = cover-EM; question and golden answers as the loader reads them: stripped,
+duplicates dropped, which FlashRAG's normalisation makes no difference to), plus what an agent run adds to `output`: `num_searches`,
+`queries`, `num_turns`, `prompt_tokens`, `completion_tokens`, `format_ok`, `stop_reason`.
+`<out>/metrics.json` holds the means, the standard error of EM, N, the subset's seed and the
+settings; `<out>/run.json` the settings, so a restarted run refuses to mix settings.
+
+Resume: questions are processed in fixed batches by position in the (sub)set; items already in
+predictions.jsonl are skipped, so a run killed mid-way and restarted writes the same file as an
+uninterrupted one (a torn last line is dropped and redone).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pvpo.envs.data import QAExample
+from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
+from pvpo.progress import Progress
+from pvpo.retriever.types import Searcher
+from pvpo.reward import TagProtocol, answer_metrics, get_protocol
+
+PREDICTIONS = "predictions.jsonl"
+METRICS = "metrics.json"
+RUN = "run.json"
+
+
+class EvalError(ValueError):
+    """A bad evaluation setting or an output folder that does not match the run."""
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How the policy is sampled and the episode is run. Greedy by default; PVPO (arXiv:2508.21104)
+    evaluates at temperature 0.6, top-p 0.95. `max_new_tokens` bounds one turn,
+    `max_response_tokens` the whole response (model and env tokens). `chat_template`: None = use
+    the tokenizer's chat template when it has one (as Search-R1's inference script does)."""
+
+    template: str = "search_r1"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_turns: int = 6
+    max_new_tokens: int = 512
+    max_response_tokens: int = 4096
+    topk: int = 3
+    max_obs_chars: int | None = None
+    batch_size: int = 32
+    seed: int = 0
+    chat_template: bool | None = None
+
+    def __post_init__(self) -> None:
+        checks = {
+            "temperature": self.temperature >= 0, "top_p": 0 < self.top_p <= 1, "max_turns": self.max_turns >= 1,
+            "max_new_tokens": self.max_new_tokens >= 1, "max_response_tokens": self.max_response_tokens >= 1,
+            "topk": self.topk >= 1, "batch_size": self.batch_size >= 1,
+        }  # fmt: skip
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise EvalError(f"bad evaluation setting {bad[0]}={getattr(self, bad[0])!r}")
+        resolve_template(self.template)
+
+
+def resolve_template(name: str) -> tuple[TagProtocol, str]:
+    """(tag protocol, prompt template) of a name: a template of `pvpo.envs.templates` (e.g.
+    `search_r1`, Search-R1's exact training prompt, with its protocol), else a tag protocol (e.g.
+    `research`) with the default prompt (the protocol's instruction, then `Question: ...`)."""
+    from pvpo.envs.templates import available_templates, get_template
+    from pvpo.reward import available_protocols
+
+    if name in available_templates():
+        tpl = get_template(name)
+        return get_protocol(tpl.protocol), tpl.prompt_template
+    if name in available_protocols():
+        return get_protocol(name), DEFAULT_PROMPT
+    raise EvalError(
+        f"unknown template {name!r}; known templates: {available_templates()}, tag protocols: {available_protocols()}"
+    )
+
+
+def episode_config(settings: EvalSettings) -> EpisodeConfig:
+    """The episode rules of an evaluation; the env's reward is Search-R1's EM (the prediction it
+    extracts is what the metrics score)."""
+    protocol, prompt = resolve_template(settings.template)
+    return EpisodeConfig(protocol=protocol, reward="em", max_turns=settings.max_turns, topk=settings.topk,
+                         max_obs_chars=settings.max_obs_chars, prompt_template=prompt)  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    """What a policy did on one question: its prompt, response (turns and observations), answer."""
+
+    prompt: str
+    response: str
+    prediction: str | None
+    num_searches: int
+    num_turns: int
+    prompt_tokens: int
+    completion_tokens: int
+    stop_reason: str
+    format_ok: bool = False
+    queries: list[str] = field(default_factory=list)
+
+
+class EvalPolicy(Protocol):
+    """Anything that can answer a batch of questions through the env: the token engines
+    (`TokenPolicy`) or an OpenAI-compatible endpoint (`pvpo.evaluation.policies.OpenAIPolicy`)."""
+
+    def rollout(self, examples: Sequence[QAExample], searcher: Searcher, episode: EpisodeConfig,
+                settings: EvalSettings, *, seed: int) -> list[Outcome]: ...  # fmt: skip
+
+
+def without_corrections(response: str, protocol: TagProtocol) -> str:
+    """A response without the env's correction messages (whose literal tags are not the agent's):
+    the text the env judges."""
+    return response.replace(protocol.correction_message(), "")
+
+
+def search_queries(response: str, protocol: TagProtocol, n: int) -> list[str]:
+    """The first `n` search queries of a response (the ones the env ran)."""
+    text = without_corrections(response, protocol)
+    found = [s.content.strip() for s in protocol.segments(text) if s.tag == protocol.search and s.closed]
+    return found[:n]
+
+
+def item_id(example: QAExample) -> str:
+    """The dataset's own id of a question (its uid without the `dataset/` prefix)."""
+    return example.uid.split("/", 1)[1] if "/" in example.uid else example.uid
+
+
+def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
+    """One FlashRAG-layout item (see the module docstring)."""
+    golds = list(example.golden_answers)
+    m = answer_metrics(outcome.prediction, golds)
+    return {
+        "id": item_id(example),
+        "question": example.question,
+        "golden_answers": golds,
+        "output": {
+            "query": outcome.prompt,
+            "final_response": outcome.response,
+            "pred": outcome.prediction if outcome.prediction is not None else "",
+            "metric_score": {"em": m["em"], "f1": m["f1"], "acc": m["cem"]},
+            "num_searches": outcome.num_searches,
+            "queries": outcome.queries,
+            "num_turns": outcome.num_turns,
+            "prompt_tokens": outcome.prompt_tokens,
+            "completion_tokens": outcome.completion_tokens,
+            "format_ok": outcome.format_ok,
+            "stop_reason": outcome.stop_reason,
+        },
+    }
+
+
+# ---- files ------------------------------------------------------------------------------------
+def read_items(path: str | Path) -> list[dict[str, Any]]:
+    """Items of a FlashRAG-format file: a JSON list (FlashRAG's intermediate_data.json) or jsonl."""
+    text = Path(path).read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        return list(json.loads(text))
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def load_done(path: Path) -> list[dict[str, Any]]:
+    """Complete items of a predictions.jsonl being resumed; a torn last line (a kill mid-write) is
+    cut off the file so the next append starts on a clean line."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    items, good = [], 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            items.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+        good += len(line)
+    if good < len(data):
+        with path.open("r+b") as f:
+            f.truncate(good)
+    return items
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomically (temp file + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _append(path: Path, items: Iterable[Mapping[str, Any]]) -> None:
+    # One write per batch, flushed and synced: a kill leaves whole batches or one torn line.
+    blob = "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summarize_items(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Means over items of FlashRAG metric_score (em, f1, acc), EM's standard error and, where the
+    items carry them, format rate, searches, turns and tokens per question."""
+    n = len(items)
+    outs = [it.get("output", {}) for it in items]
+    scores = [o.get("metric_score", {}) for o in outs]
+    em = _mean([float(s.get("em", 0.0)) for s in scores])
+    out: dict[str, Any] = {
+        "n": n,
+        "em": em,
+        "f1": _mean([float(s.get("f1", 0.0)) for s in scores]),
+        "acc": _mean([float(s.get("acc", 0.0)) for s in scores]),
+        "em_se": math.sqrt(em * (1 - em) / (n - 1)) if n > 1 else 0.0,
+    }
+    for key, name in (("format_ok", "format_ok"), ("num_searches", "searches"), ("num_turns", "turns"),
+                      ("completion_tokens", "completion_tokens")):  # fmt: skip
+        vals = [float(o[key]) for o in outs if key in o]
+        if vals:
+            out[name] = _mean(vals)
+    stops: dict[str, int] = {}
+    for o in outs:
+        if "stop_reason" in o:
+            stops[str(o["stop_reason"])] = stops.get(str(o["stop_reason"]), 0) + 1
+    if stops:
+        out["stop_reasons"] = dict(sorted(stops.items()))
+    return out
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+def _check_same_run(out_dir: Path, run: Mapping[str, Any]) -> None:
+    path = out_dir / RUN
+    if not path.exists():
+        write_json(path, dict(run))
+        return
+    before = json.loads(path.read_text())
+    keys = ("dataset", "split", "source", "limit", "sample_seed", "model", "engine", "settings")
+    diff = [k for k in keys if before.get(k) != run.get(k)]
+    if diff:
+        k = diff[0]
+        raise EvalError(
+            f"{out_dir} holds a run with other settings ({k}: {before.get(k)!r} there, {run.get(k)!r} now); "
+            "use another --out or delete it"
+        )
+
+
+def run_eval(
+    policy: EvalPolicy,
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    settings: EvalSettings,
+    out_dir: str | Path,
+    *,
+    meta: Mapping[str, Any],
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Answer `examples` with `policy`, appending FlashRAG items to `out_dir/predictions.jsonl`
+    (skipping the ids already there), then write and return `metrics.json`'s content. `meta`
+    (dataset, split, source, limit, sample_seed, model, engine) is recorded with the settings."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run = {**dict(meta), "n": len(examples), "settings": asdict(settings)}
+    _check_same_run(out, run)
+    episode = episode_config(settings)
+    pred_path = out / PREDICTIONS
+    done = {str(it["id"]) for it in load_done(pred_path)}
+    wanted = {item_id(ex) for ex in examples}
+    if len(wanted) != len(examples):
+        raise EvalError("the dataset has duplicate ids; give each question its own id")
+    stray = done - wanted
+    if stray:
+        raise EvalError(
+            f"{pred_path} has {len(stray)} ids not in this run's questions (e.g. {sorted(stray)[0]!r}); use another --out"
+        )
+    started = time.perf_counter()
+    bar = Progress(total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q",
+                   enabled=show_progress)  # fmt: skip
+    try:
+        for start in range(0, len(examples), settings.batch_size):
+            todo = [ex for ex in examples[start : start + settings.batch_size] if item_id(ex) not in done]
+            if not todo:
+                continue
+            outcomes = policy.rollout(todo, searcher, episode, settings, seed=settings.seed + start)
+            _append(pred_path, [prediction_item(ex, o) for ex, o in zip(todo, outcomes, strict=True)])
+            bar.update(len(todo))
+    finally:
+        bar.close()
+    items = load_done(pred_path)
+    metrics = {**run, **summarize_items(items), "seconds_this_session": round(time.perf_counter() - started, 2)}
+    write_json(out / METRICS, metrics)
+    return metrics

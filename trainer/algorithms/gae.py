@@ -1,0 +1,101 @@
+"""PPO's token-level advantages: GAE over the model tokens of multi-turn trajectories.
+
+Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438, Eqs. 11-16):
+
+    delta_t = r_t + gamma * V(s_{t+1}) - V(s_t),    A_t = delta_t + gamma * lambda * A_{t+1},
+
+with returns R_t = A_t + V(s_t) as the critic's targets. The response interleaves model tokens
+(actions) and environment tokens (observations the policy did not choose). Environment tokens are
+not steps: the recursion runs over the model tokens only, so the last model token before an
+observation bootstraps from the value of the first model token after it, and the running
+`next value` and `A_{t+1}` are carried unchanged across the environment span (verl's
+`compute_gae_advantage_return` over a response mask does the same). The outcome reward sits on each
+trajectory's last model token; after it V = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from pvpo.trainer.algorithms.advantages import _check, register_estimator
+
+
+def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`[B, T]` token rewards: each trajectory's reward on its last model token, 0 elsewhere (a
+    row without model tokens gets none)."""
+    if rewards.dim() != 1 or mask.dim() != 2 or rewards.shape[0] != mask.shape[0]:
+        raise ValueError(f"expected rewards [B] and mask [B, T], got {tuple(rewards.shape)} and {tuple(mask.shape)}")
+    m = mask > 0
+    t = mask.shape[1]
+    last = (
+        torch.where(m, torch.arange(t, device=mask.device).expand_as(m), torch.full_like(m, -1, dtype=torch.long))
+        .max(dim=1)
+        .values
+    )
+    out = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
+    rows = (last >= 0).nonzero().squeeze(1)
+    out[rows, last[rows]] = rewards[rows]
+    return out
+
+
+def gae(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), each `[B, T]`, 0 off the model tokens (`mask` 0). See the module
+    docstring: the recursion skips mask-0 tokens, carrying the next value and advantage over them."""
+    if not (token_rewards.shape == values.shape == mask.shape):
+        raise ValueError(f"token_rewards {tuple(token_rewards.shape)}, values {tuple(values.shape)} and mask "
+                         f"{tuple(mask.shape)} must have one shape [B, T]")  # fmt: skip
+    m = (mask > 0).to(values.dtype)
+    values = values.detach() * m
+    b, t = values.shape
+    next_value = torch.zeros(b, dtype=values.dtype, device=values.device)
+    next_adv = torch.zeros_like(next_value)
+    adv = torch.zeros_like(values)
+    for i in reversed(range(t)):
+        delta = token_rewards[:, i] + gamma * next_value - values[:, i]
+        a = delta + gamma * lam * next_adv
+        adv[:, i] = a * m[:, i]
+        next_value = torch.where(m[:, i] > 0, values[:, i], next_value)  # env token: carried
+        next_adv = torch.where(m[:, i] > 0, a, next_adv)
+    return adv, (adv + values) * m
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """`(x - mean) / (std + eps)` over the mask-1 entries (unbiased std), 0 elsewhere."""
+    m = mask > 0
+    n = int(m.sum())
+    if n < 2:
+        return torch.zeros_like(x)
+    vals = x[m]
+    return torch.where(m, (x - vals.mean()) / (vals.std() + eps), torch.zeros_like(x))
+
+
+@register_estimator("ppo", level="token")
+def ppo(
+    rewards: torch.Tensor,
+    uids: Sequence[str],
+    *,
+    anchors: Mapping[str, float] | None = None,
+    eps: float = 1e-6,
+    values: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten: bool = True,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """PPO's per-token advantages `[B, T]`: GAE(gamma, lambda) of the outcome reward against the
+    critic's `values` `[B, T]` over the model tokens of `mask` `[B, T]`, whitened over the batch's
+    model tokens when `whiten` (groups play no part: the critic is the baseline)."""
+    _check(rewards, uids)
+    if values is None or mask is None:
+        raise ValueError(
+            "ppo needs values= (the critic's [B, T]) and mask= (the loss mask [B, T]); the trainer passes them"
+        )
+    mask = mask.to(rewards.device)
+    adv, _ = gae(outcome_token_rewards(rewards, mask), values.to(rewards), mask, gamma=gamma, lam=lam)
+    return masked_whiten(adv, mask, eps) if whiten else adv

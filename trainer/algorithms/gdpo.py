@@ -1,0 +1,119 @@
+"""GDPO: group reward-decoupled normalisation of several rewards (Liu et al. 2026, arXiv:2601.05242).
+
+GRPO on a summed reward maps distinct reward combinations to one advantage: in a group of two
+rollouts with two binary rewards, summed rewards (0, 1), (0, 2) and (1, 2) all give
+(-0.7071, +0.7071). GDPO normalises each component in its group first (Eq. 4),
+
+    A_k = (r_k - mean_group(r_k)) / (std_group(r_k) + eps),
+
+sums them with the component weights, A = sum_k w_k A_k (Eq. 5), and normalises A over the
+whole batch (Eq. 6), so (0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of
+the patterns where one reward differs. Conditioned rewards (Sec. 3.2): a component counts only
+where another reaches a threshold (r_k <- r_k * 1[r_l >= t]), applied before normalisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from pvpo.trainer.algorithms.advantages import _check, group_stats, group_std, register_estimator
+
+
+def component_matrix(
+    components: Sequence[Mapping[str, float]], names: Sequence[str] | None = None
+) -> tuple[torch.Tensor, list[str]]:
+    """`[B, K]` float32 tensor of the named reward components of each trajectory, and the names
+    (one column each, in order; `names=None` = every name any trajectory has, sorted). A
+    trajectory without components (a reward that failed, scoring 0: `pvpo.reward`'s totality
+    rule) gets 0 in every column; one that has components but lacks a named one is a KeyError
+    naming it and the components it has."""
+    if names is None:
+        names = sorted({k for c in components for k in c})
+    names = list(names)
+    rows = []
+    for i, comp in enumerate(components):
+        missing = [n for n in names if n not in comp]
+        if missing and comp:
+            raise KeyError(f"trajectory {i} has no reward component(s) {missing}; it has {sorted(comp)}")
+        rows.append([float(comp.get(n, 0.0)) for n in names])
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(components), len(names)), names
+
+
+def condition(components: torch.Tensor, names: Sequence[str], conditions: Sequence[Any]) -> torch.Tensor:
+    """Apply GDPO's conditioned rewards: for each `(component, when, threshold)` (a tuple or an
+    object with those attributes), column `component` is zeroed where column `when` < threshold.
+    Conditions read the unconditioned columns, so their order does not matter."""
+    names = list(names)
+    out = components.clone()
+    for c in conditions:
+        comp, on, thr = (c.component, c.when, c.threshold) if hasattr(c, "component") else c
+        for n in (comp, on):
+            if n not in names:
+                raise KeyError(f"gdpo condition names component {n!r}; components: {names}")
+        out[:, names.index(comp)] *= (components[:, names.index(on)] >= thr).to(out.dtype)
+    return out
+
+
+def weight_vector(
+    names: Sequence[str], weights: Mapping[str, float] | Sequence[float] | None, like: torch.Tensor
+) -> torch.Tensor:
+    """`[K]` component weights: a mapping by name (unnamed components weigh 1), a sequence of K,
+    or None (all 1). A name that is not a component is a KeyError listing the components."""
+    k = len(names)
+    if weights is None:
+        return torch.ones(k, dtype=like.dtype, device=like.device)
+    if isinstance(weights, Mapping):
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise KeyError(f"gdpo weights name unknown component(s) {unknown}; components: {list(names)}")
+        vals = [float(weights.get(n, 1.0)) for n in names]
+    else:
+        vals = [float(w) for w in weights]
+        if len(vals) != k:
+            raise ValueError(f"gdpo: {len(vals)} weights for {k} components {list(names)}")
+    return torch.tensor(vals, dtype=like.dtype, device=like.device)
+
+
+@register_estimator("gdpo")
+def gdpo(
+    rewards: torch.Tensor,
+    uids: Sequence[str],
+    *,
+    anchors: Mapping[str, float] | None = None,
+    eps: float = 1e-6,
+    components: torch.Tensor | None = None,
+    component_names: Sequence[str] | None = None,
+    weights: Mapping[str, float] | Sequence[float] | None = None,
+    conditions: Sequence[Any] = (),
+    batch_norm: bool = True,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """GDPO advantages `[B]` (arXiv:2601.05242, Eqs. 4-6): per-component group normalisation
+    (unbiased group std, as our `grpo`; a size-1 group gets 0), weighted sum over components,
+    then `(A - mean_batch) / (std_batch + eps)` when `batch_norm`.
+
+    `components`: `[B, K]`, one column per reward component (required: the trainer builds it
+    from `Trajectory.reward_components`); `component_names` names the columns for `weights`
+    given by name and for `conditions`."""
+    _check(rewards, uids)
+    if components is None:
+        raise ValueError("gdpo needs components= ([B, K] reward components); the trainer passes them, "
+                         "a direct call must too")  # fmt: skip
+    comps = components.to(device=rewards.device, dtype=rewards.dtype)
+    if comps.dim() != 2 or comps.shape[0] != rewards.shape[0]:
+        raise ValueError(f"components must be [B, K] with B={rewards.shape[0]}, got {tuple(comps.shape)}")
+    names = list(component_names) if component_names is not None else [str(i) for i in range(comps.shape[1])]
+    if len(names) != comps.shape[1]:
+        raise ValueError(f"{len(names)} component names for {comps.shape[1]} columns")
+    if conditions:
+        comps = condition(comps, names, conditions)
+    _, count, mean = group_stats(comps, uids)
+    per = (comps - mean) / (group_std(comps, uids) + eps)
+    per = torch.where(count > 1, per, torch.zeros_like(per))
+    adv = per @ weight_vector(names, weights, per)
+    if batch_norm and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + eps)
+    return adv

@@ -1,0 +1,541 @@
+"""Typed training configuration: YAML file + `key.sub=value` command-line overrides.
+
+Every section forbids unknown keys, so a typo fails at load with a message naming the key; names
+that select a pluggable part (estimator, reward, engine, protocol) are checked against their
+registries at load too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pvpo.trainer.config.estimators import GDPOConfig, PPOConfig, PriorFusionConfig
+
+
+def _registered(lookup: Any, name: str) -> str:
+    """`name` if `lookup(name)` knows it; otherwise the registry's UnknownNameError (a ValueError
+    listing the known names), which pydantic reports against the key."""
+    lookup(name)
+    return name
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(_Section):
+    """A small Qwen2 policy built from scratch (used when `model.path` is null)."""
+
+    hidden_size: int = Field(96, ge=8, description="width of the tiny Qwen2 policy")
+    num_layers: int = Field(2, ge=1, description="decoder layers")
+    num_heads: int = Field(4, ge=1, description="attention heads (hidden_size must divide by it)")
+    num_kv_heads: int = Field(
+        2, ge=1, description="key/value heads, grouped-query attention (num_heads must divide by it)"
+    )
+    intermediate_size: int = Field(256, ge=8, description="MLP width")
+    vocab_size: int = Field(1024, ge=300, description="size of the BPE vocabulary trained on the corpus and questions")
+    max_position_embeddings: int = Field(2048, ge=64, description="longest sequence, in tokens")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads and num_heads by num_kv_heads")
+        return self
+
+
+class LoRAConfig(_Section):
+    """Low-rank adapters via peft (Hu et al. 2021, arXiv:2106.09685) instead of full fine-tuning:
+    only the adapters train; checkpoints hold the merged weights (`policy/`, loadable by vLLM and
+    transformers) and the adapter (`adapter/`)."""
+
+    enabled: bool = Field(False, description="train low-rank adapters instead of all weights (one process only)")
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: int = Field(32, ge=1, description="adapter scale numerator: the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="names of the modules that get adapters",
+    )
+
+
+class ModelConfig(_Section):
+    path: str | None = Field(
+        None, description="a Hugging Face causal LM (local dir or hub id); null = build the tiny policy"
+    )
+    chat_template: bool = Field(False, description="wrap each prompt as a user turn with the tokenizer's chat template")
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="compute dtype: the trained policy keeps float32 master weights and AdamW state and computes in it (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded)",
+    )
+    device: str = Field(
+        "auto", description="auto (CUDA when present) | cpu | cuda | cuda:N; under torchrun cuda = cuda:$LOCAL_RANK"
+    )
+    attn_implementation: str = Field(
+        "sdpa", description="sdpa | eager | flash_attention_2 (falls back to sdpa without flash-attn or CUDA)"
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute decoder-layer activations in the backward pass")
+    lora: LoRAConfig = LoRAConfig()
+    warm_start_steps: int = Field(
+        0, ge=0, description="supervised steps on oracle trajectories before RL (data.source: synthetic only)"
+    )
+    warm_start_lr: float = Field(3e-3, gt=0, description="learning rate of the warm start")
+    warm_start_batch_size: int = Field(16, ge=1, description="oracle trajectories per warm-start step")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, v: str) -> str:
+        from pvpo.trainer.model.device import check_device_name
+
+        return check_device_name(v)
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _known_attn(cls, v: str) -> str:
+        from pvpo.trainer.model.device import check_attn_implementation
+
+        return check_attn_implementation(v)
+
+
+class SyntheticConfig(_Section):
+    """Parameters of `pvpo.envs.synthetic.SyntheticWorld.generate`."""
+
+    seed: int = Field(0, description="seed of the generated world")
+    n_entities: int = Field(60, ge=6, description="entities in the world")
+    n_relations: int = Field(4, ge=1, le=6, description="relations between entities")
+    max_hops: int = Field(4, ge=1, le=4, description="longest chain of relations a question follows")
+    questions_per_hop: int = Field(150, ge=1, description="questions generated per hop count")
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of each hop's questions held out as the test split"
+    )
+
+
+class DataConfig(_Section):
+    source: str = Field("synthetic", description="synthetic, or a QA file readable by pvpo.envs.loaders.load_dataset")
+    synthetic: SyntheticConfig = SyntheticConfig()
+    eval_source: str | None = Field(None, description="a QA file for evaluation when `source` is a file")
+    corpus: str | None = Field(
+        None, description="corpus file to index when `source` is a file and retriever.url is null"
+    )
+    max_train_examples: int | None = Field(None, ge=1, description="RL prompts taken from the train split; null = all")
+    max_eval_examples: int | None = Field(64, ge=1, description="held-out questions evaluated; null = all")
+    prompts_per_step: int = Field(4, ge=1, description="distinct prompts per step, each rolled out rollout.n times")
+    shuffle_seed: int | None = Field(
+        None,
+        description="shuffle the train and eval questions before taking the first max_*_examples (the synthetic splits are otherwise ordered by hop count); null = file order",
+    )
+    warm_start_examples: int | None = Field(
+        None,
+        ge=1,
+        description="synthetic only: oracle SFT questions taken from the train split after the RL prompts, so the warm start never sees an RL prompt; null = the warm start reuses the RL prompts",
+    )
+    warm_start_max_hops: int | None = Field(
+        None, ge=1, le=4, description="the warm start's questions have at most this many hops; null = any"
+    )
+
+
+class RetrieverConfig(_Section):
+    url: str | list[str] | None = Field(
+        None,
+        description="an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g. one per node of a multi-node run); null = index the corpus and serve it on loopback",
+    )
+    index_dir: str | None = Field(None, description="reuse a built index; null = build one under the run dir")
+    encoder: str | None = Field(
+        None, description="sentence-transformers model of a built index; null = the packaged MiniLM"
+    )
+    encoder_backend: str | None = Field(
+        None,
+        description="runtime of the loopback index's encoder (build and queries): torch | onnx | onnx-int8 | openvino; null = $PVPO_ENCODER_BACKEND, else torch (pvpo.retriever.encoder)",
+    )
+    topk: int = Field(2, ge=1, description="passages returned per search")
+    token: str | None = Field(
+        None,
+        description="bearer token of an authenticated `url`; null = the "
+        "PVPO_RETRIEVER_TOKEN environment variable (keeps the secret out of the run's config.yaml)",
+    )
+    timeout: float = Field(30.0, gt=0, description="seconds one /retrieve request may take before it is retried")
+    retries: int = Field(
+        8,
+        ge=0,
+        description="retries after a failed request (connection error, timeout, 429/5xx), "
+        "with backoff 0.2 s doubling up to max_backoff: the default 8 wait about 18 s in all, "
+        "enough to ride out a server restart (~10 s to reload an index)",
+    )
+    max_backoff: float = Field(4.0, gt=0, description="the longest wait between two retries, in seconds")
+
+    @field_validator("encoder_backend")
+    @classmethod
+    def _known_encoder_backend(cls, v: str | None) -> str | None:
+        from pvpo.retriever.encoder import check_backend
+
+        return None if v is None else check_backend(v)
+
+
+class EnvConfig(_Section):
+    protocol: str = Field("search_r1", description="tag protocol: search_r1 | research (pvpo.reward)")
+    max_obs_chars: int = Field(400, ge=16, description="character budget of one search result's passages")
+    prompt_template: str = Field(
+        "default", description="a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)"
+    )
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _known_template(cls, v: str) -> str:
+        from pvpo.envs.templates import get_template
+
+        return _registered(get_template, v)
+
+    @field_validator("protocol")
+    @classmethod
+    def _known_protocol(cls, v: str) -> str:
+        from pvpo.reward import get_protocol
+
+        return _registered(get_protocol, v)
+
+
+class VLLMConfig(_Section):
+    """Options of the vLLM engine (`rollout.engine: vllm`), passed to `VLLMEngine`; null = its default."""
+
+    dtype: str = Field("auto", description="auto = the policy's dtype")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of the GPU's memory vLLM may take")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine")
+    max_model_len: int | None = Field(None, ge=16, description="longest sequence vLLM serves; null = the model's")
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1 << 20, description="fixes the KV cache size (CPU default: 512 MiB)"
+    )
+    enable_prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes")
+    enable_sleep_mode: bool | None = Field(
+        None, description="release memory while the trainer runs; null = where the platform supports it"
+    )
+    sleep_level: Literal[1, 2] = Field(
+        1, description="1: the KV cache sleeps while the trainer runs; 2: the weights too"
+    )
+    enforce_eager: bool | None = Field(None, description="null = eager on CPU, compiled / CUDA graphs on GPU")
+    llm_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM unchanged")
+
+
+class ImportanceCorrectionConfig(_Section):
+    """Truncated importance sampling for sampler/trainer log-prob mismatch (TRL, verl): when
+    enabled, the PPO ratio's denominator is the trainer's log-prob of each sampled token and the
+    per-token loss is weighted by `min(exp(lp_train - lp_sampler), cap)`."""
+
+    enabled: bool = Field(
+        False, description="weight each token's loss by the truncated trainer/sampler probability ratio"
+    )
+    cap: float = Field(2.0, ge=1, description="the weight's upper bound")
+
+
+class RolloutConfig(_Section):
+    engine: str = Field("hf", description="rollout engine: hf | vllm")
+    vllm: VLLMConfig = VLLMConfig()
+    importance_correction: ImportanceCorrectionConfig = ImportanceCorrectionConfig()
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of training rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="must be 1 for training rollouts (see _full_distribution)")
+    max_turns: int = Field(4, ge=1, description="agent turns per episode")
+    max_new_tokens: int = Field(48, ge=1, description="tokens generated per turn")
+    max_response_tokens: int = Field(384, ge=1, description="model + env tokens of one trajectory")
+    n: int = Field(4, ge=1, description="group size: rollouts per prompt")
+    batch_size: int = Field(32, ge=1, description="trajectories generated together")
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        from pvpo.trainer.rollout.engine import ENGINES
+
+        check = getattr(ENGINES.get(v), "check_available", None)  # e.g. vllm: is the package installed
+        if check is not None:
+            try:
+                check()
+            except ImportError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("top_p")
+    @classmethod
+    def _full_distribution(cls, v: float) -> float:
+        # vLLM reports top-p log-probs renormalised over the nucleus while the trainer computes them
+        # over the whole vocabulary, so every PPO ratio would be off by the nucleus mass.
+        if v < 1.0:
+            raise ValueError(
+                f"top_p={v} is not allowed for training rollouts: the sampler's log-probs would be "
+                "renormalised over the nucleus and no longer match the trainer's (PPO ratios off). "
+                "Use rollout.top_p=1; top-p belongs to evaluation: run.eval_top_p"
+            )
+        return v
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword arguments for `build_engine(self.engine, ...)` beyond model and tokenizer."""
+        section = getattr(self, self.engine, None)
+        return section.model_dump() if isinstance(section, BaseModel) else {}
+
+
+class AnchorConfig(_Section):
+    num_rollouts: int = Field(4, ge=1, description="M: reference rollouts per training prompt")
+    refresh_every: int = Field(0, ge=0, description="recompute the anchor every this many steps; 0 = never")
+    refresh_from: Literal["reference", "current"] = Field(
+        "reference", description="the policy a refresh samples: reference | current"
+    )
+    temperature: float | None = Field(
+        None, gt=0, description="sampling temperature of the anchor's rollouts; null = rollout.temperature"
+    )
+
+
+class GroupSamplingConfig(_Section):
+    """PVPO's Group Sampling (arXiv:2508.21104, Sec. 3.3): from the anchor's M reference rollouts,
+    prompts the reference always solves leave the training pool, prompts it never solves get a
+    ground-truth trajectory injected into their groups. Recomputed at every anchor refresh."""
+
+    enabled: bool = Field(
+        False, description="drop always-solved prompts and inject GT trajectories into never-solved ones"
+    )
+    drop_threshold: float = Field(1.0, gt=0, le=1, description="reference accuracy >= this: prompt dropped")
+    gt_threshold: float = Field(0.0, ge=0, lt=1, description="reference accuracy <= this: prompt gets a GT trajectory")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GroupSamplingConfig:
+        if self.gt_threshold >= self.drop_threshold:
+            raise ValueError("gt_threshold must be below drop_threshold")
+        return self
+
+
+class GTModelConfig(_Section):
+    """The `model` GT source: PVPO's larger model. A local HF path runs through our engines
+    (token-exact; its tokenizer must be the policy's), or an OpenAI-compatible chat endpoint."""
+
+    path: str | None = Field(None, description="local HF causal LM folder (same tokenizer as the policy)")
+    engine: str = Field("hf", description="rollout engine for `path`: hf | vllm")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1")
+    model: str | None = Field(None, description="model name at `base_url`")
+    api_key_env: str = Field("OPENAI_API_KEY", description="environment variable holding the endpoint's key")
+    temperature: float = Field(0.7, ge=0, description="sampling temperature of GT attempts (0 = greedy)")
+    timeout_s: float = Field(120.0, gt=0, description="seconds one endpoint request may take")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> GTModelConfig:
+        if self.path is not None and self.base_url is not None:
+            raise ValueError("gt.model: set path (a local model) or base_url (an endpoint), not both")
+        if self.base_url is not None and not self.model:
+            raise ValueError("gt.model.base_url needs gt.model.model (the model name at that endpoint)")
+        return self
+
+
+class GTConfig(_Section):
+    """Ground-truth trajectories for the prompts the reference never solves (Group Sampling)."""
+
+    source: str = Field("oracle", description="where GT trajectories come from: oracle | model")
+    replace_per_group: int = Field(
+        1,
+        ge=1,
+        description="rollouts of a GT prompt's group replaced by its GT trajectory (at most rollout.n - 1: one stays the policy's own)",
+    )
+    attempts: int = Field(4, ge=1, description="tries per prompt before the source gives up on it")
+    min_reward: float = Field(
+        1.0, ge=0, le=1, description="a GT trajectory must reach this reward (correct + well formed)"
+    )
+    logprobs: Literal["source", "reference"] = Field(
+        "source",
+        description="pi_gt of the PPO ratio: the source's own probabilities (oracle: 1 per token), or the reference policy's",
+    )
+    model: GTModelConfig = GTModelConfig()
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, v: str) -> str:
+        from pvpo.trainer.reference.gt import GT_SOURCES
+
+        return _registered(GT_SOURCES.get, v)
+
+
+class AlgorithmConfig(_Section):
+    estimator: str = Field(
+        "pvpo", description="advantage estimator by name: grpo | dr_grpo | rloo | pvpo | gdpo | v05 | v05_value | ppo"
+    )
+    reward: str = Field("pvpo", description="reward by name (pvpo.reward): pvpo | em | search_r1_format | research_f1")
+    reward_params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
+    anchor: AnchorConfig = AnchorConfig()
+    group_sampling: GroupSamplingConfig = GroupSamplingConfig()
+    gt: GTConfig = GTConfig()
+    # settings of the gdpo / v05, v05_value / ppo estimators (trainer/estimator_config.py)
+    gdpo: GDPOConfig = GDPOConfig()
+    prior_fusion: PriorFusionConfig = PriorFusionConfig()
+    ppo: PPOConfig = PPOConfig()
+
+    @model_validator(mode="after")
+    def _gt_fits_group(self) -> AlgorithmConfig:
+        if (
+            self.group_sampling.enabled
+            and self.gt.source == "model"
+            and not (self.gt.model.path or self.gt.model.base_url)
+        ):
+            raise ValueError("algorithm.gt.source=model needs gt.model.path or gt.model.base_url")
+        return self
+
+    @field_validator("estimator")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        from pvpo.trainer.algorithms.advantages import get_estimator
+
+        return _registered(get_estimator, v)
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward(cls, v: str) -> str:
+        from pvpo.reward import get_reward
+
+        return _registered(get_reward, v)
+
+    @property
+    def uses_anchor(self) -> bool:
+        """Whether the run computes reference anchors: the estimator needs them, or Group
+        Sampling reads the reference accuracy from them."""
+        from pvpo.trainer.algorithms.advantages import get_estimator
+
+        return bool(getattr(get_estimator(self.estimator), "needs_anchors", False)) or self.group_sampling.enabled
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    epochs: int = Field(1, ge=1, description="PPO epochs over one rollout batch")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    grad_accum: int = Field(
+        1, ge=1, description="micro-batches per mini-batch (when max_tokens_per_micro_batch is null)"
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=16,
+        description="pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest row), longest rows first; null = grad_accum micro-batches by row count",
+    )
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this; null = no clipping")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clipped below 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clipped above 1 + clip_high")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip bound on negative-advantage tokens; null = off")
+    kl_coef: float = Field(
+        0.0, ge=0, description="weight of the KL to the frozen reference; 0 = no reference model loaded for KL"
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator: k1 | k2 | k3")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
+    loss_agg: str | None = Field(
+        None, description="null = the estimator's own (dr_grpo: seq-mean-token-sum-norm, others: token-mean)"
+    )
+    loss_norm_len: int | None = Field(
+        None, ge=1, description="seq-mean-token-sum-norm's constant divisor; null = rollout.max_response_tokens"
+    )
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _known_agg(cls, v: str | None) -> str | None:
+        from pvpo.trainer.algorithms.losses import AGGREGATION_MODES
+
+        if v is not None and v not in AGGREGATION_MODES:
+            raise ValueError(f"unknown loss aggregation {v!r}; known: {sorted(AGGREGATION_MODES)}")
+        return v
+
+
+class RunConfig(_Section):
+    steps: int = Field(2, ge=1, description="training steps")
+    seed: int = Field(0, description="seed of sampling, data order and initialisation")
+    checkpoint_every: int = Field(1, ge=0, description="checkpoint every this many steps; 0 = only at the end")
+    eval_every: int = Field(0, ge=0, description="evaluate every this many steps; 0 = only before and after")
+    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of evaluation; 0 = greedy")
+    eval_top_p: float = Field(
+        1.0, gt=0, le=1, description="nucleus sampling for evaluation (PVPO evaluates at T=0.6, top-p 0.95)"
+    )
+    rollout_budget: int | None = Field(
+        None,
+        ge=1,
+        description="stop after the step whose cumulative rollouts (anchor and GT generation included) reach this; "
+        "null = run.steps only (estimators compared at equal rollout cost)",
+    )
+    tensorboard: bool = Field(True, description="write TensorBoard events")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
+
+
+class TrainConfig(_Section):
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    retriever: RetrieverConfig = RetrieverConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    optim: OptimConfig = OptimConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _warm_start_needs_oracle(self) -> TrainConfig:
+        # the warm start is SFT on the synthetic world's oracle trajectories; a QA file has none
+        if self.model.warm_start_steps and self.data.source != "synthetic":
+            raise ValueError(
+                f"model.warm_start_steps={self.model.warm_start_steps} needs oracle trajectories, which only "
+                f"data.source=synthetic has (got data.source={self.data.source!r}): set model.warm_start_steps=0, "
+                "or warm-start the model elsewhere and give its folder as model.path"
+            )
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be loaded; the message names the offending key."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML scalar/list/dict)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {text!r} has an empty key")
+    return parts, yaml.safe_load(raw) if raw.strip() else None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each `key.sub=value` into a nested dict (creating sections as needed)."""
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = data
+        for p in parts[:-1]:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {p!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(
+            f"  {key}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {key}: {msg}"
+        )
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Validate a nested dict; raise ConfigError naming every bad key."""
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config (or the defaults when `path` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded or {}
+    return config_from_dict(apply_overrides(data, list(overrides or [])))
+
+
+def dump_config(cfg: TrainConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (what `--resume` reloads)."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

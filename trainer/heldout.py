@@ -1,0 +1,69 @@
+"""Held-out evaluation: one rollout per question (greedy by default): EM, F1, reward, format rate,
+searches, the standard error of EM, and EM per hop count when the questions carry one."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from pvpo.envs.data import QAExample
+from pvpo.envs.episode import EpisodeConfig
+from pvpo.retriever.types import Searcher
+from pvpo.reward import answer_metrics
+from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
+from pvpo.trainer.rollout.engine import RolloutEngine
+from pvpo.trainer.rollout.trajectory import Trajectory, summarize
+
+
+def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> dict[str, float]:
+    """`eval/*` metrics of one trajectory per example (in the same order)."""
+    s = summarize(trajs)
+    n = len(trajs)
+    em = s["accuracy"]
+    f1 = [answer_metrics(t.prediction, list(ex.golden_answers))["f1"] for t, ex in zip(trajs, examples, strict=True)]
+    out = {
+        "eval/accuracy": em,
+        "eval/accuracy_se": math.sqrt(em * (1 - em) / (n - 1)) if n > 1 else 0.0,
+        "eval/f1": sum(f1) / max(1, n),
+        "eval/reward": s["reward/mean"],
+        "eval/format_ok": s["format_ok"],
+        "eval/searches_per_traj": s["searches_per_traj"],
+        "eval/n": float(n),
+    }
+    by_hops: dict[int, list[float]] = defaultdict(list)
+    for t, ex in zip(trajs, examples, strict=True):
+        if "hops" in ex.metadata:
+            by_hops[int(ex.metadata["hops"])].append(t.accuracy)
+    for h, accs in sorted(by_hops.items()):
+        out[f"eval/accuracy_{h}hop"] = sum(accs) / len(accs)
+    return out
+
+
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    episode_config: EpisodeConfig,
+    loop: LoopConfig,
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 64,
+    per_question: list[float] | None = None,
+) -> dict[str, float]:
+    """Roll out each of `examples` once (greedy at temperature 0, else sampled with `top_p`) and
+    return `eval_metrics` of the trajectories; `per_question`, if given, receives each one's EM."""
+    loop = replace(loop, temperature=temperature, top_p=top_p)
+    trajs: list[Trajectory] = []
+    for start in range(0, len(examples), batch_size):
+        trajs += run_agent_loop(
+            engine, tokenizer, examples[start : start + batch_size], searcher, episode_config, loop, seed=seed + start
+        )
+    if per_question is not None:  # each question's EM, in order: paired comparisons of two evaluations
+        per_question[:] = [t.accuracy for t in trajs]
+    return eval_metrics(trajs, examples)

@@ -1,0 +1,132 @@
+"""The policy: a Hugging Face causal LM loaded from a path, or a tiny Qwen2 built locally.
+
+The tiny policy's tokenizer is a byte-level BPE trained with `tokenizers` on the text it will see
+(so every string is encodable and decoding is exact), with the protocol's tags as whole tokens
+and `<|endoftext|>` as both EOS and pad. Nothing is downloaded; `save_pretrained` writes a
+directory that `from_pretrained` (and vLLM, Qwen2 architecture) load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from pvpo.trainer.config.schema import ModelConfig, TinyModelConfig
+
+M = TypeVar("M", bound="torch.nn.Module")
+
+EOS_TOKEN = "<|endoftext|>"
+
+
+@dataclass
+class Policy:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+
+def tag_tokens(protocol_tags: Iterable[str]) -> list[str]:
+    """Opening and closing forms of each tag, e.g. `<search>`, `</search>`."""
+    return [t for tag in protocol_tags for t in (f"<{tag}>", f"</{tag}>")]
+
+
+def train_tokenizer(
+    texts: Iterable[str], *, vocab_size: int = 1024, extra_tokens: Sequence[str] = ()
+) -> PreTrainedTokenizerBase:
+    """A byte-level BPE tokenizer trained on `texts`, wrapped as PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(texts), trainer=trainer)
+    # Tags become single tokens so a stop string always ends exactly at a token boundary.
+    tok.add_tokens(list(extra_tokens))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_model(tokenizer: PreTrainedTokenizerBase, cfg: TinyModelConfig, *, seed: int = 0) -> PreTrainedModel:
+    """A randomly initialised Qwen2 causal LM sized by `cfg`, with the tokenizer's vocabulary."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config.dtype = torch.float32  # transformers 5's name (torch_dtype in 4.x, which still reads it)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(state)
+    return model
+
+
+def build_tiny_policy(texts: Iterable[str], cfg: TinyModelConfig, *, tags: Iterable[str], seed: int = 0) -> Policy:
+    """Tokenizer trained on `texts` + a tiny Qwen2 sized by `cfg`."""
+    tokenizer = train_tokenizer(texts, vocab_size=cfg.vocab_size, extra_tokens=tag_tokens(tags))
+    return Policy(build_tiny_model(tokenizer, cfg, seed=seed), tokenizer)
+
+
+def load_policy(path: str | Path, *, dtype: str = "float32") -> Policy:
+    """A causal LM and its tokenizer from a local directory or hub id (left padding, pad set)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    return Policy(model, tokenizer)
+
+
+def save_policy(policy: Policy, path: str | Path) -> None:
+    """`save_pretrained` of model and tokenizer into one directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(path)
+    policy.tokenizer.save_pretrained(path)
+
+
+def frozen_copy(model: M) -> M:
+    """A deep copy with gradients off, in eval mode (the reference policy)."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def policy_from_config(cfg: ModelConfig, *, corpus_texts: Iterable[str], tags: Iterable[str], seed: int) -> Policy:
+    """`cfg.path` when set, else a tiny policy whose tokenizer is trained on `corpus_texts`."""
+    if cfg.path:
+        return load_policy(cfg.path, dtype=cfg.dtype)
+    return build_tiny_policy(corpus_texts, cfg.tiny, tags=tags, seed=seed)

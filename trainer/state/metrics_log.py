@@ -1,0 +1,53 @@
+"""Per-step metrics: one JSON line per step in `metrics.jsonl`, mirrored to TensorBoard.
+
+On resume the log is cut back to the checkpointed step, so a step that was logged but not
+checkpointed before a crash is logged once, when it is redone; a line torn by a crash mid-append
+is dropped then (`read_jsonl`). Each append is fsynced, so every step a checkpoint covers is on
+disk before that checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pvpo.trainer.state.checkpoint import atomic_write_text, read_jsonl
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
+    return v
+
+
+class MetricsLogger:
+    """Appends `{"step": s, **metrics}` lines; optional TensorBoard scalars under `<run>/tb`."""
+
+    def __init__(self, run_dir: str | Path, *, resume_step: int = 0, tensorboard: bool = True) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1 if resume_step else None)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        row = {"step": step, **{k: _clean(float(v)) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # one small fsync a step (a step takes seconds); a checkpoint never outruns its log
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, float(v), step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
