@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import platform
 import shutil
@@ -28,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from pvpo.stats import mean, standard_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -44,9 +45,7 @@ def algorithm_overrides(name: str) -> list[str]:
 
 
 def _mean_se(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else 0.0
-    return m, se
+    return mean(xs), standard_error(xs)
 
 
 def warm_policy(cfg: Any, data: Any, searcher: Any, where: Path) -> Path:
@@ -84,9 +83,9 @@ def run_one(cfg: Any, data: Any, searcher: Any, warm: Path, run_dir: Path) -> di
         "pvpo_cost": m[-1]["cost/cum_pvpo"], "wall_s": wall,
         "adv_var": sum(r["adv/std"] ** 2 for r in m) / len(m), "curve": curve,
     }  # fmt: skip
-    from pvpo.trainer.state.checkpoint import atomic_write_text
+    from pvpo.atomic import atomic_write_json
 
-    atomic_write_text(done, json.dumps(summary))
+    atomic_write_json(done, summary)
     return summary
 
 
@@ -180,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     from pvpo.retriever.client import RetrieverClient
     from pvpo.retriever.server import BackgroundServer
     from pvpo.trainer.config.schema import load_config
-    from pvpo.trainer.resources import load_data
+    from pvpo.trainer.setup import load_data
 
     algs = [a for a in args.algorithms.split(",") if a]
     ns = [int(x) for x in args.n.split(",")]

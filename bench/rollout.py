@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     build_index(world.write_corpus(tmp / "corpus.jsonl"), tmp / "index", index_type="bm25", show_progress=False)
     searcher = load_retriever(tmp / "index")
     if args.warm_start_steps and not args.model:
-        from pvpo.trainer.model.warmstart import oracle_trajectories, warm_start
+        from pvpo.trainer.model.warmstart import warm_start
+        from pvpo.trainer.rollout.replay import oracle_trajectories
 
         trajs = oracle_trajectories(
             train, lambda ex: world.oracle_trajectory(ex, protocol), policy.tokenizer, searcher, epcfg

@@ -171,8 +171,7 @@ def judge_run(run_dir: str | Path, judge: Judge, *, show_progress: bool = True) 
     """Grade every prediction of an evaluation run folder: rewrite its predictions.jsonl with the
     verdicts (atomically), add the summary to its metrics.json and return the summary. Replies
     are cached in `judge_cache.jsonl` beside them unless the judge has its own cache."""
-    import os
-
+    from pvpo.atomic import atomic_write_jsonl
     from pvpo.evaluation.run import METRICS, PREDICTIONS, load_done, write_json
 
     run = Path(run_dir)
@@ -183,9 +182,7 @@ def judge_run(run_dir: str | Path, judge: Judge, *, show_progress: bool = True) 
         judge.cache = JudgeCache(run / "judge_cache.jsonl")
     verdicts = judge.grade_items(items, show_progress=show_progress)
     judged = apply_verdicts(items, verdicts)
-    tmp = run / (PREDICTIONS + ".tmp")
-    tmp.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in judged), encoding="utf-8")
-    os.replace(tmp, run / PREDICTIONS)
+    atomic_write_jsonl(run / PREDICTIONS, judged)
     summary = judge_summary(verdicts, model=judge.client.model)
     metrics_path = run / METRICS
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}

@@ -17,19 +17,19 @@ uninterrupted one (a torn last line is dropped and redone).
 from __future__ import annotations
 
 import json
-import math
-import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pvpo.atomic import append_jsonl, atomic_write_json, read_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol, answer_metrics, get_protocol
+from pvpo.stats import mean, standard_error
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
@@ -175,64 +175,34 @@ def read_items(path: str | Path) -> list[dict[str, Any]]:
 def load_done(path: Path) -> list[dict[str, Any]]:
     """Complete items of a predictions.jsonl being resumed; a torn last line (a kill mid-write) is
     cut off the file so the next append starts on a clean line."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    items, good = [], 0
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            items.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-        good += len(line)
-    if good < len(data):
-        with path.open("r+b") as f:
-            f.truncate(good)
-    return items
+    return read_jsonl(path, repair=True)
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Atomically (temp file + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _append(path: Path, items: Iterable[Mapping[str, Any]]) -> None:
-    # One write per batch, flushed and synced: a kill leaves whole batches or one torn line.
-    blob = "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in items)
-    with path.open("a", encoding="utf-8") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
+    """`data` as indented JSON, atomically."""
+    atomic_write_json(path, data, indent=2)
 
 
 # ---- metrics -------------------------------------------------------------------------------------
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
 def summarize_items(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Means over items of FlashRAG metric_score (em, f1, acc), EM's standard error and, where the
     items carry them, format rate, searches, turns and tokens per question."""
     n = len(items)
     outs = [it.get("output", {}) for it in items]
     scores = [o.get("metric_score", {}) for o in outs]
-    em = _mean([float(s.get("em", 0.0)) for s in scores])
+    ems = [float(s.get("em", 0.0)) for s in scores]
     out: dict[str, Any] = {
         "n": n,
-        "em": em,
-        "f1": _mean([float(s.get("f1", 0.0)) for s in scores]),
-        "acc": _mean([float(s.get("acc", 0.0)) for s in scores]),
-        "em_se": math.sqrt(em * (1 - em) / (n - 1)) if n > 1 else 0.0,
+        "em": mean(ems),
+        "f1": mean([float(s.get("f1", 0.0)) for s in scores]),
+        "acc": mean([float(s.get("acc", 0.0)) for s in scores]),
+        "em_se": standard_error(ems),
     }
     for key, name in (("format_ok", "format_ok"), ("num_searches", "searches"), ("num_turns", "turns"),
                       ("completion_tokens", "completion_tokens")):  # fmt: skip
         vals = [float(o[key]) for o in outs if key in o]
         if vals:
-            out[name] = _mean(vals)
+            out[name] = mean(vals)
     stops: dict[str, int] = {}
     for o in outs:
         if "stop_reason" in o:
@@ -296,7 +266,7 @@ def run_eval(
             if not todo:
                 continue
             outcomes = policy.rollout(todo, searcher, episode, settings, seed=settings.seed + start)
-            _append(pred_path, [prediction_item(ex, o) for ex, o in zip(todo, outcomes, strict=True)])
+            append_jsonl(pred_path, [prediction_item(ex, o) for ex, o in zip(todo, outcomes, strict=True)])
             bar.update(len(todo))
     finally:
         bar.close()

@@ -73,6 +73,14 @@ class Registry(Generic[T]):
             known = ", ".join(self.names()) or "(none)"
             raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
+    def check(self, name: str) -> str:
+        """`name` if it is known (lazily registered names included, nothing imported);
+        `UnknownNameError` listing the known names otherwise. Config validation uses it, so
+        checking a name never imports the module that implements it."""
+        if name not in self:
+            self.get(name)  # raises, listing the known names
+        return name
+
     def load_lazy(self) -> None:
         """Import every lazily registered module (each one that is installed)."""
         for name in list(self._lazy):

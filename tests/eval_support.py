@@ -29,7 +29,8 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: 
     from pvpo.reward import SEARCH_R1
     from pvpo.trainer.config.schema import TinyModelConfig
     from pvpo.trainer.model.policy import build_tiny_policy, save_policy
-    from pvpo.trainer.model.warmstart import oracle_trajectories, warm_start
+    from pvpo.trainer.model.warmstart import warm_start
+    from pvpo.trainer.rollout.replay import oracle_trajectories
 
     torch.manual_seed(seed)
     examples = [QAExample(f"t/{i}", q, ("Berlin",)) for i, q in enumerate(questions)]

@@ -212,7 +212,8 @@ def test_gt_endpoint_source_writes_what_the_local_model_source_writes(
     from pvpo.envs.episode import EpisodeConfig
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.model.policy import load_policy
-    from pvpo.trainer.reference.gt import GTCache, GTContext, build_gt_source, fetch_gt
+    from pvpo.trainer.reference.gt import GTCache, fetch_gt
+    from pvpo.trainer.reference.sources import GTContext, build_gt_source
     from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     tok = load_policy(policy_dir).tokenizer

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from pvpo.atomic import atomic_write_dir, read_jsonl
 from pvpo.trainer.state.checkpoint import (
     CheckpointError,
-    atomic_write_dir,
     latest_checkpoint,
     load_trainer_state,
-    read_jsonl,
     save_checkpoint,
     set_rng_state,
 )

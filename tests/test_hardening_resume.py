@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from pvpo.trainer.config.schema import dump_config, load_config
 from pvpo.trainer.state.checkpoint import save_checkpoint
-from pvpo.trainer.state.run_dir import RunDirError, check_resume_config, prepare_fresh, resume_config
+from pvpo.trainer.state.resume import RunDirError, check_resume_config, prepare_fresh, resume_config
 
 
 def _run_with_config(tmp_path: Path, *overrides: str) -> Path:

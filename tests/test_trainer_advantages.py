@@ -7,14 +7,9 @@ import random
 import pytest
 import torch
 
-from pvpo.trainer.algorithms.advantages import (
-    advantage_stats,
-    available_estimators,
-    broadcast_to_tokens,
-    get_estimator,
-    group_std,
-    register_estimator,
-)
+from pvpo.trainer.algorithms.advantages import advantage_stats, broadcast_to_tokens
+from pvpo.trainer.algorithms.groups import group_std
+from pvpo.trainer.algorithms.spec import available_estimators, get_estimator, get_spec, register_estimator
 
 
 def t(*xs: float) -> torch.Tensor:
@@ -33,8 +28,8 @@ def test_registry_refuses_a_duplicate_name():
 
 
 def test_only_pvpo_declares_it_needs_anchors():
-    assert get_estimator("pvpo").needs_anchors
-    assert not any(get_estimator(n).needs_anchors for n in ("grpo", "dr_grpo", "rloo"))
+    assert get_spec("pvpo").needs_anchors
+    assert not any(get_spec(n).needs_anchors for n in ("grpo", "dr_grpo", "rloo"))
 
 
 def test_grpo_hand_case_uses_unbiased_std():

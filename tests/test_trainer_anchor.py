@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pvpo.trainer.algorithms.advantages import get_estimator
+from pvpo import atomic
+from pvpo.trainer.algorithms.spec import get_estimator
 from pvpo.trainer.reference import anchor as anchor_mod
 from pvpo.trainer.reference.anchor import AnchorStat, AnchorStore, build_anchor, needs_refresh
 
@@ -83,11 +84,10 @@ def test_save_is_atomic_when_writing_fails(tmp_path: Path, monkeypatch: pytest.M
     before = path.read_bytes()
     s.update("b", [0.0], [0.0])
 
-    def broken_dump(obj, f, **kw):
-        f.write('{"version": 1, "stats": {"trunc')
+    def full_disk(fd: int) -> None:  # the new text is in the temporary file, not yet on disk
         raise OSError("disk full")
 
-    monkeypatch.setattr(anchor_mod.json, "dump", broken_dump)
+    monkeypatch.setattr(atomic.os, "fsync", full_disk)
     with pytest.raises(OSError, match="disk full"):
         s.save()
     assert path.read_bytes() == before

@@ -17,9 +17,8 @@ import yaml
 from pvpo.envs.synthetic import synthetic_world
 from pvpo.trainer.config.schema import config_from_dict
 from pvpo.trainer.heldout import eval_metrics
-from pvpo.trainer.model.warmstart import disjoint_splits
-from pvpo.trainer.resources import load_data
 from pvpo.trainer.rollout.trajectory import Trajectory
+from pvpo.trainer.setup import disjoint_splits, load_data
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pvpo.trainer.algorithms.advantages import advantage_stats, broadcast_to_tokens, get_estimator
+from pvpo.trainer.algorithms.advantages import advantage_stats, broadcast_to_tokens
 from pvpo.trainer.algorithms.critic import Critic, critic_update, value_loss
 from pvpo.trainer.algorithms.gae import gae, masked_whiten, outcome_token_rewards
+from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TinyModelConfig
 from pvpo.trainer.model.policy import build_tiny_policy
 from pvpo.trainer.rollout.trajectory import Trajectory, collate
@@ -39,7 +40,7 @@ def test_clipped_value_loss_takes_the_larger_error():
 
 
 def test_ppo_estimator_is_token_level_whitened_over_model_tokens():
-    est = get_estimator("ppo")
+    est = get_spec("ppo")
     assert est.level == "token" and not est.needs_anchors
     mask = torch.tensor([[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
     values = torch.zeros(2, 4)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from pvpo.trainer.algorithms.advantages import get_estimator
 from pvpo.trainer.algorithms.gdpo import component_matrix, condition
+from pvpo.trainer.algorithms.spec import get_estimator
 from pvpo.trainer.config.schema import ConfigError, load_config
 
 R2 = 1 / math.sqrt(2)  # 0.7071: (r - mean) / std of two different values, unbiased std

@@ -117,7 +117,7 @@ def test_cached_gt_trajectory_is_injected_with_pi_gt_as_its_ratio_denominator(tm
 def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_string():
     from pvpo.envs.episode import EpisodeConfig
     from pvpo.trainer.model.policy import policy_from_config
-    from pvpo.trainer.reference.gt import GTContext, build_gt_source
+    from pvpo.trainer.reference.sources import GTContext, build_gt_source
     from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     cfg = load_config(None, TINY)
@@ -292,7 +292,7 @@ def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp
     the policy's own sampled rollouts of those prompts start to succeed within 30 steps; without
     it, no rollout of those prompts ever succeeds."""
     from pvpo.reward import SEARCH_R1
-    from pvpo.trainer.resources import Data
+    from pvpo.trainer.setup import Data
 
     train = WORLD.questions("train")
     one = [q for q in train if q.metadata["hops"] == 1]
@@ -336,7 +336,7 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
     from pvpo.envs.data import QAExample
     from pvpo.envs.episode import EpisodeConfig
     from pvpo.trainer.model.policy import load_policy, policy_from_config
-    from pvpo.trainer.reference.gt import GTContext, build_gt_source
+    from pvpo.trainer.reference.sources import GTContext, build_gt_source
     from pvpo.trainer.rollout.agent_loop import LoopConfig
     from tests.eval_support import searching_policy
 

@@ -13,7 +13,7 @@ from test_trainer_loop import _rollout, search_biased
 
 from pvpo.trainer.config.schema import ConfigError, load_config
 from pvpo.trainer.model.update import batch_logprobs, policy_update
-from pvpo.trainer.rollout.engine import ENGINES
+from pvpo.trainer.rollout import engine as engine_mod
 from pvpo.trainer.rollout.hf_engine import HFEngine
 from pvpo.trainer.rollout.trajectory import collate
 
@@ -29,7 +29,7 @@ def test_choosing_the_vllm_engine_without_vllm_fails_at_config_load_naming_the_f
 @pytest.fixture
 def vllm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let configs name the vllm engine on a machine without vLLM (the engine is never built)."""
-    monkeypatch.setattr(ENGINES.get("vllm"), "check_available", lambda: None)
+    monkeypatch.setitem(engine_mod.REQUIRED_PACKAGES, "vllm", ("", ""))
 
 
 def test_engine_options_are_the_selected_engines_section(vllm_allowed: None) -> None:
@@ -82,6 +82,7 @@ def test_trainer_builds_the_engine_with_its_options_sleeps_it_for_the_update_and
     tmp_path, monkeypatch: pytest.MonkeyPatch, vllm_allowed: None
 ) -> None:
     import pvpo.trainer.loop as train_mod
+    import pvpo.trainer.setup as setup_mod
 
     built: list[tuple[str, dict]] = []
     events: list[str] = []
@@ -90,7 +91,7 @@ def test_trainer_builds_the_engine_with_its_options_sleeps_it_for_the_update_and
         built.append((name, options))
         return EventEngine(model, tokenizer, events=events)
 
-    monkeypatch.setattr(train_mod, "build_engine", fake_build)
+    monkeypatch.setattr(setup_mod, "build_engine", fake_build)
     cfg = load_config(
         None,
         TINY
@@ -169,6 +170,7 @@ def test_anchor_refresh_from_the_reference_samples_from_a_reference_engine_built
     tmp_path, monkeypatch: pytest.MonkeyPatch, vllm_allowed: None
 ) -> None:
     import pvpo.trainer.loop as train_mod
+    import pvpo.trainer.setup as setup_mod
 
     built: list[tuple[dict, list[str]]] = []
 
@@ -177,7 +179,7 @@ def test_anchor_refresh_from_the_reference_samples_from_a_reference_engine_built
         built.append((options, events))
         return EventEngine(model, tokenizer, events=events)
 
-    monkeypatch.setattr(train_mod, "build_engine", fake_build)
+    monkeypatch.setattr(setup_mod, "build_engine", fake_build)
     cfg = load_config(
         None,
         TINY

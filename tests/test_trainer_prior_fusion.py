@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pvpo.trainer.algorithms.adaptive_budget import extend_groups, objective, wants_more
-from pvpo.trainer.algorithms.advantages import get_estimator
 from pvpo.trainer.algorithms.prior_fusion import fuse, fused_baselines, fusion_stats
+from pvpo.trainer.algorithms.spec import get_estimator, get_spec
 from pvpo.trainer.algorithms.value_model import PromptValueModel
 
 
@@ -45,8 +45,8 @@ def test_noise_term_is_the_empirical_variance_of_rewards_in_0_1():
 def test_v05_advantage_is_reward_minus_the_fused_baseline_with_anchor_or_given_prior():
     r, uids = torch.tensor([1.0, 0.0, 1.0, 1.0]), ["p"] * 4
     torch.testing.assert_close(get_estimator("v05")(r, uids, anchors={"p": 0.7}), r - 0.7)
-    est = get_estimator("v05_value")
-    assert get_estimator("v05").needs_anchors and not est.needs_anchors
+    est = get_spec("v05_value")
+    assert get_spec("v05").needs_anchors and not est.needs_anchors
     torch.testing.assert_close(est(r, uids, prior={"p": None}), r - 0.75)  # no prior yet: group mean
     torch.testing.assert_close(est(r, uids, prior={"p": 0.1}), r - 0.653846, atol=1e-6, rtol=0)
 

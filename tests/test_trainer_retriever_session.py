@@ -12,7 +12,7 @@ import pytest
 
 from pvpo.retriever import encoder as enc
 from pvpo.trainer.config.schema import ConfigError, load_config
-from pvpo.trainer.resources import retriever_session
+from pvpo.trainer.setup import retriever_session
 
 
 def test_an_unknown_encoder_backend_is_refused_at_config_load_listing_the_options() -> None:

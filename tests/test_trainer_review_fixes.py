@@ -10,8 +10,8 @@ import torch
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import Episode, EpisodeConfig
-from pvpo.trainer.algorithms.advantages import get_estimator
 from pvpo.trainer.algorithms.losses import entropy_from_logits
+from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import ConfigError, load_config
 from pvpo.trainer.model.update import loss_config
 
@@ -44,8 +44,8 @@ def test_an_episode_without_an_answer_predicts_nothing_rather_than_the_correctio
 
 
 def test_dr_grpo_divides_by_the_response_budget_whatever_the_batch_longest_response():
-    est = get_estimator("dr_grpo")
-    assert est.loss_agg == "seq-mean-token-sum-norm" and get_estimator("grpo").loss_agg == "token-mean"
+    est = get_spec("dr_grpo")
+    assert est.loss_agg == "seq-mean-token-sum-norm" and get_spec("grpo").loss_agg == "token-mean"
     cfg = load_config(None, ["algorithm.estimator=dr_grpo", "rollout.max_response_tokens=64"])
     lc = loss_config(cfg.optim, default_agg=est.loss_agg, norm_len=cfg.rollout.max_response_tokens)
     assert (lc.agg, lc.norm_len) == ("seq-mean-token-sum-norm", 64)

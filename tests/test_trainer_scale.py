@@ -331,7 +331,7 @@ def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template
 
     from pvpo.trainer.loop import train
     from pvpo.trainer.model.policy import build_tiny_policy, save_policy
-    from pvpo.trainer.resources import episode_config
+    from pvpo.trainer.setup import episode_config
 
     texts = [p.contents for p in WORLD.passages] + [q.question for q in WORLD.questions("train")]
     policy = build_tiny_policy(texts, TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,

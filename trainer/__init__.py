@@ -24,9 +24,10 @@ _EXPORTS = {
     "train": "loop",
     "run_demo": "demo",
     # advantage estimators by name
-    "register_estimator": "algorithms.advantages",
-    "get_estimator": "algorithms.advantages",
-    "available_estimators": "algorithms.advantages",
+    "register_estimator": "algorithms.spec",
+    "get_estimator": "algorithms.spec",
+    "get_spec": "algorithms.spec",
+    "available_estimators": "algorithms.spec",
     # rollout engines by name
     "RolloutEngine": "rollout.engine",
     "SamplingConfig": "rollout.engine",

@@ -65,7 +65,7 @@ def train_cmd(
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
     from pvpo.trainer.config.schema import ConfigError
     from pvpo.trainer.loop import train
-    from pvpo.trainer.state.run_dir import resume_config
+    from pvpo.trainer.state.resume import resume_config
 
     if resume and overwrite:
         typer.echo("--resume and --overwrite contradict each other: pick one", err=True)

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.loop import Trainer, TrainResult
-from pvpo.trainer.resources import load_data, retriever_session
+from pvpo.trainer.setup import load_data, retriever_session
 
 
 def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:
@@ -119,9 +120,7 @@ def learning_check(
         return False, "no held-out evaluation"
     n = len(em_before)
     if n > 1 and len(em_after) == n:
-        d = [y - x for x, y in zip(em_before, em_after, strict=True)]
-        mean = sum(d) / n
-        se, kind = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n), "paired"
+        se, kind = paired_difference(em_before, em_after)[1], "paired"
     else:
         se, kind = (
             math.sqrt(before.get("eval/accuracy_se", 0.0) ** 2 + after.get("eval/accuracy_se", 0.0) ** 2),

@@ -3,7 +3,6 @@ searches, the standard error of EM, and EM per hop count when the questions carr
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -13,6 +12,7 @@ from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Searcher
 from pvpo.reward import answer_metrics
+from pvpo.stats import standard_error
 from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, summarize
@@ -22,11 +22,10 @@ def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> 
     """`eval/*` metrics of one trajectory per example (in the same order)."""
     s = summarize(trajs)
     n = len(trajs)
-    em = s["accuracy"]
     f1 = [answer_metrics(t.prediction, list(ex.golden_answers))["f1"] for t, ex in zip(trajs, examples, strict=True)]
     out = {
-        "eval/accuracy": em,
-        "eval/accuracy_se": math.sqrt(em * (1 - em) / (n - 1)) if n > 1 else 0.0,
+        "eval/accuracy": s["accuracy"],
+        "eval/accuracy_se": standard_error([t.accuracy for t in trajs]),
         "eval/f1": sum(f1) / max(1, n),
         "eval/reward": s["reward/mean"],
         "eval/format_ok": s["format_ok"],

@@ -20,7 +20,11 @@ from typing import Any
 
 import torch
 
-from pvpo.trainer.algorithms.advantages import _check, register_estimator
+from pvpo.trainer.algorithms.critic import Critic, critic_update
+from pvpo.trainer.algorithms.groups import check_rewards
+from pvpo.trainer.algorithms.spec import register_estimator
+from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
+from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
 
 def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -74,7 +78,63 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return torch.where(m, (x - vals.mean()) / (vals.std() + eps), torch.zeros_like(x))
 
 
-@register_estimator("ppo", level="token")
+class PPOState(EstimatorState):
+    """PPO's learned critic (`critic.py`) and its optimizer: `values=` for GAE each step, its
+    clipped value-loss steps towards the GAE returns after the policy's update, and during
+    `critic.warmup_steps` only the critic trains. The critic is one process's: not under torchrun."""
+
+    def __init__(self, context: EstimatorContext) -> None:
+        if context.model is None:
+            raise ValueError("ppo's critic copies the policy's trunk: EstimatorContext.model is required")
+        self.cfg = context.algorithm.ppo
+        self.critic = Critic(context.model).to(context.device)
+        self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.cfg.critic.lr)
+
+    def trains_policy(self, step: int) -> bool:
+        return step > self.cfg.critic.warmup_steps
+
+    def kwargs(self, trajs: Sequence[Trajectory], batch: Batch) -> dict[str, Any]:
+        values = self.critic.values(batch, self.cfg.critic.micro_batch_rows) * batch.loss_mask
+        return {
+            "values": values,
+            "mask": batch.loss_mask,
+            "gamma": self.cfg.gamma,
+            "lam": self.cfg.lam,
+            "whiten": self.cfg.whiten,
+        }
+
+    def after_step(self, batch: Batch, kwargs: Mapping[str, Any], *, seed: int = 0) -> dict[str, float]:
+        c = self.cfg.critic
+        _, returns = gae(
+            outcome_token_rewards(batch.rewards, batch.loss_mask),
+            kwargs["values"],
+            batch.loss_mask,
+            gamma=self.cfg.gamma,
+            lam=self.cfg.lam,
+        )
+        return critic_update(
+            self.critic,
+            self.optimizer,
+            batch,
+            kwargs["values"],
+            returns,
+            clip=c.value_clip,
+            epochs=c.epochs,
+            micro_rows=c.micro_batch_rows,
+            grad_clip=c.grad_clip,
+            seed=seed,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"critic": self.critic.state_dict(), "critic_optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if "critic" in state:
+            self.critic.load_state_dict(state["critic"])
+            self.optimizer.load_state_dict(state["critic_optimizer"])
+
+
+@register_estimator("ppo", level="token", needs_critic=True, sharded=False, state=PPOState)
 def ppo(
     rewards: torch.Tensor,
     uids: Sequence[str],
@@ -91,7 +151,7 @@ def ppo(
     """PPO's per-token advantages `[B, T]`: GAE(gamma, lambda) of the outcome reward against the
     critic's `values` `[B, T]` over the model tokens of `mask` `[B, T]`, whitened over the batch's
     model tokens when `whiten` (groups play no part: the critic is the baseline)."""
-    _check(rewards, uids)
+    check_rewards(rewards, uids)
     if values is None or mask is None:
         raise ValueError(
             "ppo needs values= (the critic's [B, T]) and mask= (the loss mask [B, T]); the trainer passes them"

@@ -19,7 +19,10 @@ from typing import Any
 
 import torch
 
-from pvpo.trainer.algorithms.advantages import _check, group_stats, group_std, register_estimator
+from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std
+from pvpo.trainer.algorithms.spec import register_estimator
+from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
+from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
 
 def component_matrix(
@@ -77,7 +80,25 @@ def weight_vector(
     return torch.tensor(vals, dtype=like.dtype, device=like.device)
 
 
-@register_estimator("gdpo")
+class GDPOState(EstimatorState):
+    """Builds `components=` `[B, K]` from each trajectory's reward components, with the names,
+    weights, conditions and batch-norm flag of `algorithm.gdpo`."""
+
+    def __init__(self, context: EstimatorContext) -> None:
+        self.cfg = context.algorithm.gdpo
+
+    def kwargs(self, trajs: Sequence[Trajectory], batch: Batch) -> dict[str, Any]:
+        comps, names = component_matrix([t.reward_components for t in trajs], self.cfg.components)
+        return {
+            "components": comps,
+            "component_names": names,
+            "weights": self.cfg.weights,
+            "conditions": self.cfg.conditions,
+            "batch_norm": self.cfg.batch_norm,
+        }
+
+
+@register_estimator("gdpo", state=GDPOState)
 def gdpo(
     rewards: torch.Tensor,
     uids: Sequence[str],
@@ -98,7 +119,7 @@ def gdpo(
     `components`: `[B, K]`, one column per reward component (required: the trainer builds it
     from `Trajectory.reward_components`); `component_names` names the columns for `weights`
     given by name and for `conditions`."""
-    _check(rewards, uids)
+    check_rewards(rewards, uids)
     if components is None:
         raise ValueError("gdpo needs components= ([B, K] reward components); the trainer passes them, "
                          "a direct call must too")  # fmt: skip

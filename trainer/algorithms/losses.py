@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pvpo.registry import Registry
+from pvpo.trainer.algorithms.spec import AGGREGATION_MODES, check_aggregation
+
 # ---------------------------------------------------------------------------------------------
 # Aggregation
 
@@ -35,23 +38,17 @@ def _seq_mean_token_sum_norm(values: torch.Tensor, mask: torch.Tensor, norm_len:
     return ((values * mask).sum(dim=-1) / norm).mean()
 
 
-_AGGREGATORS: dict[str, Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]] = {
-    # all masked tokens of the batch weigh the same (DAPO, verl's default)
-    "token-mean": _token_mean,
-    # each sequence weighs the same (original GRPO); sequences without model tokens are skipped
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    # Dr.GRPO: per-sequence token sum over a constant length, mean over all B sequences, so
-    # neither length nor batch composition rescales a token's gradient
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
-}
-AGGREGATION_MODES: tuple[str, ...] = tuple(_AGGREGATORS)
+Aggregator = Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]
+AGGREGATORS: Registry[Aggregator] = Registry("loss aggregation")  # the modes of spec.AGGREGATION_MODES
+for _mode, _fn in zip(AGGREGATION_MODES, (_token_mean, _seq_mean_token_mean, _seq_mean_token_sum_norm), strict=True):
+    AGGREGATORS.register(_mode, _fn)
 
 
-def check_aggregation(mode: str) -> str:
-    """Return `mode` if known; ValueError listing the modes otherwise (config-load validation)."""
-    if mode not in _AGGREGATORS:
-        raise ValueError(f"unknown loss aggregation {mode!r}; known: {', '.join(AGGREGATION_MODES)}")
-    return mode
+def check_dual_clip(dual_clip: float | None) -> float | None:
+    """`dual_clip` if it is None (off) or > 1 (Ye et al. 2020's bound); ValueError otherwise."""
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or null: off), got {dual_clip}")
+    return dual_clip
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_len: int | None = None) -> torch.Tensor:
@@ -61,14 +58,12 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, *, norm_len: 
     - `seq-mean-token-mean`: mean over sequences (with >= 1 masked token) of each sequence's token mean.
     - `seq-mean-token-sum-norm`: each sequence's masked sum / `norm_len` (default T), mean over B.
     """
-    agg = _AGGREGATORS.get(mode)
-    if agg is None:
-        check_aggregation(mode)
+    agg = AGGREGATORS.get(check_aggregation(mode))
     if values.shape != mask.shape:
         raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} differ in shape")
     m = mask.to(values.dtype)
     # where() instead of a bare product: a NaN/inf at a masked position must not leak (0 * inf = nan)
-    return agg(torch.where(m > 0, values, torch.zeros_like(values)), m, norm_len)  # type: ignore[misc]
+    return agg(torch.where(m > 0, values, torch.zeros_like(values)), m, norm_len)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -104,8 +99,7 @@ def policy_loss(
     Returns `(loss, stats)`; stats over masked tokens: `clip_frac` (tokens whose clipped term is
     active), `dual_clip_frac`, `approx_kl` (k1 estimate of KL(old || new)), `ratio_mean`, `ratio_max`.
     """
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    check_dual_clip(dual_clip)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1).expand_as(logprobs)
     if not (logprobs.shape == old_logprobs.shape == advantages.shape == mask.shape):
@@ -167,16 +161,17 @@ def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
     return (torch.exp(x) - x - 1.0).clamp(-10.0, 10.0)
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+KL_ESTIMATORS: Registry[Callable[[torch.Tensor], torch.Tensor]] = Registry("KL estimator")
+KL_ESTIMATORS.register("k1", _k1)
+KL_ESTIMATORS.register("k2", _k2)
+KL_ESTIMATORS.register("k3", _k3)
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     """Per-token estimate `[B, T]` of KL(pi || pi_ref) from sampled-token log-probs (Schulman 2020):
     k1 = lp - ref, k2 = (lp - ref)^2 / 2, k3 = exp(ref - lp) - (ref - lp) - 1 (clamped as verl does).
     The reference log-probs are constants. Aggregate with the same mask and mode as the pg loss."""
-    fn = KL_ESTIMATORS.get(kind)
-    if fn is None:
-        raise ValueError(f"unknown KL estimator {kind!r}; known: {', '.join(KL_ESTIMATORS)}")
+    fn = KL_ESTIMATORS.get(kind)  # UnknownNameError (a ValueError) listing the estimators
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)} and ref {tuple(ref_logprobs.shape)} differ")
     return fn(logprobs - ref_logprobs.detach())
@@ -246,10 +241,8 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         check_aggregation(self.agg)
-        if self.kl_kind not in KL_ESTIMATORS:
-            raise ValueError(f"unknown KL estimator {self.kl_kind!r}; known: {', '.join(KL_ESTIMATORS)}")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
+        KL_ESTIMATORS.get(self.kl_kind)
+        check_dual_clip(self.dual_clip)
         if self.clip_low < 0 or self.clip_high < 0 or self.clip_low >= 1:
             raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low}, {self.clip_high}")
 

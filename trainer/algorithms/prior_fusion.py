@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from pvpo.trainer.algorithms.advantages import _check, group_stats, group_std, register_estimator
+from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def fused_baselines(
     rewards: torch.Tensor, uids: Sequence[str], prior: Mapping[str, float | None] | None
 ) -> tuple[torch.Tensor, dict[str, Fusion]]:
     """Per-sample fused baselines `[B]` and each prompt's `Fusion`."""
-    _check(rewards, uids)
+    check_rewards(rewards, uids)
     _, count, mean = group_stats(rewards, uids)
     var = group_std(rewards, uids) ** 2
     prior = prior or {}
@@ -88,38 +87,3 @@ def fusion_stats(per: Mapping[str, Fusion]) -> dict[str, float]:
     return {"v05/w_mean": sum(f.w for f in fs) / len(fs), "v05/prior_rejected_frac": sum(f.d2 > 0 for f in fs) / len(fs),
             "v05/baseline_mse": sum(f.mse for f in fs) / len(fs),
             "v05/zero_variance_frac": sum(f.noise == 0 for f in fs) / len(fs)}  # fmt: skip
-
-
-def _advantages(rewards: torch.Tensor, uids: Sequence[str], prior: Mapping[str, float | None] | None) -> torch.Tensor:
-    base, _ = fused_baselines(rewards, uids, prior)
-    return rewards - base
-
-
-@register_estimator("v05", needs_anchors=True)
-def v05(
-    rewards: torch.Tensor,
-    uids: Sequence[str],
-    *,
-    anchors: Mapping[str, float] | None = None,
-    eps: float = 1e-6,
-    prior: Mapping[str, float | None] | None = None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """V0.5 with the PVPO anchor as the prior: `r - (w* m + (1 - w*) V)` per prompt (module
-    docstring); `prior=` overrides the anchors."""
-    return _advantages(rewards, uids, prior if prior is not None else anchors)
-
-
-@register_estimator("v05_value")
-def v05_value(
-    rewards: torch.Tensor,
-    uids: Sequence[str],
-    *,
-    anchors: Mapping[str, float] | None = None,
-    eps: float = 1e-6,
-    prior: Mapping[str, float | None] | None = None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """V0.5 with a value model over prompt embeddings as the prior (`value_model.py`; the trainer
-    passes its predictions as `prior=`, None for a prompt it cannot predict yet)."""
-    return _advantages(rewards, uids, prior)

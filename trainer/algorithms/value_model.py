@@ -1,6 +1,6 @@
 """A value model over prompt embeddings: V0.5's prior without a generalist value model
 (arXiv:2603.10848 uses V0, a pretrained one; we have none offline, so the prior is learned on the
-run's own prompts as they are seen).
+run's own prompts as they are seen). The embeddings come from the trainer (`pvpo.trainer.model.embed`).
 
 Each trained prompt's mean reward is stored with its embedding (the packaged MiniLM by default);
 a prompt's value is the similarity-weighted mean over its `k` nearest stored prompts (`knn`), or a
@@ -12,21 +12,39 @@ None and V0.5 falls back to the group mean. The store is a JSON file in the run 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from pvpo.atomic import atomic_write_json
+from pvpo.registry import Registry
+
 Embed = Callable[[Sequence[str]], np.ndarray]
+Predictor = Callable[..., np.ndarray]  # (queries [Q, D], stored [N, D], values [N], k=, alpha=) -> [Q]
+
+PREDICTORS: Registry[Predictor] = Registry("value model")
 
 
-def minilm_embed(model: str | None = None) -> Embed:
-    """Unit-length prompt embeddings from the retriever's encoder (packaged MiniLM when None)."""
-    from pvpo.retriever.encoder import Encoder
+@PREDICTORS.register("knn")
+def knn_predict(q: np.ndarray, x: np.ndarray, y: np.ndarray, *, k: int, alpha: float) -> np.ndarray:
+    """Similarity-weighted mean value of the `k` most similar stored prompts (unit vectors:
+    cosine); dissimilar neighbours count least, never negatively."""
+    sims = q @ x.T
+    out = np.empty(len(q), dtype=np.float64)
+    for i, row in enumerate(sims):
+        top = np.argsort(-row)[:k]
+        wts = np.clip(row[top], 1e-6, None)
+        out[i] = float((wts * y[top]).sum() / wts.sum())
+    return out
 
-    enc = Encoder(model, device="cpu")
-    return lambda texts: np.asarray(enc.encode_queries(list(texts)), dtype=np.float32)
+
+@PREDICTORS.register("ridge")
+def ridge_predict(q: np.ndarray, x: np.ndarray, y: np.ndarray, *, k: int, alpha: float) -> np.ndarray:
+    """Ridge regression (L2 penalty `alpha`, with an intercept) on the embeddings, clipped to [0, 1]."""
+    xb = np.hstack([x, np.ones((len(x), 1), dtype=np.float32)]).astype(np.float64)
+    w = np.linalg.solve(xb.T @ xb + alpha * np.eye(xb.shape[1]), xb.T @ y)
+    return np.clip(np.hstack([q, np.ones((len(q), 1), dtype=np.float32)]) @ w, 0.0, 1.0)
 
 
 class PromptValueModel:
@@ -35,8 +53,7 @@ class PromptValueModel:
     def __init__(
         self, embed: Embed, *, kind: str = "knn", k: int = 8, alpha: float = 1.0, path: str | Path | None = None
     ) -> None:
-        if kind not in ("knn", "ridge"):
-            raise ValueError(f"unknown value model {kind!r}; known: knn, ridge")
+        self.predictor = PREDICTORS.get(kind)  # UnknownNameError (a ValueError) listing the kinds
         self.embed, self.kind, self.k, self.alpha = embed, kind, k, alpha
         self.path = Path(path) if path is not None else None
         self.vectors: dict[str, np.ndarray] = {}
@@ -62,18 +79,8 @@ class PromptValueModel:
             return dict.fromkeys(uids)
         x = np.stack([self.vectors[u] for u in known])
         y = np.asarray([self.values[u] for u in known], dtype=np.float64)
-        if self.kind == "ridge":
-            xb = np.hstack([x, np.ones((len(x), 1), dtype=np.float32)]).astype(np.float64)
-            w = np.linalg.solve(xb.T @ xb + self.alpha * np.eye(xb.shape[1]), xb.T @ y)
-            pred = np.hstack([q, np.ones((len(q), 1), dtype=np.float32)]) @ w
-            return {u: float(np.clip(p, 0.0, 1.0)) for u, p in zip(uids, pred, strict=True)}
-        sims = q @ x.T  # unit vectors: cosine
-        out: dict[str, float | None] = {}
-        for u, row in zip(uids, sims, strict=True):
-            top = np.argsort(-row)[: self.k]
-            wts = np.clip(row[top], 1e-6, None)  # dissimilar neighbours count least, never negatively
-            out[u] = float((wts * y[top]).sum() / wts.sum())
-        return out
+        pred = self.predictor(q, x, y, k=self.k, alpha=self.alpha)
+        return {u: float(p) for u, p in zip(uids, pred, strict=True)}
 
     def update(self, uids: Sequence[str], texts: Sequence[str], values: Sequence[float]) -> None:
         """Store each prompt's latest mean reward (replacing an older one) and save."""
@@ -86,6 +93,4 @@ class PromptValueModel:
         if self.path is None:
             return
         doc = {"entries": {u: [self.vectors[u].tolist(), v] for u, v in self.values.items()}}
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, doc)

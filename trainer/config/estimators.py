@@ -1,22 +1,20 @@
 """Config sections of the estimators beyond the group baselines: GDPO's reward components, V0.5's
 prior fusion and adaptive rollout budget, PPO's critic and GAE (issue 15).
 
-Kept apart from `config.py` (which nests them under `algorithm`) so the estimators' settings
-live with their owner; this module imports nothing of ours, so `config.py` can import it at load.
+Kept apart from `schema.py` (which nests them under `algorithm`) so the estimators' settings
+live together; like all of `config/`, it imports no runtime code.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from pvpo.trainer.config.section import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class GDPOCondition(_Section):
+class GDPOCondition(Section):
     """GDPO's conditioned reward (arXiv:2601.05242, Sec. 3.2): `component` counts only where the
     reward component `when` reaches `threshold` (e.g. a length reward only for correct answers).
     (Not `on`: YAML reads a bare `on` key as the boolean true.)"""
@@ -26,7 +24,7 @@ class GDPOCondition(_Section):
     threshold: float = 1.0
 
 
-class GDPOConfig(_Section):
+class GDPOConfig(Section):
     """GDPO (arXiv:2601.05242): each named reward component normalised in its group, weighted sum,
     then normalised over the batch. Components are the reward's own (`pvpo`: format, r_acc)."""
 
@@ -45,7 +43,7 @@ class GDPOConfig(_Section):
     )
 
 
-class PriorFusionConfig(_Section):
+class PriorFusionConfig(Section):
     """V0.5 (arXiv:2603.10848): baseline = w * group mean + (1 - w) * prior V, with the shrinkage
     weight w* = D^2 / (D^2 + s^2/k); rollouts added per prompt by one-step look-ahead on
     MSE(k) + c k, from `rollout.n` (k_init) up to `k_max`. The prior is the PVPO anchor
@@ -64,7 +62,7 @@ class PriorFusionConfig(_Section):
     )
 
 
-class CriticConfig(_Section):
+class CriticConfig(Section):
     """PPO's learned critic: a copy of the policy's backbone with a scalar value head."""
 
     lr: float = Field(1e-4, gt=0, description="the critic's AdamW learning rate")
@@ -77,7 +75,7 @@ class CriticConfig(_Section):
     )
 
 
-class PPOConfig(_Section):
+class PPOConfig(Section):
     """PPO with GAE (Schulman et al. 2016, arXiv:1506.02438) over the model tokens of multi-turn
     trajectories; the outcome reward sits on each trajectory's last model token."""
 

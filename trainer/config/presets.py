@@ -40,7 +40,7 @@ def resolve_config(config: str | Path) -> Path:
     path = Path(config)
     if path.is_file():
         return path
-    if path.parent == Path(".") and (path.suffix in ("", ".yaml")):
+    if path.parent == Path("."):  # a bare name (which may hold dots: search_r1_..._qwen2.5_3b)
         try:
             return preset_path(path.name)
         except FileNotFoundError:

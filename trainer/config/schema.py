@@ -1,8 +1,9 @@
 """Typed training configuration: YAML file + `key.sub=value` command-line overrides.
 
 Every section forbids unknown keys, so a typo fails at load with a message naming the key; names
-that select a pluggable part (estimator, reward, engine, protocol) are checked against their
-registries at load too.
+that select a pluggable part (estimator, reward, engine, protocol, GT source) are checked against
+their registries' names at load too, without importing the parts: loading a preset imports no
+torch (the registries live in light modules, `Registry.check` imports nothing).
 """
 
 from __future__ import annotations
@@ -11,23 +12,31 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from pvpo.trainer.algorithms.spec import ESTIMATORS, check_aggregation
 from pvpo.trainer.config.estimators import GDPOConfig, PPOConfig, PriorFusionConfig
+from pvpo.trainer.config.section import Section
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+ATTN_CHOICES = ("sdpa", "eager", "flash_attention_2")
 
 
-def _registered(lookup: Any, name: str) -> str:
-    """`name` if `lookup(name)` knows it; otherwise the registry's UnknownNameError (a ValueError
-    listing the known names), which pydantic reports against the key."""
-    lookup(name)
+def check_device_name(name: str) -> str:
+    """`auto`, `cpu`, `cuda` or `cuda:N`; anything else raises ValueError listing the choices."""
+    if name in DEVICE_CHOICES or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise ValueError(f"unknown device {name!r}; choose one of {list(DEVICE_CHOICES)} or cuda:N")
+
+
+def check_attn_implementation(name: str) -> str:
+    """One of `ATTN_CHOICES`; ValueError listing them otherwise."""
+    if name not in ATTN_CHOICES:
+        raise ValueError(f"unknown attn_implementation {name!r}; choose one of {list(ATTN_CHOICES)}")
     return name
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class TinyModelConfig(_Section):
+class TinyModelConfig(Section):
     """A small Qwen2 policy built from scratch (used when `model.path` is null)."""
 
     hidden_size: int = Field(96, ge=8, description="width of the tiny Qwen2 policy")
@@ -47,7 +56,7 @@ class TinyModelConfig(_Section):
         return self
 
 
-class LoRAConfig(_Section):
+class LoRAConfig(Section):
     """Low-rank adapters via peft (Hu et al. 2021, arXiv:2106.09685) instead of full fine-tuning:
     only the adapters train; checkpoints hold the merged weights (`policy/`, loadable by vLLM and
     transformers) and the adapter (`adapter/`)."""
@@ -62,7 +71,7 @@ class LoRAConfig(_Section):
     )
 
 
-class ModelConfig(_Section):
+class ModelConfig(Section):
     path: str | None = Field(
         None, description="a Hugging Face causal LM (local dir or hub id); null = build the tiny policy"
     )
@@ -89,19 +98,15 @@ class ModelConfig(_Section):
     @field_validator("device")
     @classmethod
     def _known_device(cls, v: str) -> str:
-        from pvpo.trainer.model.device import check_device_name
-
         return check_device_name(v)
 
     @field_validator("attn_implementation")
     @classmethod
     def _known_attn(cls, v: str) -> str:
-        from pvpo.trainer.model.device import check_attn_implementation
-
         return check_attn_implementation(v)
 
 
-class SyntheticConfig(_Section):
+class SyntheticConfig(Section):
     """Parameters of `pvpo.envs.synthetic.SyntheticWorld.generate`."""
 
     seed: int = Field(0, description="seed of the generated world")
@@ -114,7 +119,7 @@ class SyntheticConfig(_Section):
     )
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     source: str = Field("synthetic", description="synthetic, or a QA file readable by pvpo.envs.loaders.load_dataset")
     synthetic: SyntheticConfig = SyntheticConfig()
     eval_source: str | None = Field(None, description="a QA file for evaluation when `source` is a file")
@@ -138,7 +143,7 @@ class DataConfig(_Section):
     )
 
 
-class RetrieverConfig(_Section):
+class RetrieverConfig(Section):
     url: str | list[str] | None = Field(
         None,
         description="an existing /retrieve server, or a list of replicas (the client round-robins over them, e.g. one per node of a multi-node run); null = index the corpus and serve it on loopback",
@@ -175,7 +180,7 @@ class RetrieverConfig(_Section):
         return None if v is None else check_backend(v)
 
 
-class EnvConfig(_Section):
+class EnvConfig(Section):
     protocol: str = Field("search_r1", description="tag protocol: search_r1 | research (pvpo.reward)")
     max_obs_chars: int = Field(400, ge=16, description="character budget of one search result's passages")
     prompt_template: str = Field(
@@ -185,19 +190,20 @@ class EnvConfig(_Section):
     @field_validator("prompt_template")
     @classmethod
     def _known_template(cls, v: str) -> str:
-        from pvpo.envs.templates import get_template
+        from pvpo.envs.templates import TEMPLATES
 
-        return _registered(get_template, v)
+        return TEMPLATES.check(v)
 
     @field_validator("protocol")
     @classmethod
     def _known_protocol(cls, v: str) -> str:
         from pvpo.reward import get_protocol
 
-        return _registered(get_protocol, v)
+        get_protocol(v)  # pvpo.reward is pure text: nothing heavy to import
+        return v
 
 
-class VLLMConfig(_Section):
+class VLLMConfig(Section):
     """Options of the vLLM engine (`rollout.engine: vllm`), passed to `VLLMEngine`; null = its default."""
 
     dtype: str = Field("auto", description="auto = the policy's dtype")
@@ -218,7 +224,7 @@ class VLLMConfig(_Section):
     llm_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM unchanged")
 
 
-class ImportanceCorrectionConfig(_Section):
+class ImportanceCorrectionConfig(Section):
     """Truncated importance sampling for sampler/trainer log-prob mismatch (TRL, verl): when
     enabled, the PPO ratio's denominator is the trainer's log-prob of each sampled token and the
     per-token loss is weighted by `min(exp(lp_train - lp_sampler), cap)`."""
@@ -229,7 +235,7 @@ class ImportanceCorrectionConfig(_Section):
     cap: float = Field(2.0, ge=1, description="the weight's upper bound")
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     engine: str = Field("hf", description="rollout engine: hf | vllm")
     vllm: VLLMConfig = VLLMConfig()
     importance_correction: ImportanceCorrectionConfig = ImportanceCorrectionConfig()
@@ -244,15 +250,9 @@ class RolloutConfig(_Section):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        from pvpo.trainer.rollout.engine import ENGINES
+        from pvpo.trainer.rollout.engine import check_engine
 
-        check = getattr(ENGINES.get(v), "check_available", None)  # e.g. vllm: is the package installed
-        if check is not None:
-            try:
-                check()
-            except ImportError as e:
-                raise ValueError(str(e)) from None
-        return v
+        return check_engine(v)  # a known engine whose package (e.g. vllm) is installed
 
     @field_validator("top_p")
     @classmethod
@@ -273,7 +273,7 @@ class RolloutConfig(_Section):
         return section.model_dump() if isinstance(section, BaseModel) else {}
 
 
-class AnchorConfig(_Section):
+class AnchorConfig(Section):
     num_rollouts: int = Field(4, ge=1, description="M: reference rollouts per training prompt")
     refresh_every: int = Field(0, ge=0, description="recompute the anchor every this many steps; 0 = never")
     refresh_from: Literal["reference", "current"] = Field(
@@ -284,7 +284,7 @@ class AnchorConfig(_Section):
     )
 
 
-class GroupSamplingConfig(_Section):
+class GroupSamplingConfig(Section):
     """PVPO's Group Sampling (arXiv:2508.21104, Sec. 3.3): from the anchor's M reference rollouts,
     prompts the reference always solves leave the training pool, prompts it never solves get a
     ground-truth trajectory injected into their groups. Recomputed at every anchor refresh."""
@@ -302,7 +302,7 @@ class GroupSamplingConfig(_Section):
         return self
 
 
-class GTModelConfig(_Section):
+class GTModelConfig(Section):
     """The `model` GT source: PVPO's larger model. A local HF path runs through our engines
     (token-exact; its tokenizer must be the policy's), or an OpenAI-compatible chat endpoint."""
 
@@ -323,7 +323,7 @@ class GTModelConfig(_Section):
         return self
 
 
-class GTConfig(_Section):
+class GTConfig(Section):
     """Ground-truth trajectories for the prompts the reference never solves (Group Sampling)."""
 
     source: str = Field("oracle", description="where GT trajectories come from: oracle | model")
@@ -345,21 +345,19 @@ class GTConfig(_Section):
     @field_validator("source")
     @classmethod
     def _known_source(cls, v: str) -> str:
-        from pvpo.trainer.reference.gt import GT_SOURCES
+        from pvpo.trainer.reference.sources import GT_SOURCES
 
-        return _registered(GT_SOURCES.get, v)
+        return GT_SOURCES.check(v)
 
 
-class AlgorithmConfig(_Section):
-    estimator: str = Field(
-        "pvpo", description="advantage estimator by name: grpo | dr_grpo | rloo | pvpo | gdpo | v05 | v05_value | ppo"
-    )
+class AlgorithmConfig(Section):
+    estimator: str = Field("pvpo", description=f"advantage estimator by name: {' | '.join(ESTIMATORS.names())}")
     reward: str = Field("pvpo", description="reward by name (pvpo.reward): pvpo | em | search_r1_format | research_f1")
     reward_params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward")
     anchor: AnchorConfig = AnchorConfig()
     group_sampling: GroupSamplingConfig = GroupSamplingConfig()
     gt: GTConfig = GTConfig()
-    # settings of the gdpo / v05, v05_value / ppo estimators (trainer/estimator_config.py)
+    # settings of the gdpo / v05, v05_value / ppo estimators (config/estimators.py)
     gdpo: GDPOConfig = GDPOConfig()
     prior_fusion: PriorFusionConfig = PriorFusionConfig()
     ppo: PPOConfig = PPOConfig()
@@ -377,27 +375,18 @@ class AlgorithmConfig(_Section):
     @field_validator("estimator")
     @classmethod
     def _known_estimator(cls, v: str) -> str:
-        from pvpo.trainer.algorithms.advantages import get_estimator
-
-        return _registered(get_estimator, v)
+        return ESTIMATORS.check(v)
 
     @field_validator("reward")
     @classmethod
     def _known_reward(cls, v: str) -> str:
         from pvpo.reward import get_reward
 
-        return _registered(get_reward, v)
-
-    @property
-    def uses_anchor(self) -> bool:
-        """Whether the run computes reference anchors: the estimator needs them, or Group
-        Sampling reads the reference accuracy from them."""
-        from pvpo.trainer.algorithms.advantages import get_estimator
-
-        return bool(getattr(get_estimator(self.estimator), "needs_anchors", False)) or self.group_sampling.enabled
+        get_reward(v)
+        return v
 
 
-class OptimConfig(_Section):
+class OptimConfig(Section):
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     epochs: int = Field(1, ge=1, description="PPO epochs over one rollout batch")
@@ -429,14 +418,10 @@ class OptimConfig(_Section):
     @field_validator("loss_agg")
     @classmethod
     def _known_agg(cls, v: str | None) -> str | None:
-        from pvpo.trainer.algorithms.losses import AGGREGATION_MODES
-
-        if v is not None and v not in AGGREGATION_MODES:
-            raise ValueError(f"unknown loss aggregation {v!r}; known: {sorted(AGGREGATION_MODES)}")
-        return v
+        return None if v is None else check_aggregation(v)
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     steps: int = Field(2, ge=1, description="training steps")
     seed: int = Field(0, description="seed of sampling, data order and initialisation")
     checkpoint_every: int = Field(1, ge=0, description="checkpoint every this many steps; 0 = only at the end")
@@ -455,7 +440,7 @@ class RunConfig(_Section):
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     retriever: RetrieverConfig = RetrieverConfig()

@@ -23,22 +23,9 @@ from typing import Any
 
 import torch
 
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
-ATTN_CHOICES = ("sdpa", "eager", "flash_attention_2")
+from pvpo.trainer.config.schema import check_attn_implementation, check_device_name
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def check_device_name(name: str) -> str:
-    """`auto`, `cpu`, `cuda` or `cuda:N`; anything else raises ValueError listing the choices."""
-    if name in DEVICE_CHOICES or (name.startswith("cuda:") and name[5:].isdigit()):
-        return name
-    raise ValueError(f"unknown device {name!r}; choose one of {list(DEVICE_CHOICES)} or cuda:N")
-
-
-def check_attn_implementation(name: str) -> str:
-    if name not in ATTN_CHOICES:
-        raise ValueError(f"unknown attn_implementation {name!r}; choose one of {list(ATTN_CHOICES)}")
-    return name
 
 
 def resolve_device(name: str = "auto") -> torch.device:

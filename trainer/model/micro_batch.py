@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pvpo.trainer.algorithms.spec import check_aggregation
 from pvpo.trainer.parallel.distributed import all_reduce_max, all_reduce_sum, world_size
 from pvpo.trainer.rollout.trajectory import Batch
 
@@ -113,15 +114,11 @@ def trim_columns(batch: Batch) -> tuple[Batch, int]:
 
 def loss_units(loss_mask: torch.Tensor, agg: str) -> float:
     """How much a set of rows weighs in aggregation mode `agg` (see the module docstring)."""
-    if agg == "token-mean":
+    if check_aggregation(agg) == "token-mean":
         return float(loss_mask.sum())
     if agg == "seq-mean-token-mean":
         return float((loss_mask.sum(-1) > 0).sum())
-    if agg == "seq-mean-token-sum-norm":
-        return float(loss_mask.shape[0])
-    raise ValueError(
-        f"unknown loss aggregation {agg!r}; known: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"
-    )
+    return float(loss_mask.shape[0])  # seq-mean-token-sum-norm: every row, over a constant length
 
 
 @dataclass

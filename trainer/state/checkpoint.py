@@ -12,19 +12,21 @@ pickled global is needed), and `latest` must name a `step_NNNNNN` directory dire
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
 import random
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from pvpo.atomic import atomic_write_dir, atomic_write_text
+from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -33,29 +35,6 @@ _STEP_DIR = re.compile(r"step_[0-9]{6,}")
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be trusted or read; the message names the file and the value."""
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` on an empty `<path>.tmp` directory, then rename it to `path` (replacing
-    it), so `path` is either absent, the old one, or complete; never half written."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    write(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-    return path
 
 
 def rng_state() -> dict[str, Any]:
@@ -80,7 +59,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.random.set_rng_state(state["torch"])
 
 
+# a checkpoint's layout: step_NNNNNN/{policy/, trainer_state.pt, run_state/}, and checkpoints/latest
+POLICY_DIR = "policy"  # weights + tokenizer, loadable by transformers and vLLM
+TRAINER_STATE = "trainer_state.pt"  # optimizer, RNG, step, extra
 STATE_FILES_DIR = "run_state"  # copies of the run's state files (anchor, GT cache, ...) at the checkpoint's step
+LATEST = "latest"
 
 
 def save_checkpoint(
@@ -96,21 +79,21 @@ def save_checkpoint(
 ) -> Path:
     """Save the state after `step` optimizer steps; keep the newest `keep` checkpoints. Each of
     `state_files` that exists is copied in (`restore_state_files` puts them back on resume)."""
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     root.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp / "policy")
-        tokenizer.save_pretrained(tmp / "policy")
+        model.save_pretrained(tmp / POLICY_DIR)
+        tokenizer.save_pretrained(tmp / POLICY_DIR)
         for f in map(Path, state_files):
             if f.exists():
                 (tmp / STATE_FILES_DIR).mkdir(exist_ok=True)
                 shutil.copy2(f, tmp / STATE_FILES_DIR / f.name)
         state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": step, "extra": extra or {}}
-        torch.save(state, tmp / "trainer_state.pt")
+        torch.save(state, tmp / TRAINER_STATE)
 
     final = atomic_write_dir(root / f"step_{step:06d}", write)
-    atomic_write_text(root / "latest", final.name)
+    atomic_write_text(root / LATEST, final.name)
     old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
     for p in old[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
@@ -136,8 +119,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
     Raises CheckpointError when `latest` names anything but a `step_NNNNNN` directory directly
     under `checkpoints/` (after resolving symlinks)."""
-    root = Path(run_dir) / "checkpoints"
-    marker = root / "latest"
+    root = RunDir(run_dir).checkpoints
+    marker = root / LATEST
     if not marker.exists():
         return None
     name = marker.read_text().strip()
@@ -146,7 +129,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
         raise CheckpointError(
             f"{marker} names {name!r}: expected a step_NNNNNN directory inside {root}, refusing to load it"
         )
-    return path if (path / "trainer_state.pt").exists() else None
+    return path if (path / TRAINER_STATE).exists() else None
 
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
@@ -154,7 +137,7 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
 
     Read with `weights_only=True`: tensors, numbers, strings and containers only, so a tampered
     file cannot run code; anything else is a CheckpointError naming the file."""
-    path = Path(ckpt) / "trainer_state.pt"
+    path = Path(ckpt) / TRAINER_STATE
     try:
         with torch.serialization.safe_globals(_numpy_array_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -178,26 +161,5 @@ def load_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
     """Load a checkpoint's policy weights into `model` in place."""
     from transformers import AutoModelForCausalLM
 
-    saved = AutoModelForCausalLM.from_pretrained(str(Path(ckpt) / "policy"), dtype=next(model.parameters()).dtype)
+    saved = AutoModelForCausalLM.from_pretrained(str(Path(ckpt) / POLICY_DIR), dtype=next(model.parameters()).dtype)
     model.load_state_dict(saved.state_dict())
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines file ([] when absent). A torn last line (a crash mid-append) is
-    dropped with a warning; an unreadable line before the last is a ValueError naming it."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    rows = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:
-                log.warning("%s: dropping a torn last line (%d chars): %s", path, len(line), e)
-                break
-            raise ValueError(f"{path}:{i + 1}: not JSON ({e}); only a torn last line is dropped") from None
-    return rows

@@ -8,14 +8,13 @@ disk before that checkpoint is written.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pvpo.trainer.state.checkpoint import atomic_write_text, read_jsonl
+from pvpo.atomic import append_jsonl, atomic_write_jsonl, read_jsonl
+from pvpo.trainer.state.run_dir import RunDir
 
 
 def _clean(v: Any) -> Any:
@@ -28,21 +27,20 @@ class MetricsLogger:
     """Appends `{"step": s, **metrics}` lines; optional TensorBoard scalars under `<run>/tb`."""
 
     def __init__(self, run_dir: str | Path, *, resume_step: int = 0, tensorboard: bool = True) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir(run_dir).metrics
         kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
-        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        atomic_write_jsonl(self.path, kept)
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1 if resume_step else None)
+            self._tb = SummaryWriter(
+                str(RunDir(run_dir).tensorboard), purge_step=resume_step + 1 if resume_step else None
+            )
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         row = {"step": step, **{k: _clean(float(v)) for k, v in metrics.items()}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())  # one small fsync a step (a step takes seconds); a checkpoint never outruns its log
+        append_jsonl(self.path, [row])  # fsynced: a checkpoint never outruns its log
         if self._tb is not None:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, float(v), step)

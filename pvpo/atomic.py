@@ -1,0 +1,106 @@
+"""Crash-safe files: atomic replacement (a reader sees the old file or the new one, never half of
+one), fsynced JSON-lines appends, and a JSON-lines reader that survives a write torn by a crash.
+
+Every component writes its state through these (run dirs, checkpoints, anchors, GT caches, value
+models, evaluation predictions and metrics), so "nothing lost on a crash" is argued once, here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` through a temporary file in the same folder, fsynced, then
+    renamed over `path`. A crash leaves the old file or the new one; the temporary file is removed
+    on failure."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, data: Any, *, indent: int | None = None, sort_keys: bool = False) -> Path:
+    """`data` as JSON (non-ASCII kept as is), written atomically (`atomic_write_text`)."""
+    text = json.dumps(data, indent=indent, sort_keys=sort_keys, ensure_ascii=False)
+    return atomic_write_text(path, text + ("\n" if indent is not None else ""))
+
+
+def atomic_write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """One JSON object per line, written atomically (a rewrite of a whole JSON-lines file)."""
+    return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on an empty `<path>.tmp` folder, then rename it to `path` (replacing it),
+    so `path` is absent, the old folder, or complete: never half written."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def append_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append `rows` to a JSON-lines file in one write, flushed and fsynced: a kill leaves whole
+    appends or one torn last line (which `read_jsonl` drops). One small fsync per call: callers
+    append a step or a batch at a time, which takes seconds."""
+    blob = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (`[]` when it does not exist).
+
+    A torn last line (no newline, or not JSON: a crash mid-append) is dropped with a warning, and
+    with `repair` cut off the file, so the next append starts on a clean line. A line that is not
+    JSON before the last is damage a crash cannot cause: a ValueError naming the file and line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    rows: list[dict[str, Any]] = []
+    good = 0
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        try:
+            if not line.endswith(b"\n"):
+                raise ValueError("no newline at the end")
+            if line.strip():
+                rows.append(json.loads(line))
+        except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if not last:
+                raise ValueError(
+                    f"{path}:{i + 1}: not a JSON line ({e}); only a torn last line is dropped. Fix or remove that line"
+                ) from None
+            log.warning("%s: dropping a torn last line (%d bytes): %s", path, len(line), e)
+            break
+        good += len(line)
+    if repair and good < len(data):
+        with path.open("r+b") as f:
+            f.truncate(good)
+    return rows

@@ -1,0 +1,35 @@
+"""Means and standard errors of per-question scores, the one definition every report uses
+(held-out evaluation during training, `pvpo eval`, the demo's learning check, the benchmarks).
+
+The standard error of a mean of n scores is the sample standard deviation (n - 1) over sqrt(n);
+for 0/1 scores (EM) that is sqrt(p (1 - p) / (n - 1)). A paired comparison of two evaluations on
+the same questions uses the per-question differences, whose standard error is much smaller than
+the unpaired sqrt(se_a^2 + se_b^2) when the two runs agree on most questions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def mean(values: Sequence[float]) -> float:
+    """The mean of `values`; NaN for none (an average of nothing is not 0)."""
+    return sum(values) / len(values) if values else float("nan")
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """The standard error of the mean of `values` (module docstring); 0 for fewer than two."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    m = sum(values) / n
+    return math.sqrt(sum((x - m) ** 2 for x in values) / (n - 1) / n)
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """(mean of after_i - before_i, its standard error) over the same questions in the same order."""
+    if len(before) != len(after):
+        raise ValueError(f"a paired comparison needs the same questions: {len(before)} vs {len(after)} scores")
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    return (sum(d) / len(d) if d else 0.0), standard_error(d)

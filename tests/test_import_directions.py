@@ -1,0 +1,115 @@
+"""The house's import directions, checked on the source (every `import`, at module level or inside
+a function) and, for the config, on what loading a preset actually imports:
+
+    reward  <-  envs  <-  trainer.rollout  <-  trainer ;  trainer.rollout  <-  evaluation
+    retriever.client  <-  envs
+
+`reward` imports nothing of ours; `retriever` never imports envs, trainer or evaluation; `envs`
+never imports trainer or evaluation; `trainer` never imports evaluation; `trainer.config` imports
+no runtime code; `trainer.algorithms` imports nothing of the trainer but `rollout.trajectory`.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What any component may use from the namespace root: the registry type, progress, user errors,
+# crash-safe files and the statistics helpers (pvpo/*.py, none of which imports a component).
+ROOT_UTILITIES = {"pvpo", "pvpo.registry", "pvpo.progress", "pvpo.user_errors", "pvpo.atomic", "pvpo.stats",
+                  "pvpo.lazy_exports"}  # fmt: skip
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["pvpo", *parts])
+
+
+def _imports(path: Path) -> set[str]:
+    """Every `pvpo...` module `path` imports (a `from pvpo.x import y` counts as pvpo.x and, when
+    y is a sub-module, pvpo.x.y)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("pvpo")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pvpo") and node.level == 0:
+            out.add(node.module)
+            for a in node.names:
+                candidate = REPO / Path(*node.module.split(".")[1:], a.name)
+                if candidate.with_suffix(".py").exists() or (candidate / "__init__.py").exists():
+                    out.add(f"{node.module}.{a.name}")
+    return out
+
+
+def _sources(component: str) -> list[Path]:
+    return sorted((REPO / component).rglob("*.py"))
+
+
+def _violations(component: str, allowed: tuple[str, ...]) -> list[str]:
+    """`module imports target` for each import of `component`'s files outside `allowed` prefixes
+    (a prefix allows itself and its sub-modules) and the root utilities."""
+    bad = []
+    for path in _sources(component):
+        for target in sorted(_imports(path)):
+            if target in ROOT_UTILITIES:
+                continue
+            if not any(target == a or target.startswith(a + ".") for a in allowed):
+                bad.append(f"{_module_name(path)} imports {target}")
+    return bad
+
+
+def test_reward_imports_nothing_of_ours() -> None:
+    assert _violations("reward", ("pvpo.reward",)) == []
+
+
+def test_retriever_never_imports_envs_trainer_or_evaluation() -> None:
+    assert _violations("retriever", ("pvpo.retriever",)) == []
+
+
+def test_envs_import_only_reward_and_the_retriever() -> None:
+    assert _violations("envs", ("pvpo.envs", "pvpo.reward", "pvpo.retriever")) == []
+
+
+def test_the_trainer_never_imports_evaluation() -> None:
+    bad = [v for path in _sources("trainer") for v in _imports(path) if v.startswith("pvpo.evaluation")]
+    assert bad == []
+
+
+def test_evaluation_reaches_the_trainer_through_rollout_and_the_model_loader_only() -> None:
+    allowed = ("pvpo.evaluation", "pvpo.envs", "pvpo.reward", "pvpo.retriever", "pvpo.trainer.rollout",
+               "pvpo.trainer.model.policy")  # fmt: skip
+    assert _violations("evaluation", allowed) == []
+
+
+def test_algorithms_import_nothing_of_the_trainer_but_the_trajectory() -> None:
+    assert _violations("trainer/algorithms", ("pvpo.trainer.algorithms", "pvpo.trainer.rollout.trajectory")) == []
+
+
+def test_config_imports_only_registries_and_pure_checks() -> None:
+    # the name lists it validates against live in light modules: no estimator, engine or GT source
+    # module is imported to check a name, and no torch (see the next test for what loads at run time)
+    allowed = ("pvpo.trainer.config", "pvpo.reward", "pvpo.envs.templates", "pvpo.retriever.encoder",
+               "pvpo.trainer.algorithms.spec", "pvpo.trainer.rollout.engine", "pvpo.trainer.reference.sources")  # fmt: skip
+    assert _violations("trainer/config", allowed) == []
+
+
+@pytest.mark.parametrize("preset", ["demo", "smoke", "search_r1_nq_hotpotqa_qwen2.5_3b"])
+def test_loading_and_showing_a_preset_imports_no_torch(preset: str) -> None:
+    code = (
+        "import sys; from pvpo.trainer.config import load_config; "
+        "from pvpo.trainer.config.presets import resolve_config; "
+        f"cfg = load_config(resolve_config({preset!r}), ['rollout.engine=hf']); cfg.model_dump(mode='json'); "
+        "heavy = ('torch', 'transformers', 'faiss', 'sentence_transformers', 'vllm', 'peft'); "
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stderr

@@ -1,0 +1,93 @@
+"""The group-baseline estimators and PVPO's static anchor: GRPO, Dr.GRPO, RLOO, PVPO (signature
+in `spec.py`). A group of size 1 has no baseline to compare with and gets advantage 0, except
+under PVPO, whose baseline is the reference anchor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std
+from pvpo.trainer.algorithms.spec import register_estimator
+
+
+@register_estimator("grpo")
+def grpo(
+    rewards: torch.Tensor,
+    uids: Sequence[str],
+    *,
+    anchors: Mapping[str, float] | None = None,
+    eps: float = 1e-6,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """GRPO: `(r - mean_group) / (std_group + eps)` with the unbiased (n-1) group std, like
+    `torch.std` in TRL and verl. A group of size 1 (no baseline to compare with) gets 0."""
+    _, count, mean = group_stats(rewards, uids)
+    adv = (rewards - mean) / (group_std(rewards, uids) + eps)
+    return torch.where(count > 1, adv, torch.zeros_like(adv))
+
+
+# Dr.GRPO's loss divides each sequence's token sum by one constant (the generation budget), so
+# neither a response's length nor the batch's longest response rescales a token's gradient.
+@register_estimator("dr_grpo", loss_agg="seq-mean-token-sum-norm")
+def dr_grpo(
+    rewards: torch.Tensor,
+    uids: Sequence[str],
+    *,
+    anchors: Mapping[str, float] | None = None,
+    eps: float = 1e-6,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """Dr.GRPO (Liu et al. 2025): `r - mean_group`, no std normalisation (a size-1 group gets 0)."""
+    _, _, mean = group_stats(rewards, uids)
+    return rewards - mean
+
+
+@register_estimator("rloo")
+def rloo(
+    rewards: torch.Tensor,
+    uids: Sequence[str],
+    *,
+    anchors: Mapping[str, float] | None = None,
+    eps: float = 1e-6,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): `r - mean(other members of the group)`; size-1 group -> 0."""
+    total, count, _ = group_stats(rewards, uids)
+    loo_mean = (total - rewards) / (count - 1).clamp(min=1)
+    adv = rewards - loo_mean
+    return torch.where(count > 1, adv, torch.zeros_like(adv))
+
+
+@register_estimator("pvpo", needs_anchors=True)
+def pvpo(
+    rewards: torch.Tensor,
+    uids: Sequence[str],
+    *,
+    anchors: Mapping[str, float] | None = None,
+    eps: float = 1e-6,
+    missing: Literal["error", "group_mean"] = "error",
+    **kwargs: Any,
+) -> torch.Tensor:
+    """PVPO (Feng et al. 2025): `r - anchors[uid]`, where the anchor is the mean reward of M
+    reference-policy rollouts of the same prompt (a static value estimate); no std normalisation.
+
+    `missing="error"` (default) raises KeyError naming the uids without an anchor;
+    `missing="group_mean"` falls back to Dr.GRPO's in-batch group mean for those uids."""
+    check_rewards(rewards, uids)
+    if missing not in ("error", "group_mean"):
+        raise ValueError(f"missing must be 'error' or 'group_mean', got {missing!r}")
+    anchors = anchors if anchors is not None else {}
+    absent = sorted({u for u in uids if u not in anchors})
+    if absent and missing == "error":
+        shown = ", ".join(absent[:10]) + (f" ... ({len(absent)} in all)" if len(absent) > 10 else "")
+        raise KeyError(f"pvpo: no reference anchor for uid(s): {shown}")
+    if absent:
+        _, _, fallback = group_stats(rewards, uids)
+        base = [anchors[u] if u in anchors else float(fallback[i]) for i, u in enumerate(uids)]
+    else:
+        base = [anchors[u] for u in uids]
+    baseline = torch.tensor(base, dtype=rewards.dtype, device=rewards.device)
+    return rewards - baseline.view(-1, *([1] * (rewards.dim() - 1)))

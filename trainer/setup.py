@@ -1,0 +1,366 @@
+"""What a run builds before its first step: questions, a corpus, a retriever, the episode rules,
+the policy (placed, warm-started, with LoRA, sharded), the frozen reference, the rollout engine,
+the optimizer, and the estimator's own state; and what a resume restores.
+
+The synthetic world is generated from the config; a real dataset comes from a file readable by
+`pvpo.envs.loaders`. With no `retriever.url`, the corpus is indexed under the run directory (once;
+a resumed run reuses the index) and served on loopback for the life of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pvpo.atomic import atomic_write_dir, atomic_write_json
+from pvpo.envs.data import QAExample
+from pvpo.envs.episode import EpisodeConfig
+from pvpo.retriever.types import Searcher
+from pvpo.trainer.algorithms.spec import EstimatorSpec, available_estimators, get_spec
+from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
+from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.model.device import PhaseMemory, Placement, place_policy_model, place_reference_model, placement
+from pvpo.trainer.model.policy import Policy
+from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.rollout.agent_loop import LoopConfig
+from pvpo.trainer.rollout.engine import RolloutEngine, build_engine
+from pvpo.trainer.state.run_dir import RunDir
+
+# ---- data and the retriever ----------------------------------------------------------------
+
+
+@dataclass
+class Data:
+    train: list[QAExample]
+    eval: list[QAExample]
+    corpus_path: Path | None
+    texts: list[str] = field(default_factory=list)  # what a local tokenizer is trained on
+    world: Any = None  # the SyntheticWorld, when the data is synthetic (oracle trajectories)
+    warm_start: list[QAExample] = field(default_factory=list)  # oracle SFT questions (synthetic only)
+
+
+def episode_config(cfg: TrainConfig) -> EpisodeConfig:
+    """The environment's rules for this run."""
+    return EpisodeConfig(
+        protocol=cfg.env.protocol,
+        reward=cfg.algorithm.reward,
+        reward_params=dict(cfg.algorithm.reward_params),
+        max_turns=cfg.rollout.max_turns,
+        topk=cfg.retriever.topk,
+        max_obs_chars=cfg.env.max_obs_chars,
+        prompt_template=cfg.env.prompt_template,
+    )
+
+
+def loop_config(cfg: TrainConfig, temperature: float | None = None) -> LoopConfig:
+    """The agent loop's limits for this run's rollouts, at `temperature` (default the rollouts')."""
+    r = cfg.rollout
+    return LoopConfig(
+        temperature=r.temperature if temperature is None else temperature,
+        top_p=r.top_p,
+        max_turns=r.max_turns,
+        max_new_tokens=r.max_new_tokens,
+        max_response_tokens=r.max_response_tokens,
+        chat_template=cfg.model.chat_template,
+    )
+
+
+def disjoint_splits(
+    train: Sequence[QAExample],
+    *,
+    n_rl: int | None,
+    n_sft: int | None,
+    max_sft_hops: int | None = None,
+    shuffle_seed: int | None = None,
+) -> tuple[list[QAExample], list[QAExample]]:
+    """(RL prompts, warm-start questions) from one train split, sharing no question.
+
+    The split is shuffled with `shuffle_seed` (kept in order when None); the first `n_rl` are the
+    RL prompts (all when None); the warm-start questions are the next `n_sft` of the rest with at
+    most `max_sft_hops` hops (`metadata["hops"]`). With `n_sft` None there is no separate set and
+    the warm start reuses the RL prompts."""
+    items = list(train)
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(items)
+    rl = items[:n_rl] if n_rl else items
+    if n_sft is None:
+        return rl, list(rl)
+    rest = [ex for ex in items[len(rl) :] if max_sft_hops is None or ex.metadata.get("hops", 1) <= max_sft_hops]
+    if len(rest) < n_sft:
+        raise ValueError(
+            f"asked for {n_sft} warm-start questions disjoint from {len(rl)} RL prompts, only {len(rest)} left"
+        )
+    return rl, rest[:n_sft]
+
+
+def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
+    """Train / eval questions, warm-start questions and the corpus to index (written under
+    `run_dir` when synthetic). Splits follow `cfg.data`: shuffled with `shuffle_seed`, the first
+    `max_train_examples` are the RL prompts, and `warm_start_examples` further questions (sharing
+    none with the RL prompts) are the warm start's; without it `warm_start` is the RL prompts."""
+    from pvpo.envs.loaders import load_dataset
+
+    d = cfg.data
+    if d.source == "synthetic":
+        from pvpo.envs.synthetic import SyntheticWorld
+
+        s = d.synthetic
+        world = SyntheticWorld.generate(
+            s.seed,
+            s.n_entities,
+            n_relations=s.n_relations,
+            max_hops=s.max_hops,
+            questions_per_hop=s.questions_per_hop,
+            test_fraction=s.test_fraction,
+        )
+        train, evals = world.questions("train"), world.questions("test")
+        corpus_path: Path | None = world.write_corpus(RunDir(run_dir).corpus)
+        protocol = episode_config(cfg).tag_protocol
+        texts = [p.contents for p in world.passages] + [protocol.instruction()]
+        texts += [q.question for q in train] + ["".join(world.oracle_trajectory(q, protocol)) for q in train[:200]]
+        rl, sft = disjoint_splits(
+            train,
+            n_rl=d.max_train_examples,
+            n_sft=d.warm_start_examples,
+            max_sft_hops=d.warm_start_max_hops,
+            shuffle_seed=d.shuffle_seed,
+        )
+    else:
+        world = None
+        train = load_dataset(d.source)
+        evals = load_dataset(d.eval_source) if d.eval_source else []
+        corpus_path = Path(d.corpus) if d.corpus else None
+        texts = [q.question for q in train]
+        rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0], []
+    held_out = disjoint_splits(evals, n_rl=d.max_eval_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0]
+    return Data(rl, held_out, corpus_path, texts, world, sft)
+
+
+@contextlib.contextmanager
+def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None) -> Iterator[Searcher]:
+    """A Searcher for the run: a client of `retriever.url`, or of a loopback server over an index
+    of `corpus_path` built (or reused) under `retriever.index_dir` / `<run>/index`."""
+    from pvpo.retriever.client import RetrieverClient
+
+    r = cfg.retriever
+    if r.url:
+        token = r.token or os.environ.get("PVPO_RETRIEVER_TOKEN") or None
+        client = RetrieverClient(
+            r.url, topk=r.topk, timeout=r.timeout, retries=r.retries, max_backoff=r.max_backoff, token=token
+        )
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    from pvpo.retriever.build import build_index
+    from pvpo.retriever.encoder import set_default_backend
+    from pvpo.retriever.server import BackgroundServer
+
+    index_dir = Path(cfg.retriever.index_dir) if cfg.retriever.index_dir else RunDir(run_dir).index
+    set_default_backend(r.encoder_backend)  # the loopback server's encoders live in this process
+    try:
+        if not (index_dir / "meta.json").exists() and not any(index_dir.glob("*.faiss")):
+            if corpus_path is None:
+                raise ValueError("no retriever.url, no retriever.index_dir and no corpus to index: set one of them")
+            build_index(corpus_path, index_dir, model=cfg.retriever.encoder)
+        with BackgroundServer(str(index_dir)) as server:
+            client = RetrieverClient(
+                server.url, topk=r.topk, timeout=r.timeout, retries=r.retries, max_backoff=r.max_backoff
+            )
+            try:
+                yield client
+            finally:
+                client.close()
+    finally:
+        set_default_backend(None)
+
+
+# ---- the policy, its engine and the reference -------------------------------------------------
+
+
+def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy, bool]:
+    """The policy at step 0, and whether it was just created (not reloaded).
+
+    It is saved to `<run>/initial_policy` once built (and warm-started), so a resumed run and the
+    frozen reference both reload the same weights and tokenizer."""
+    from pvpo.trainer.model.policy import load_policy, policy_from_config
+
+    saved = RunDir(run_dir).initial_policy
+    if (saved / "config.json").exists():
+        return load_policy(saved, dtype=cfg.model.dtype), False
+    protocol = episode_config(cfg).tag_protocol
+    tags = (protocol.think, protocol.search, protocol.result, protocol.answer)
+    return policy_from_config(cfg.model, corpus_texts=data.texts, tags=tags, seed=cfg.run.seed), True
+
+
+def check_supported(cfg: TrainConfig, spec: EstimatorSpec) -> None:
+    """Refuse, naming the key, what a torchrun run does not support yet (a single process does)."""
+    if not ddp.is_distributed():
+        return
+    if not spec.sharded:
+        sharded = ", ".join(n for n in available_estimators() if get_spec(n).sharded)
+        raise ValueError(
+            f"algorithm.estimator={spec.name} does not run under torchrun yet (its state is learned by one "
+            f"process); under torchrun: {sharded}"
+        )
+    if cfg.algorithm.group_sampling.enabled:
+        # every rank would fetch the GT set and write group_sampling.json / gt_cache.json at once
+        raise ValueError(
+            "algorithm.group_sampling.enabled is single-process only for now; "
+            "run without torchrun (--nproc 1) or set algorithm.group_sampling.enabled=false"
+        )
+
+
+def uses_anchor(cfg: TrainConfig, spec: EstimatorSpec) -> bool:
+    """Whether the run computes reference anchors: the estimator needs them, or Group Sampling
+    reads the reference accuracy from them."""
+    return spec.needs_anchors or cfg.algorithm.group_sampling.enabled
+
+
+def needs_reference_model(cfg: TrainConfig, spec: EstimatorSpec) -> bool:
+    """Whether the run keeps a frozen copy of the initial policy: for the KL penalty, for anchor
+    refreshes that resample the reference, or for GT trajectories scored by the reference."""
+    alg = cfg.algorithm
+    a, gs = alg.anchor, alg.group_sampling
+    refresh_reference = uses_anchor(cfg, spec) and a.refresh_every > 0 and a.refresh_from == "reference"
+    return cfg.optim.kl_coef > 0 or refresh_reference or (gs.enabled and alg.gt.logprobs == "reference")
+
+
+@dataclass
+class Model:
+    """The trained policy and what samples from it: `model` (a transformers model, or peft's
+    wrapper of one, possibly FSDP-sharded), its tokenizer, its rollout engine, the frozen
+    reference (when kept), where it computes, and how its warm start went."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    engine: RolloutEngine
+    ref_model: torch.nn.Module | None
+    where: Placement
+    memory: PhaseMemory
+    make_engine: Callable[[torch.nn.Module], RolloutEngine]
+    warm_start_losses: list[float] = field(default_factory=list)
+    warm_start_seconds: float = 0.0
+
+
+def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:
+    """`make(model)`: the configured rollout engine over `model`, with its `rollout.<engine>`
+    options (under torchrun: over this rank's whole copy of the weights, `distributed.engine_for`)."""
+    r = cfg.rollout
+
+    def make(model: torch.nn.Module) -> RolloutEngine:
+        return ddp.engine_for(
+            lambda **kw: build_engine(r.engine, tokenizer=tokenizer, **kw),
+            model,
+            engine=r.engine,
+            dtype=cfg.model.dtype,
+            options=r.engine_options(),
+        )
+
+    return make
+
+
+def build_model(
+    cfg: TrainConfig,
+    data: Data,
+    run_dir: Path,
+    searcher: Searcher,
+    spec: EstimatorSpec,
+    *,
+    show_progress: bool = True,
+) -> Model:
+    """The policy at step 0 (built, placed, warm-started on a fresh run and saved as the initial
+    policy), LoRA adapters, the frozen reference when `needs_reference_model`, FSDP2 sharding under
+    torchrun, and the rollout engine over it."""
+    files = RunDir(run_dir)
+    policy, fresh = initial_policy(cfg, data, run_dir)
+    m = cfg.model
+    where = placement(m.device, m.dtype, m.attn_implementation, m.gradient_checkpointing)
+    where.sharded = ddp.is_distributed()
+    place_policy_model(policy.model, where)
+    make_engine = engine_factory(cfg, policy.tokenizer)
+    out = Model(
+        policy.model, policy.tokenizer, make_engine(policy.model), None, where, PhaseMemory(where.device), make_engine
+    )
+    if fresh:
+        if m.warm_start_steps and data.world is not None:
+            warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
+        if ddp.is_main():
+            from pvpo.trainer.model.policy import save_policy
+
+            atomic_write_dir(files.initial_policy, lambda tmp: save_policy(policy, tmp))
+    elif files.warm_start.exists():
+        out.warm_start_losses = json.loads(files.warm_start.read_text())["losses"]
+    if m.lora.enabled:  # after the warm start and the saved initial policy: those are the base model
+        from pvpo.trainer.model.lora import apply_lora
+
+        out.model, out.engine = apply_lora(out.model, out.engine, m.lora)
+    if needs_reference_model(cfg, spec):
+        from pvpo.trainer.model.policy import frozen_copy
+
+        out.ref_model = place_reference_model(frozen_copy(out.model), where)
+    if ddp.is_distributed():  # FSDP2: rank 0's weights, sharded; the engine's whole copy refreshed
+        for mod in (out.model, out.ref_model):
+            if mod is not None:
+                ddp.broadcast_from_main(mod)
+                ddp.shard(mod, compute_dtype=where.dtype)
+        out.engine.sync_weights(out.model)
+    return out
+
+
+def warm_start(
+    cfg: TrainConfig, data: Data, model: Model, searcher: Searcher, files: RunDir, *, show_progress: bool = True
+) -> None:
+    """SFT on the oracle trajectories of `data.warm_start` (the RL prompts themselves when the
+    config names no separate set); the losses and questions go to `<run>/warm_start.json`."""
+    from pvpo.trainer.model.warmstart import warm_start as sft
+    from pvpo.trainer.rollout.replay import oracle_trajectories
+
+    m, t0, epcfg = cfg.model, time.perf_counter(), episode_config(cfg)
+    questions = data.warm_start
+    trajs = oracle_trajectories(
+        questions,
+        lambda ex: data.world.oracle_trajectory(ex, epcfg.tag_protocol),
+        model.tokenizer,
+        searcher,
+        epcfg,
+        chat_template=m.chat_template,
+    )
+    model.warm_start_losses = sft(
+        model.model,
+        trajs,
+        model.tokenizer.pad_token_id,
+        steps=m.warm_start_steps,
+        lr=m.warm_start_lr,
+        batch_size=m.warm_start_batch_size,
+        seed=cfg.run.seed,
+        show_progress=show_progress,
+    )
+    model.engine.sync_weights(model.model)
+    model.warm_start_seconds = time.perf_counter() - t0
+    atomic_write_json(files.warm_start, {"losses": model.warm_start_losses, "questions": [ex.uid for ex in questions]})
+
+
+def estimator_state(cfg: TrainConfig, spec: EstimatorSpec, model: Model, run_dir: Path) -> EstimatorState:
+    """This run's state of the estimator (`spec.state`): a critic, V0.5's priors and budget, ..."""
+    from pvpo.trainer.model.embed import minilm_embed
+
+    context = EstimatorContext(
+        algorithm=cfg.algorithm,
+        rollout_n=cfg.rollout.n,
+        model=model.model,
+        device=model.where.device,
+        value_model_path=RunDir(run_dir).value_model,
+        embed=minilm_embed,
+    )
+    return spec.make_state(context)
