@@ -78,11 +78,16 @@ def run_one(cfg: Any, data: Any, searcher: Any, warm: Path, run_dir: Path) -> di
     curve = [(0.0, 0.0, result.eval_before["eval/accuracy"])]
     curve += [(r["cost/cum_pvpo"], r["cost/cum_rollouts"], r["eval/accuracy"]) for r in m if "eval/accuracy" in r]
     summary = {
-        "em": result.eval_after["eval/accuracy"], "em_before": result.eval_before["eval/accuracy"],
-        "steps": len(m), "rollouts": m[-1]["cost/cum_rollouts"], "tool_calls": m[-1]["cost/cum_tool_calls"],
-        "pvpo_cost": m[-1]["cost/cum_pvpo"], "wall_s": wall,
-        "adv_var": sum(r["adv/std"] ** 2 for r in m) / len(m), "curve": curve,
-    }  # fmt: skip
+        "em": result.eval_after["eval/accuracy"],
+        "em_before": result.eval_before["eval/accuracy"],
+        "steps": len(m),
+        "rollouts": m[-1]["cost/cum_rollouts"],
+        "tool_calls": m[-1]["cost/cum_tool_calls"],
+        "pvpo_cost": m[-1]["cost/cum_pvpo"],
+        "wall_s": wall,
+        "adv_var": sum(r["adv/std"] ** 2 for r in m) / len(m),
+        "curve": curve,
+    }
     from pvpo.atomic import atomic_write_json
 
     atomic_write_json(done, summary)
@@ -106,14 +111,18 @@ def fig4_answer(res: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
     ratio = p_em / g_em if g_em else float("nan")
     g_before, _ = _mean_se([r["em_before"] for r in gr])
     if g_em <= g_before:  # the baseline lost accuracy: beating it says nothing about PVPO's efficiency
-        return (f"Fig. 4 question: not answerable from this run. GRPO N=5 ended below where it started (held-out EM "
-                f"{g_before:.3f} -> {g_em:.3f}), so PVPO N=2's {p_em:.3f} +- {p_se:.3f} within 40% of its cost "
-                f"({ratio:.0%} of it) measures GRPO's collapse at these settings, not the paper's claim.")  # fmt: skip
+        return (
+            f"Fig. 4 question: not answerable from this run. GRPO N=5 ended below where it started (held-out EM "
+            f"{g_before:.3f} -> {g_em:.3f}), so PVPO N=2's {p_em:.3f} +- {p_se:.3f} within 40% of its cost "
+            f"({ratio:.0%} of it) measures GRPO's collapse at these settings, not the paper's claim."
+        )
     verdict = "reproduced" if ratio >= 0.97 else "not reproduced"
-    return (f"Fig. 4 question: GRPO N=5 ends at held-out EM {g_em:.3f} for PVPO cost {g_cost:.0f}; PVPO N=2 "
-            f"({'with' if ('pvpo+gs', 2) in res else 'without'} Group Sampling), at its last evaluation within 40% of that cost "
-            f"(<= {cap:.0f}), has EM {p_em:.3f} +- {p_se:.3f}: {ratio:.1%} of GRPO N=5, so the paper's claim (>= 97% at <= 40%) "
-            f"is {verdict} here.")  # fmt: skip
+    return (
+        f"Fig. 4 question: GRPO N=5 ends at held-out EM {g_em:.3f} for PVPO cost {g_cost:.0f}; PVPO N=2 "
+        f"({'with' if ('pvpo+gs', 2) in res else 'without'} Group Sampling), at its last evaluation within 40% of that cost "
+        f"(<= {cap:.0f}), has EM {p_em:.3f} +- {p_se:.3f}: {ratio:.1%} of GRPO N=5, so the paper's claim (>= 97% at <= 40%) "
+        f"is {verdict} here."
+    )
 
 
 def plot(res: dict[tuple[str, int], list[dict[str, Any]]], path: Path) -> None:
@@ -147,8 +156,10 @@ def plot(res: dict[tuple[str, int], list[dict[str, Any]]], path: Path) -> None:
 
 
 def table(res: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
-    rows = ["| algorithm | N | seeds | held-out EM (before -> after, mean +- s.e.) | steps | rollouts | tool calls | PVPO cost | wall s | adv. variance |",
-            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| algorithm | N | seeds | held-out EM (before -> after, mean +- s.e.) | steps | rollouts | tool calls | PVPO cost | wall s | adv. variance |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (alg, n), runs in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         em, se = _mean_se([r["em"] for r in runs])
         b, _ = _mean_se([r["em_before"] for r in runs])
@@ -156,8 +167,10 @@ def table(res: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
             k: sum(r[k] for r in runs) / len(runs)
             for k in ("steps", "rollouts", "tool_calls", "pvpo_cost", "wall_s", "adv_var")
         }
-        rows.append(f"| {alg} | {n} | {len(runs)} | {b:.3f} -> {em:.3f} +- {se:.3f} | {avg['steps']:.0f} | {avg['rollouts']:.0f} | "
-                    f"{avg['tool_calls']:.0f} | {avg['pvpo_cost']:.0f} | {avg['wall_s']:.0f} | {avg['adv_var']:.4f} |")  # fmt: skip
+        rows.append(
+            f"| {alg} | {n} | {len(runs)} | {b:.3f} -> {em:.3f} +- {se:.3f} | {avg['steps']:.0f} | {avg['rollouts']:.0f} | "
+            f"{avg['tool_calls']:.0f} | {avg['pvpo_cost']:.0f} | {avg['wall_s']:.0f} | {avg['adv_var']:.4f} |"
+        )
     return "\n".join(rows)
 
 
@@ -221,19 +234,32 @@ def main(argv: list[str] | None = None) -> None:
                         f"[{k}/{total}] {alg} N={n} seed={seed} ({time.perf_counter() - t_start:.0f}s so far)",
                         file=sys.stderr,
                     )
-                    cfg = load_config(args.config, args.overrides + algorithm_overrides(alg) + [
-                        f"rollout.n={n}", f"run.seed={seed}", "run.steps=100000", f"run.rollout_budget={args.budget}",
-                        f"run.eval_every={every}", "run.checkpoint_every=0", "run.tensorboard=false"])  # fmt: skip
+                    cfg = load_config(
+                        args.config,
+                        args.overrides
+                        + algorithm_overrides(alg)
+                        + [
+                            f"rollout.n={n}",
+                            f"run.seed={seed}",
+                            "run.steps=100000",
+                            f"run.rollout_budget={args.budget}",
+                            f"run.eval_every={every}",
+                            "run.checkpoint_every=0",
+                            "run.tensorboard=false",
+                        ],
+                    )
                     res.setdefault((alg, n), []).append(
                         run_one(cfg, data, searcher, warm, args.out / "runs" / f"{alg}_n{n}_s{seed}")
                     )
         if searcher is not None:
             searcher.close()
     plot(res, args.out / "em_vs_cost.png")
-    head = (f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}; "
-            f"torch threads per run: {base.run.threads}\ncommand: python bench/algorithms.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
-            f"budget: {args.budget} rollouts per run (anchor and GT included), {base.data.prompts_per_step} prompts per step, "
-            f"held-out n={len(data.eval)}, wall {time.perf_counter() - t_start:.0f}s\n")  # fmt: skip
+    head = (
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}; "
+        f"torch threads per run: {base.run.threads}\ncommand: python bench/algorithms.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
+        f"budget: {args.budget} rollouts per run (anchor and GT included), {base.data.prompts_per_step} prompts per step, "
+        f"held-out n={len(data.eval)}, wall {time.perf_counter() - t_start:.0f}s\n"
+    )
     text = head + "\n" + table(res) + "\n\n" + fig4_answer(res) + "\n"
     (args.out / "results.md").write_text(text)
     print(text)

@@ -32,10 +32,19 @@ import httpx
 import numpy as np
 
 SMALL_QUERIES = [
-    "who wrote Hamlet", "capital of Japan", "largest planet in the solar system", "who discovered penicillin",
-    "highest mountain on Earth", "who painted the Mona Lisa", "how do plants make sugar", "what is DNA",
-    "where do penguins live", "when did Apollo 11 land on the Moon", "who created Python", "what is a volcano",
-]  # fmt: skip
+    "who wrote Hamlet",
+    "capital of Japan",
+    "largest planet in the solar system",
+    "who discovered penicillin",
+    "highest mountain on Earth",
+    "who painted the Mona Lisa",
+    "how do plants make sugar",
+    "what is DNA",
+    "where do penguins live",
+    "when did Apollo 11 land on the Moon",
+    "who created Python",
+    "what is a volcano",
+]
 
 
 @dataclass
@@ -46,8 +55,10 @@ class Tally:
 
 
 def _request(body: bytes) -> bytes:
-    return (b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body)) + body  # fmt: skip
+    return (
+        b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
 
 
 async def _response(reader: asyncio.StreamReader) -> int:
@@ -122,8 +133,19 @@ def _free_port() -> int:
 
 
 def _serve(index: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--port", str(port),
-           "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     # stderr to a file, not a pipe: an unread pipe fills up and blocks the server's logging
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, HF_HUB_OFFLINE="1"))

@@ -38,8 +38,15 @@ def _policy(args: argparse.Namespace, world, protocol, train):  # type: ignore[n
         return load_policy(args.model, dtype=args.dtype)
     texts = [p.contents for p in world.passages] + [protocol.instruction()] + [q.question for q in train]
     texts += ["".join(world.oracle_trajectory(q, protocol)) for q in train[:200]]
-    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
-                          vocab_size=512, max_position_embeddings=2048)  # fmt: skip
+    cfg = TinyModelConfig(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=128,
+        vocab_size=512,
+        max_position_embeddings=2048,
+    )
     tags = (protocol.think, protocol.search, protocol.result, protocol.answer)
     return build_tiny_policy(texts, cfg, tags=tags, seed=args.seed)
 
@@ -101,11 +108,23 @@ def main(argv: list[str] | None = None) -> None:
         trajs = oracle_trajectories(
             train, lambda ex: world.oracle_trajectory(ex, protocol), policy.tokenizer, searcher, epcfg
         )
-        warm_start(policy.model, trajs, policy.tokenizer.pad_token_id, steps=args.warm_start_steps, lr=3e-3,
-                   batch_size=16, seed=args.seed, show_progress=False)  # fmt: skip
+        warm_start(
+            policy.model,
+            trajs,
+            policy.tokenizer.pad_token_id,
+            steps=args.warm_start_steps,
+            lr=3e-3,
+            batch_size=16,
+            seed=args.seed,
+            show_progress=False,
+        )
         engine.sync_weights(policy.model)  # in place, as after an optimizer step
-    loop = LoopConfig(temperature=1.0, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-                      max_response_tokens=args.max_response_tokens)  # fmt: skip
+    loop = LoopConfig(
+        temperature=1.0,
+        max_turns=args.max_turns,
+        max_new_tokens=args.max_new_tokens,
+        max_response_tokens=args.max_response_tokens,
+    )
 
     def agent_loop():  # type: ignore[no-untyped-def]
         engine.llm.reset_prefix_cache()  # every row starts cold; the loop's own turns reuse the cache
@@ -120,8 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     searches = sum(t.num_tool_calls for t in trajs) / len(trajs)
     env_tokens = sum(len(t.response_ids) - t.num_model_tokens for t in trajs)
 
-    params = [vllm.SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, logprobs=0, seed=args.seed + i)
-              for i, n in enumerate(lengths)]  # fmt: skip
+    params = [
+        vllm.SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, logprobs=0, seed=args.seed + i)
+        for i, n in enumerate(lengths)
+    ]
     reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def raw():  # type: ignore[no-untyped-def]
@@ -142,13 +163,17 @@ def main(argv: list[str] | None = None) -> None:
     t_turn, comps = _median_time(one_turn, args.repeats)
     turn_tokens = sum(len(c.token_ids) for c in comps)
 
-    print(f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"vllm {vllm.__version__} ({engine.platform}), python {platform.python_version()}")  # fmt: skip
+    print(
+        f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"vllm {vllm.__version__} ({engine.platform}), python {platform.python_version()}"
+    )
     print(f"command: python {' '.join(sys.argv)}")
     what = args.model or f"tiny Qwen2 (hidden 64, 2 layers), {args.warm_start_steps} oracle SFT steps"
-    print(f"model: {what}; {args.prompts} prompts; "
-          f"median of {args.repeats}; {turns:.2f} turns and {searches:.2f} searches per trajectory, {env_tokens} env tokens; "
-          f"search: BM25 in-process\n")  # fmt: skip
+    print(
+        f"model: {what}; {args.prompts} prompts; "
+        f"median of {args.repeats}; {turns:.2f} turns and {searches:.2f} searches per trajectory, {env_tokens} env tokens; "
+        f"search: BM25 in-process\n"
+    )
     print("| what | model tokens | wall s | tokens/s | vs raw generate |")
     print("|---|---:|---:|---:|---:|")
     rate_raw = n_tokens / t_raw

@@ -112,12 +112,18 @@ def loss_pass_step(model, opt, batch, adv, ref_lp, optim, autocast) -> None:
     loss_cfg = loss_config(optim, norm_len=batch.loss_mask.shape[-1])
     opt.zero_grad(set_to_none=True)
     with autocast():
-        micros = micro_batches(batch, list(range(len(batch))), agg=loss_cfg.agg, max_tokens=optim.max_tokens_per_micro_batch,
-                               parts=optim.grad_accum)  # fmt: skip
+        micros = micro_batches(
+            batch,
+            list(range(len(batch))),
+            agg=loss_cfg.agg,
+            max_tokens=optim.max_tokens_per_micro_batch,
+            parts=optim.grad_accum,
+        )
 
         def run(mb):
-            loss, stats, _ = micro_batch_loss(model, mb.batch, adv[mb.rows], loss_cfg, temperature=1.0,
-                                              ref_logprobs=ref_lp[mb.rows, : mb.r])  # fmt: skip
+            loss, stats, _ = micro_batch_loss(
+                model, mb.batch, adv[mb.rows], loss_cfg, temperature=1.0, ref_logprobs=ref_lp[mb.rows, : mb.r]
+            )
             return loss, stats
 
         accumulate(micros, run)
@@ -138,9 +144,11 @@ def precision_report(base: torch.nn.Module, batch, where) -> None:
         with torch.autocast(where.device.type, dtype=torch.bfloat16):
             auto = batch_logprobs(fp32, batch, 1.0)
         pure = batch_logprobs(bf16_w, batch, 1.0)
-    print(f"log-prob gap vs float32 (max / mean |d| over {int(m.sum())} model tokens): "
-          f"bf16 autocast {float((auto - ref)[m].abs().max()):.4f} / {float((auto - ref)[m].abs().mean()):.4f}, "
-          f"bf16 weights {float((pure - ref)[m].abs().max()):.4f} / {float((pure - ref)[m].abs().mean()):.4f}")  # fmt: skip
+    print(
+        f"log-prob gap vs float32 (max / mean |d| over {int(m.sum())} model tokens): "
+        f"bf16 autocast {float((auto - ref)[m].abs().max()):.4f} / {float((auto - ref)[m].abs().mean()):.4f}, "
+        f"bf16 weights {float((pure - ref)[m].abs().max()):.4f} / {float((pure - ref)[m].abs().mean()):.4f}"
+    )
     for name, model in (("float32", fp32), ("bfloat16", bf16_w)):
         model.train()
         before = [p.detach().clone() for p in model.parameters()]
@@ -182,8 +190,15 @@ def main() -> None:
     if args.precision:
         precision_report(base, batch, where)
         return
-    cfg = load_config(None, ["optim.kl_coef=0.001", "optim.mini_batches=1", "optim.grad_clip=1.0",
-                             f"optim.max_tokens_per_micro_batch={args.max_tokens_per_micro_batch or 'null'}"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "optim.kl_coef=0.001",
+            "optim.mini_batches=1",
+            "optim.grad_clip=1.0",
+            f"optim.max_tokens_per_micro_batch={args.max_tokens_per_micro_batch or 'null'}",
+        ],
+    )
     adv = torch.linspace(-1, 1, len(batch), device=where.device)
     ref = place_reference_model(copy.deepcopy(base), where).eval()
     with torch.no_grad(), where.autocast():
@@ -223,9 +238,11 @@ def main() -> None:
     rows = [(name, statistics.median(secs[name]), peaks[name]) for name in steps]
 
     bare = rows[0][1]
-    print(f"shape={args.shape} device={where.device} dtype={args.dtype} rows={len(batch)} tokens={tokens} "
-          f"padded={batch.input_ids.numel()} checkpointing={args.gradient_checkpointing} "
-          f"max_tokens_per_micro_batch={args.max_tokens_per_micro_batch} threads={torch.get_num_threads()}")  # fmt: skip
+    print(
+        f"shape={args.shape} device={where.device} dtype={args.dtype} rows={len(batch)} tokens={tokens} "
+        f"padded={batch.input_ids.numel()} checkpointing={args.gradient_checkpointing} "
+        f"max_tokens_per_micro_batch={args.max_tokens_per_micro_batch} threads={torch.get_num_threads()}"
+    )
     print(f"{'step':<24}{'median s':>10}{'tokens/s':>12}{'vs bare':>9}{'peak GiB':>10}")
     for name, s, peak in rows:
         print(f"{name:<24}{s:>10.3f}{tokens / s:>12.0f}{bare / s:>9.2f}{peak:>10.2f}")

@@ -9,30 +9,14 @@ from typing import Annotated, Any
 
 import typer
 
+from pvpo.user_errors import request_traceback
+
 eval_app = typer.Typer(
     name="eval",
     help="Evaluate a search agent per dataset (EM/F1/CEM, LLM judge); `report` merges runs into a table; `rescore` re-scores a file.",
     invoke_without_command=True,
     no_args_is_help=True,
 )
-
-_DEBUG = False
-
-
-def _fail(err: BaseException) -> None:
-    """One line on stderr (the traceback only with --debug), exit 2."""
-    if _DEBUG:
-        raise err
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code=2)
-
-
-def _errors() -> tuple[type[BaseException], ...]:
-    from pvpo.evaluation.run import EvalError
-    from pvpo.trainer.rollout.openai_client import OpenAIError
-
-    return (EvalError, OpenAIError, FileNotFoundError, KeyError, ValueError, ImportError, OSError)
 
 
 def _judge(base_url: str, model: str, api_key: str | None, api: str, concurrency: int) -> Any:
@@ -140,39 +124,82 @@ def eval_cmd(
     debug: Annotated[bool, typer.Option("--debug", help="Full tracebacks")] = False,
 ) -> None:
     """Evaluate a policy on one or more datasets: `pvpo eval --model PATH --dataset nq --retriever-url URL --out DIR`."""
-    global _DEBUG
-    _DEBUG = debug
+    if debug:
+        request_traceback()
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        missing = [f"--{k}" for k, v in (("dataset", dataset), ("retriever-url", retriever_url), ("out", out)) if not v]
-        if engine == "openai":
-            missing += [f"--{k}" for k, v in (("base-url", base_url), ("model-name", model_name)) if not v]
-        elif not model:
-            missing.append("--model")
-        if missing:
-            raise ValueError(f"missing {', '.join(missing)} (see pvpo eval --help)")
-        if bool(judge_base_url) != bool(judge_model):
-            raise ValueError("--judge-base-url and --judge-model go together")
-        from pvpo.evaluation.run import EvalSettings
+    missing = [f"--{k}" for k, v in (("dataset", dataset), ("retriever-url", retriever_url), ("out", out)) if not v]
+    if engine == "openai":
+        missing += [f"--{k}" for k, v in (("base-url", base_url), ("model-name", model_name)) if not v]
+    elif not model:
+        missing.append("--model")
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)} (see pvpo eval --help)")
+    if bool(judge_base_url) != bool(judge_model):
+        raise ValueError("--judge-base-url and --judge-model go together")
+    from pvpo.evaluation.run import EvalSettings
 
-        settings = EvalSettings(template=template, temperature=temperature, top_p=top_p, top_k=top_k, max_turns=max_turns,
-                                max_new_tokens=max_new_tokens, max_response_tokens=max_response_tokens, topk=topk,
-                                max_obs_chars=max_obs_chars, batch_size=batch_size, seed=seed, chat_template=chat_template)  # fmt: skip
-        _run(model=model, datasets=list(dataset or []), retriever_urls=list(retriever_url or []), out=out,  # type: ignore[arg-type]
-             retriever_token=retriever_token or None,
-             split=split, data_dir=data_dir, limit=limit, sample_seed=sample_seed, engine=engine, settings=settings,
-             dtype=dtype, base_url=base_url, model_name=model_name, api=api, api_key=api_key, concurrency=concurrency,
-             judge=_judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency) if judge_base_url else None,  # type: ignore[arg-type]
-             label=label, quiet=quiet)  # fmt: skip
-    except _errors() as e:
-        _fail(e)
+    settings = EvalSettings(
+        template=template,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_turns=max_turns,
+        max_new_tokens=max_new_tokens,
+        max_response_tokens=max_response_tokens,
+        topk=topk,
+        max_obs_chars=max_obs_chars,
+        batch_size=batch_size,
+        seed=seed,
+        chat_template=chat_template,
+    )
+    _run(
+        model=model,
+        datasets=list(dataset or []),
+        retriever_urls=list(retriever_url or []),
+        out=out,  # type: ignore[arg-type]
+        retriever_token=retriever_token or None,
+        split=split,
+        data_dir=data_dir,
+        limit=limit,
+        sample_seed=sample_seed,
+        engine=engine,
+        settings=settings,
+        dtype=dtype,
+        base_url=base_url,
+        model_name=model_name,
+        api=api,
+        api_key=api_key,
+        concurrency=concurrency,
+        judge=_judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency) if judge_base_url else None,  # type: ignore[arg-type]
+        label=label,
+        quiet=quiet,
+    )
 
 
-def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], retriever_token: str | None,
-         out: Path, split: str | None, data_dir: Path | None, limit: int | None, sample_seed: int | None, engine: str, settings: Any, dtype: str,
-         base_url: str | None, model_name: str | None, api: str, api_key: str | None, concurrency: int,
-         judge: Any, label: str | None, quiet: bool) -> None:  # fmt: skip
+def _run(
+    *,
+    model: str | None,
+    datasets: list[str],
+    retriever_urls: list[str],
+    retriever_token: str | None,
+    out: Path,
+    split: str | None,
+    data_dir: Path | None,
+    limit: int | None,
+    sample_seed: int | None,
+    engine: str,
+    settings: Any,
+    dtype: str,
+    base_url: str | None,
+    model_name: str | None,
+    api: str,
+    api_key: str | None,
+    concurrency: int,
+    judge: Any,
+    label: str | None,
+    quiet: bool,
+) -> None:
     from pvpo.envs.datasets import resolve_dataset, sample_subset
     from pvpo.envs.loaders import load_dataset
     from pvpo.evaluation.judge import JudgeCache, judge_run
@@ -198,8 +225,16 @@ def _run(*, model: str | None, datasets: list[str], retriever_urls: list[str], r
     with RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher:
         for ds in resolved:
             examples = sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed)
-            meta = {"label": name, "dataset": ds.name, "split": ds.split, "source": str(ds.path.resolve()), "limit": limit,
-                    "sample_seed": sample_seed, "model": model_id, "engine": engine if engine != "openai" else f"openai-{api}"}  # fmt: skip
+            meta = {
+                "label": name,
+                "dataset": ds.name,
+                "split": ds.split,
+                "source": str(ds.path.resolve()),
+                "limit": limit,
+                "sample_seed": sample_seed,
+                "model": model_id,
+                "engine": engine if engine != "openai" else f"openai-{api}",
+            }
             run_dir = out / ds.name
             m = run_eval(policy, examples, searcher, settings, run_dir, meta=meta, show_progress=not quiet)
             line = f"{ds.name} ({ds.split}, N={m['n']}): EM {m['em']:.4f} (s.e. {m['em_se']:.4f})  F1 {m['f1']:.4f}  ACC {m['acc']:.4f}"
@@ -230,18 +265,15 @@ def report_cmd(
     """Merge runs into one markdown table (datasets as columns, Avg last, N per column) and a CSV."""
     from pvpo.evaluation.report import build_table, find_runs, markdown_table, write_csv
 
-    try:
-        results = find_runs(dirs, metric)
-        if not results:
-            raise ValueError(f"no run in {[str(d) for d in dirs]} has metric {metric!r}")
-        table = build_table(results)
-        text = markdown_table(table, metric=metric)
-        if md_path:
-            md_path.write_text(text, encoding="utf-8")
-        if csv_path:
-            write_csv(table, csv_path)
-    except _errors() as e:
-        _fail(e)
+    results = find_runs(dirs, metric)
+    if not results:
+        raise ValueError(f"no run in {[str(d) for d in dirs]} has metric {metric!r}")
+    table = build_table(results)
+    text = markdown_table(table, metric=metric)
+    if md_path:
+        md_path.write_text(text, encoding="utf-8")
+    if csv_path:
+        write_csv(table, csv_path)
     typer.echo(text, nl=False)
 
 
@@ -260,12 +292,9 @@ def rescore_cmd(
     from pvpo.evaluation.report import metric_score_text, rescore_file
     from pvpo.reward import get_protocol
 
-    try:
-        res = rescore_file(path, extract=get_protocol(extract) if extract else None)
-        if out:
-            out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in res.items), encoding="utf-8")
-    except _errors() as e:
-        _fail(e)
+    res = rescore_file(path, extract=get_protocol(extract) if extract else None)
+    if out:
+        out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in res.items), encoding="utf-8")
     typer.echo(metric_score_text(res.totals), nl=False)
     note = f"n: {res.totals['n']}; items whose stored metric_score differs: {res.changed_scores}"
     if extract:
@@ -287,23 +316,18 @@ def judge_cmd(
     from pvpo.evaluation.judge import JudgeCache, judge_run
     from pvpo.evaluation.run import PREDICTIONS
 
-    try:
-        judge = _judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency)
-        runs = [
-            d
-            for base in dirs
-            for d in (
-                [base] if (base / PREDICTIONS).exists() else sorted(p.parent for p in base.glob(f"*/{PREDICTIONS}"))
-            )
-        ]
-        if not runs:
-            raise FileNotFoundError(f"no {PREDICTIONS} in {[str(d) for d in dirs]}")
-        for run in runs:
-            judge.cache = JudgeCache(None)  # each run keeps its own cache file
-            s = judge_run(run, judge, show_progress=not quiet)
-            typer.echo(f"{run}: LasJ {s['lasj_mean']:.3f}/5 {s['lasj_distribution']}")
-    except _errors() as e:
-        _fail(e)
+    judge = _judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency)
+    runs = [
+        d
+        for base in dirs
+        for d in ([base] if (base / PREDICTIONS).exists() else sorted(p.parent for p in base.glob(f"*/{PREDICTIONS}")))
+    ]
+    if not runs:
+        raise FileNotFoundError(f"no {PREDICTIONS} in {[str(d) for d in dirs]}")
+    for run in runs:
+        judge.cache = JudgeCache(None)  # each run keeps its own cache file
+        s = judge_run(run, judge, show_progress=not quiet)
+        typer.echo(f"{run}: LasJ {s['lasj_mean']:.3f}/5 {s['lasj_distribution']}")
 
 
 def register(app: typer.Typer) -> None:

@@ -108,8 +108,15 @@ class Verdict:
 class Judge:
     """Grades predictions with `client`'s model (`api`: chat or completions), greedy."""
 
-    def __init__(self, client: OpenAIClient, *, cache: JudgeCache | None = None, api: str = "chat",
-                 max_tokens: int = 32, concurrency: int = 16) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: OpenAIClient,
+        *,
+        cache: JudgeCache | None = None,
+        api: str = "chat",
+        max_tokens: int = 32,
+        concurrency: int = 16,
+    ) -> None:
         self.client, self.cache = client, cache or JudgeCache(None)
         self.api, self.max_tokens, self.concurrency = api, max_tokens, concurrency
 
@@ -137,8 +144,15 @@ class Judge:
         """One verdict per FlashRAG item (question, golden_answers, output.pred), in order."""
         out: list[Verdict | None] = [None] * len(items)
         with ThreadPoolExecutor(max_workers=max(1, self.concurrency)) as pool:
-            futures = {pool.submit(self.grade, str(it["question"]), [str(g) for g in it.get("golden_answers", [])],
-                                   str(it.get("output", {}).get("pred") or "")): k for k, it in enumerate(items)}  # fmt: skip
+            futures = {
+                pool.submit(
+                    self.grade,
+                    str(it["question"]),
+                    [str(g) for g in it.get("golden_answers", [])],
+                    str(it.get("output", {}).get("pred") or ""),
+                ): k
+                for k, it in enumerate(items)
+            }
             for f in Progress(as_completed(futures), total=len(futures), desc="judge", unit="q", enabled=show_progress):
                 out[futures[f]] = f.result()
         return out  # type: ignore[return-value]
@@ -163,8 +177,13 @@ def judge_summary(verdicts: Sequence[Verdict], *, model: str) -> dict[str, Any]:
     dist = {str(s): sum(1 for x in scores if x == s) for s in SCORES}
     dist["unparsed"] = sum(1 for v in verdicts if v.score is None)
     mean = sum(scores) / len(scores) if scores else float("nan")
-    return {"lasj_mean": mean, "lasj": mean / 5, "lasj_distribution": dist, "lasj_model": model,
-            "lasj_cached": sum(1 for v in verdicts if v.cached)}  # fmt: skip
+    return {
+        "lasj_mean": mean,
+        "lasj": mean / 5,
+        "lasj_distribution": dist,
+        "lasj_model": model,
+        "lasj_cached": sum(1 for v in verdicts if v.cached),
+    }
 
 
 def judge_run(run_dir: str | Path, judge: Judge, *, show_progress: bool = True) -> dict[str, Any]:

@@ -37,16 +37,28 @@ class TokenPolicy:
     def __init__(self, engine: Any, tokenizer: Any) -> None:
         self.engine, self.tokenizer = engine, tokenizer
 
-    def rollout(self, examples: Sequence[QAExample], searcher: Searcher, episode: EpisodeConfig,
-                settings: EvalSettings, *, seed: int) -> list[Outcome]:  # fmt: skip
+    def rollout(
+        self,
+        examples: Sequence[QAExample],
+        searcher: Searcher,
+        episode: EpisodeConfig,
+        settings: EvalSettings,
+        *,
+        seed: int,
+    ) -> list[Outcome]:
         from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 
         chat = settings.chat_template
         if chat is None:
             chat = bool(getattr(self.tokenizer, "chat_template", None))
-        loop = LoopConfig(temperature=settings.temperature, top_p=settings.top_p, max_turns=settings.max_turns,
-                          max_new_tokens=settings.max_new_tokens, max_response_tokens=settings.max_response_tokens,
-                          chat_template=chat)  # fmt: skip
+        loop = LoopConfig(
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_turns=settings.max_turns,
+            max_new_tokens=settings.max_new_tokens,
+            max_response_tokens=settings.max_response_tokens,
+            chat_template=chat,
+        )
         trajs = run_agent_loop(self.engine, self.tokenizer, examples, searcher, episode, loop, seed=seed)
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
         # Prediction and format are the env's (it judges the response without its correction
@@ -68,8 +80,15 @@ class TokenPolicy:
         ]
 
 
-def token_policy(model: str | Path, engine: str = "hf", *, dtype: str = "auto", device: str | None = None,
-                 batch_size: int = 32, engine_options: Mapping[str, Any] | None = None) -> TokenPolicy:  # fmt: skip
+def token_policy(
+    model: str | Path,
+    engine: str = "hf",
+    *,
+    dtype: str = "auto",
+    device: str | None = None,
+    batch_size: int = 32,
+    engine_options: Mapping[str, Any] | None = None,
+) -> TokenPolicy:
     """A local HF folder (ours or any published checkpoint) behind the `hf` or `vllm` engine.
     `dtype="auto"`: bfloat16 on CUDA, float32 on CPU."""
     import torch
@@ -108,10 +127,21 @@ class OpenAIPolicy:
             raise ValueError(f"unknown api {api!r}; known: {list(APIS)}")
         self.client, self.api, self.concurrency = client, api, concurrency
 
-    def _turn(self, prompt: str, turns: list[tuple[str, str]], protocol: TagProtocol, settings: EvalSettings,
-              max_tokens: int, seed: int) -> TurnResult:  # fmt: skip
-        params: dict[str, Any] = {"max_tokens": max_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
-                                  "stop": list(protocol.stop_strings)}  # fmt: skip
+    def _turn(
+        self,
+        prompt: str,
+        turns: list[tuple[str, str]],
+        protocol: TagProtocol,
+        settings: EvalSettings,
+        max_tokens: int,
+        seed: int,
+    ) -> TurnResult:
+        params: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "stop": list(protocol.stop_strings),
+        }
         if settings.temperature > 0:
             params["seed"] = seed
         if settings.top_k > 0:
@@ -132,8 +162,15 @@ class OpenAIPolicy:
         usage = data.get("usage") or {}
         return TurnResult(text, finish, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
 
-    def rollout(self, examples: Sequence[QAExample], searcher: Searcher, episode: EpisodeConfig,
-                settings: EvalSettings, *, seed: int) -> list[Outcome]:  # fmt: skip
+    def rollout(
+        self,
+        examples: Sequence[QAExample],
+        searcher: Searcher,
+        episode: EpisodeConfig,
+        settings: EvalSettings,
+        *,
+        seed: int,
+    ) -> list[Outcome]:
         """The agent loop of `pvpo.trainer.rollout.agent_loop.run_agent_loop`, on text: the same env,
         turn limits and endings (answer, max turns, EOS without an answer, token budget)."""
         from pvpo.trainer.rollout.agent_loop import vector_env
@@ -158,10 +195,18 @@ class OpenAIPolicy:
                     if not active:
                         break
                     room = {i: settings.max_response_tokens - used[i] for i in active}
-                    futures = {i: pool.submit(self._turn, prompts[i], turns[i], protocol, settings,
-                                              max(1, min(settings.max_new_tokens, room[i])),
-                                              (seed + i) * 1_000_003 + turn * 7919)
-                               for i in active}  # fmt: skip
+                    futures = {
+                        i: pool.submit(
+                            self._turn,
+                            prompts[i],
+                            turns[i],
+                            protocol,
+                            settings,
+                            max(1, min(settings.max_new_tokens, room[i])),
+                            (seed + i) * 1_000_003 + turn * 7919,
+                        )
+                        for i in active
+                    }
                     results = {i: f.result() for i, f in futures.items()}
                     actions = [""] * n
                     stepped = []
@@ -201,13 +246,20 @@ class OpenAIPolicy:
             outcomes = []
             for i in range(n):
                 response = "".join(t + o for t, o in turns[i])
-                outcomes.append(Outcome(
-                    prompt=prompts[i], response=response, prediction=final[i].get("prediction"),
-                    format_ok=bool(final[i].get("format_ok", False)), num_searches=searches[i],
-                    num_turns=len(turns[i]), prompt_tokens=first_prompt_tokens[i],
-                    completion_tokens=used[i], stop_reason=stop[i],
-                    queries=search_queries(response, protocol, searches[i]),
-                ))  # fmt: skip
+                outcomes.append(
+                    Outcome(
+                        prompt=prompts[i],
+                        response=response,
+                        prediction=final[i].get("prediction"),
+                        format_ok=bool(final[i].get("format_ok", False)),
+                        num_searches=searches[i],
+                        num_turns=len(turns[i]),
+                        prompt_tokens=first_prompt_tokens[i],
+                        completion_tokens=used[i],
+                        stop_reason=stop[i],
+                        queries=search_queries(response, protocol, searches[i]),
+                    )
+                )
             return outcomes
         finally:
             env.close()

@@ -179,5 +179,11 @@ def write_csv(table: Table, path: str | Path) -> None:
         w.writerow(["method", *table.columns, "avg", *[f"n_{c}" for c in table.columns]])
         for m in table.methods:
             cells = table.cells[m]
-            w.writerow([m, *[cells[c][0] if c in cells else "" for c in table.columns], table.avg(m),
-                        *[cells[c][1] if c in cells else "" for c in table.columns]])  # fmt: skip
+            w.writerow(
+                [
+                    m,
+                    *[cells[c][0] if c in cells else "" for c in table.columns],
+                    table.avg(m),
+                    *[cells[c][1] if c in cells else "" for c in table.columns],
+                ]
+            )

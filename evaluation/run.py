@@ -62,10 +62,14 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         checks = {
-            "temperature": self.temperature >= 0, "top_p": 0 < self.top_p <= 1, "max_turns": self.max_turns >= 1,
-            "max_new_tokens": self.max_new_tokens >= 1, "max_response_tokens": self.max_response_tokens >= 1,
-            "topk": self.topk >= 1, "batch_size": self.batch_size >= 1,
-        }  # fmt: skip
+            "temperature": self.temperature >= 0,
+            "top_p": 0 < self.top_p <= 1,
+            "max_turns": self.max_turns >= 1,
+            "max_new_tokens": self.max_new_tokens >= 1,
+            "max_response_tokens": self.max_response_tokens >= 1,
+            "topk": self.topk >= 1,
+            "batch_size": self.batch_size >= 1,
+        }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise EvalError(f"bad evaluation setting {bad[0]}={getattr(self, bad[0])!r}")
@@ -93,8 +97,14 @@ def episode_config(settings: EvalSettings) -> EpisodeConfig:
     """The episode rules of an evaluation; the env's reward is Search-R1's EM (the prediction it
     extracts is what the metrics score)."""
     protocol, prompt = resolve_template(settings.template)
-    return EpisodeConfig(protocol=protocol, reward="em", max_turns=settings.max_turns, topk=settings.topk,
-                         max_obs_chars=settings.max_obs_chars, prompt_template=prompt)  # fmt: skip
+    return EpisodeConfig(
+        protocol=protocol,
+        reward="em",
+        max_turns=settings.max_turns,
+        topk=settings.topk,
+        max_obs_chars=settings.max_obs_chars,
+        prompt_template=prompt,
+    )
 
 
 @dataclass
@@ -117,8 +127,15 @@ class EvalPolicy(Protocol):
     """Anything that can answer a batch of questions through the env: the token engines
     (`TokenPolicy`) or an OpenAI-compatible endpoint (`pvpo.evaluation.policies.OpenAIPolicy`)."""
 
-    def rollout(self, examples: Sequence[QAExample], searcher: Searcher, episode: EpisodeConfig,
-                settings: EvalSettings, *, seed: int) -> list[Outcome]: ...  # fmt: skip
+    def rollout(
+        self,
+        examples: Sequence[QAExample],
+        searcher: Searcher,
+        episode: EpisodeConfig,
+        settings: EvalSettings,
+        *,
+        seed: int,
+    ) -> list[Outcome]: ...
 
 
 def without_corrections(response: str, protocol: TagProtocol) -> str:
@@ -198,8 +215,12 @@ def summarize_items(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "acc": mean([float(s.get("acc", 0.0)) for s in scores]),
         "em_se": standard_error(ems),
     }
-    for key, name in (("format_ok", "format_ok"), ("num_searches", "searches"), ("num_turns", "turns"),
-                      ("completion_tokens", "completion_tokens")):  # fmt: skip
+    for key, name in (
+        ("format_ok", "format_ok"),
+        ("num_searches", "searches"),
+        ("num_turns", "turns"),
+        ("completion_tokens", "completion_tokens"),
+    ):
         vals = [float(o[key]) for o in outs if key in o]
         if vals:
             out[name] = mean(vals)
@@ -258,8 +279,9 @@ def run_eval(
             f"{pred_path} has {len(stray)} ids not in this run's questions (e.g. {sorted(stray)[0]!r}); use another --out"
         )
     started = time.perf_counter()
-    bar = Progress(total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q",
-                   enabled=show_progress)  # fmt: skip
+    bar = Progress(
+        total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q", enabled=show_progress
+    )
     try:
         for start in range(0, len(examples), settings.batch_size):
             todo = [ex for ex in examples[start : start + settings.batch_size] if item_id(ex) not in done]

@@ -57,6 +57,10 @@ class Registry(Generic[T]):
             return deco
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} needs a non-empty string name, got {name!r}")
+        if name not in self._entries and name in self._lazy:
+            # the module that owns the name registers it first (a no-op while that module is the
+            # one registering it), so another object cannot take a lazily declared name unnoticed
+            importlib.import_module(self._lazy[name])
         existing = self._entries.get(name)
         if existing is not None and existing is not value and existing != value:
             raise DuplicateNameError(f"{self.kind} {name!r} is already registered (as {existing!r})")

@@ -12,6 +12,15 @@ from typer.core import TyperGroup
 # exit status of a refused command (as a bad option, click's usage error)
 USER_ERROR_EXIT = 2
 
+_traceback_requested = False
+
+
+def request_traceback() -> None:
+    """Keep the traceback of the next error (a subcommand's own `--debug`, e.g. `pvpo eval --debug`,
+    means what the root's `pvpo --debug` means)."""
+    global _traceback_requested
+    _traceback_requested = True
+
 
 def _is_instance(err: BaseException, module: str, name: str) -> bool:
     """isinstance against a class of a module only if that module is loaded (an error of it can
@@ -40,9 +49,11 @@ def describe(err: BaseException) -> str | None:
     if isinstance(err, FileNotFoundError | NotADirectoryError | IsADirectoryError | PermissionError):
         what = f"{err.strerror}: {err.filename}" if err.filename else str(err)
         return f"error: {what}\n  fix: check the path"
-    if _is_instance(err, "pvpo.trainer.config.schema", "ConfigError"):
+    if _is_instance(err, "pvpo.trainer.rollout.openai_client", "OpenAIError"):
+        return f"error: {err}\n  fix: check the endpoint's URL, model name and key"
+    if isinstance(err, ModuleNotFoundError | ImportError):  # an optional dependency (the message names it)
         return f"error: {err}"
-    if isinstance(err, ValueError):  # bad input named by the code that refused it
+    if isinstance(err, ValueError):  # bad input named by the code that refused it (ConfigError included)
         return f"error: {err}"
     return None
 
@@ -56,7 +67,7 @@ class UserErrorGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except Exception as err:
-            if ctx.params.get("debug"):
+            if ctx.params.get("debug") or _traceback_requested:
                 raise
             message = describe(err)
             if message is None:

@@ -59,8 +59,16 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: 
         reply = [*tok.encode(JUDGE_REPLY, add_special_tokens=False), tok.eos_token_id]
         t.append_model(reply, [0.0] * len(reply))
         trajs.append(t)
-    warm_start(policy.model, trajs, policy.tokenizer.pad_token_id, steps=steps, lr=1e-2, batch_size=4, seed=seed,
-               show_progress=False)  # fmt: skip
+    warm_start(
+        policy.model,
+        trajs,
+        policy.tokenizer.pad_token_id,
+        steps=steps,
+        lr=1e-2,
+        batch_size=4,
+        seed=seed,
+        show_progress=False,
+    )
     policy.model.eval()
     save_policy(policy, out)
     return out

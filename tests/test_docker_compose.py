@@ -150,12 +150,20 @@ def stack(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     (work / "token.env").write_text(f"PVPO_RETRIEVER_TOKEN={token}\n")
     port = _free_port()
     env = dict(docker_env) | {
-        "PVPO_CPU_BASE": base, "PVPO_PIP_OFFLINE": "1", "PVPO_IMAGE_TAG": f"test-{build_id}",
-        "PVPO_BUILD_LABEL": build_id, "PVPO_ENV_FILE": str(work / "token.env"), "PVPO_DATA": str(data),
-        "PVPO_RUNS": str(runs), "PVPO_HF_CACHE": str(work / "hf"), "PVPO_RETRIEVER_PORT": str(port),
+        "PVPO_CPU_BASE": base,
+        "PVPO_PIP_OFFLINE": "1",
+        "PVPO_IMAGE_TAG": f"test-{build_id}",
+        "PVPO_BUILD_LABEL": build_id,
+        "PVPO_ENV_FILE": str(work / "token.env"),
+        "PVPO_DATA": str(data),
+        "PVPO_RUNS": str(runs),
+        "PVPO_HF_CACHE": str(work / "hf"),
+        "PVPO_RETRIEVER_PORT": str(port),
         "PVPO_CONFIG_DIR": str(config),
-        "PVPO_CONFIG": "/config/smoke-gt.yaml", "PVPO_RUN": "smoke", "PVPO_SYNTHETIC_WORLD": SMOKE_WORLD,
-    }  # fmt: skip
+        "PVPO_CONFIG": "/config/smoke-gt.yaml",
+        "PVPO_RUN": "smoke",
+        "PVPO_SYNTHETIC_WORLD": SMOKE_WORLD,
+    }
     (work / "hf").mkdir()
     os.chown(work / "hf", IMAGE_UID, IMAGE_UID)
     compose = ["docker-compose", "-p", f"pvpotest{build_id}", *COMPOSE_CPU]
@@ -189,8 +197,17 @@ def stack(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
         timings["build_s"] = time.monotonic() - t0
         t0 = time.monotonic()
         _run([*compose, "up", "-d", "trainer-cpu"], env, timeout=RUN_TIMEOUT_S)
-        yield {"env": env, "compose": compose, "runs": runs, "data": data, "token": token, "port": port,
-               "build_id": build_id, "timings": timings, "up_t0": t0}  # fmt: skip
+        yield {
+            "env": env,
+            "compose": compose,
+            "runs": runs,
+            "data": data,
+            "token": token,
+            "port": port,
+            "build_id": build_id,
+            "timings": timings,
+            "up_t0": t0,
+        }
     finally:
         logs = subprocess.run(
             [*compose, "logs", "--no-color", "--tail", "40"],

@@ -22,8 +22,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 # What any component may use from the namespace root: the registry type, progress, user errors,
 # crash-safe files and the statistics helpers (pvpo/*.py, none of which imports a component).
-ROOT_UTILITIES = {"pvpo", "pvpo.registry", "pvpo.progress", "pvpo.user_errors", "pvpo.atomic", "pvpo.stats",
-                  "pvpo.lazy_exports"}  # fmt: skip
+ROOT_UTILITIES = {
+    "pvpo",
+    "pvpo.registry",
+    "pvpo.progress",
+    "pvpo.user_errors",
+    "pvpo.atomic",
+    "pvpo.stats",
+    "pvpo.lazy_exports",
+}
 
 
 def _module_name(path: Path) -> str:
@@ -85,8 +92,14 @@ def test_the_trainer_never_imports_evaluation() -> None:
 
 
 def test_evaluation_reaches_the_trainer_through_rollout_and_the_model_loader_only() -> None:
-    allowed = ("pvpo.evaluation", "pvpo.envs", "pvpo.reward", "pvpo.retriever", "pvpo.trainer.rollout",
-               "pvpo.trainer.model.policy")  # fmt: skip
+    allowed = (
+        "pvpo.evaluation",
+        "pvpo.envs",
+        "pvpo.reward",
+        "pvpo.retriever",
+        "pvpo.trainer.rollout",
+        "pvpo.trainer.model.policy",
+    )
     assert _violations("evaluation", allowed) == []
 
 
@@ -97,8 +110,15 @@ def test_algorithms_import_nothing_of_the_trainer_but_the_trajectory() -> None:
 def test_config_imports_only_registries_and_pure_checks() -> None:
     # the name lists it validates against live in light modules: no estimator, engine or GT source
     # module is imported to check a name, and no torch (see the next test for what loads at run time)
-    allowed = ("pvpo.trainer.config", "pvpo.reward", "pvpo.envs.templates", "pvpo.retriever.encoder",
-               "pvpo.trainer.algorithms.spec", "pvpo.trainer.rollout.engine", "pvpo.trainer.reference.sources")  # fmt: skip
+    allowed = (
+        "pvpo.trainer.config",
+        "pvpo.reward",
+        "pvpo.envs.templates",
+        "pvpo.retriever.encoder",
+        "pvpo.trainer.algorithms.spec",
+        "pvpo.trainer.rollout.engine",
+        "pvpo.trainer.reference.sources",
+    )
     assert _violations("trainer/config", allowed) == []
 
 

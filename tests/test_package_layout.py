@@ -42,7 +42,13 @@ def test_the_namespace_imports_from_the_checkout_with_no_install_and_no_site_pac
         "import sys; sys.path.insert(0, sys.argv[1]); import pvpo.reward, pvpo.registry; "
         "print(pvpo.reward.__file__); print(pvpo.reward.get_reward('em')('<answer>x</answer>', 'x').total)"
     )
-    out = subprocess.run([sys.executable, "-S", "-c", code, str(REPO)], capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path, check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=True,
+    ).stdout.split()
     assert Path(out[0]) == REPO / "pvpo" / "reward" / "__init__.py"
     assert float(out[1]) == 1.0

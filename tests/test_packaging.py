@@ -48,26 +48,36 @@ def test_the_installed_wheel_resolves_the_same_demo_config_as_the_checkout(tmp_p
     for folder in ("pvpo", "reward", "retriever", "envs", "trainer", "configs"):
         shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                    str(src)], check=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+        check=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     [wheel] = wheels.glob("pvpo_search-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        timeout=300,
+    )
     # the dependencies come from this environment's site-packages (a path, so its editable pvpo finder is not run)
     site = next(Path(p) for p in sys.path if p.endswith("site-packages"))
     fresh_site = next((venv / "lib").glob("python*/site-packages"))
     (fresh_site / "deps.pth").write_text(str(site) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([str(py), "-c", RESOLVE], check=True, capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, env=env).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(py), "-c", RESOLVE], check=True, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    ).stdout
     got = json.loads(out.strip().splitlines()[-1])
     assert Path(got["pvpo"]).is_relative_to(venv), got["pvpo"]  # the wheel's copy, not the checkout
     assert got["demo"] == load_config(REPO / "configs" / "demo.yaml").model_dump(mode="json")
     env |= {"COLUMNS": "200", "TERM": "dumb", "NO_COLOR": "1"}
-    helps = [subprocess.run([str(exe), "demo", "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                            env=env) for exe in (venv / "bin" / "pvpo", Path(sys.executable).parent / "pvpo")]  # fmt: skip
+    helps = [
+        subprocess.run([str(exe), "demo", "--help"], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        for exe in (venv / "bin" / "pvpo", Path(sys.executable).parent / "pvpo")
+    ]
     assert [h.returncode for h in helps] == [0, 0], helps[0].stderr
     assert helps[0].stdout == helps[1].stdout and "demo preset shipped with the package" in helps[0].stdout

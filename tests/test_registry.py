@@ -45,14 +45,31 @@ def test_lazy_names_are_listed_before_import_and_imported_on_first_get(monkeypat
     reg: Registry[int] = Registry("widget", lazy={"late": "pvpo_test_lazy_widget"})
     module = types.ModuleType("pvpo_test_lazy_widget")
 
-    def fake_import(name: str) -> types.ModuleType:
-        reg.register("late", 7)
-        sys.modules[name] = module
-        return module
+    def fake_import(name: str) -> types.ModuleType:  # as Python does: in sys.modules while it runs
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, module)
+            reg.register("late", 7)
+        return sys.modules[name]
 
     monkeypatch.setattr("pvpo.registry.importlib.import_module", fake_import)
     assert "late" in reg and reg.names() == ["late"]
     assert reg.values() == []
+    assert reg.get("late") == 7
+
+
+def test_a_lazily_declared_name_cannot_be_taken_before_its_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    reg: Registry[int] = Registry("widget", lazy={"late": "pvpo_test_lazy_widget"})
+    module = types.ModuleType("pvpo_test_lazy_widget")
+
+    def fake_import(name: str) -> types.ModuleType:
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, module)
+            reg.register("late", 7)
+        return sys.modules[name]
+
+    monkeypatch.setattr("pvpo.registry.importlib.import_module", fake_import)
+    with pytest.raises(DuplicateNameError, match="'late' is already registered"):
+        reg.register("late", 8)  # the owner registers 7 first; 8 is refused, not silently shadowing it
     assert reg.get("late") == 7
 
 

@@ -22,8 +22,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def _serve_two_replicas(index: Path, port: int, *extra: str) -> subprocess.Popen[str]:
     """`pvpo retriever serve --replicas 2` on ports port, port + 1 (stdout piped: the serving lines)."""
-    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--host", "127.0.0.1",
-           "--port", str(port), "--replicas", "2", "--device", "cpu", "--log-level", "warning", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pvpo.cli",
+        "retriever",
+        "serve",
+        "--index",
+        str(index),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--replicas",
+        "2",
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
 
 

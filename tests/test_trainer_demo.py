@@ -23,18 +23,43 @@ from pvpo.trainer.setup import disjoint_splits, load_data
 REPO = Path(__file__).resolve().parents[1]
 
 MINI = {
-    "model": {"path": None, "warm_start_steps": 6, "warm_start_batch_size": 4,
-              "tiny": {"hidden_size": 48, "num_layers": 1, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 96, "vocab_size": 512}},
-    "data": {"source": "synthetic", "synthetic": {"seed": 0, "n_entities": 16, "n_relations": 2, "max_hops": 2, "questions_per_hop": 12},
-             "max_train_examples": 4, "max_eval_examples": 4, "prompts_per_step": 2, "shuffle_seed": 0,
-             "warm_start_examples": 4, "warm_start_max_hops": 1},
+    "model": {
+        "path": None,
+        "warm_start_steps": 6,
+        "warm_start_batch_size": 4,
+        "tiny": {
+            "hidden_size": 48,
+            "num_layers": 1,
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "intermediate_size": 96,
+            "vocab_size": 512,
+        },
+    },
+    "data": {
+        "source": "synthetic",
+        "synthetic": {"seed": 0, "n_entities": 16, "n_relations": 2, "max_hops": 2, "questions_per_hop": 12},
+        "max_train_examples": 4,
+        "max_eval_examples": 4,
+        "prompts_per_step": 2,
+        "shuffle_seed": 0,
+        "warm_start_examples": 4,
+        "warm_start_max_hops": 1,
+    },
     "retriever": {"topk": 2},
     "env": {"protocol": "search_r1", "max_obs_chars": 200},
-    "rollout": {"engine": "hf", "max_turns": 2, "max_new_tokens": 16, "max_response_tokens": 160, "n": 2, "batch_size": 16},
+    "rollout": {
+        "engine": "hf",
+        "max_turns": 2,
+        "max_new_tokens": 16,
+        "max_response_tokens": 160,
+        "n": 2,
+        "batch_size": 16,
+    },
     "algorithm": {"estimator": "pvpo", "reward": "pvpo", "anchor": {"num_rollouts": 2}},
     "optim": {"lr": 1.0e-4, "mini_batches": 2},
     "run": {"steps": 2, "seed": 0, "checkpoint_every": 0, "tensorboard": False},
-}  # fmt: skip
+}
 
 
 def test_pvpo_train_data_holds_the_same_disjoint_warm_start_split_as_the_demo(tmp_path: Path) -> None:
@@ -89,8 +114,13 @@ def test_miniature_demo_writes_finite_metrics_a_plot_and_a_before_after_summary(
     cfg.write_text(yaml.safe_dump(MINI))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     run_dir = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "pvpo.cli", "demo", "--config", str(cfg), "--run-dir", str(run_dir)],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pvpo.cli", "demo", "--config", str(cfg), "--run-dir", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -129,8 +159,13 @@ def test_shortened_demo_learns_held_out_em_rises_and_train_reward_beats_the_anch
     another CPU's float kernels."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     run_dir = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "pvpo.cli", "demo", "--run-dir", str(run_dir), "run.steps=40",
-                           "run.checkpoint_every=0"], env=env, capture_output=True, text=True, timeout=1200)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pvpo.cli", "demo", "--run-dir", str(run_dir), "run.steps=40", "run.checkpoint_every=0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
+from trainer_support import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.trainer.algorithms.losses import token_logprobs
@@ -209,7 +209,7 @@ class CountingSearcher(OverlapSearcher):
 
 
 def test_the_loop_steps_the_vector_env_with_one_retriever_call_per_turn(policy):
-    from test_trainer_core import ScriptedLM
+    from trainer_support import ScriptedLM
 
     tok = policy.tokenizer
     queries = ["the mentor of Zaro", "the mentor of Zaro", "the rival of Kelmo"]
@@ -234,16 +234,18 @@ def test_the_loop_steps_the_vector_env_with_one_retriever_call_per_turn(policy):
 
 
 def test_eos_without_answer_and_the_token_budget_end_trajectories_scored_as_they_stand(policy):
-    from test_trainer_core import ScriptedLM
+    from trainer_support import ScriptedLM
 
     from pvpo.reward import get_protocol, get_reward
 
     tok = policy.tokenizer
     ex = WORLD.questions("train")[:3]
     gold = ex[2].golden_answers[0]
-    scripts = [tok.encode("<think>hm</think>", add_special_tokens=False) + [tok.eos_token_id],
-               tok.encode(" word", add_special_tokens=False) * 40,
-               tok.encode(f"<answer>{gold}</answer>", add_special_tokens=False)]  # fmt: skip
+    scripts = [
+        tok.encode("<think>hm</think>", add_special_tokens=False) + [tok.eos_token_id],
+        tok.encode(" word", add_special_tokens=False) * 40,
+        tok.encode(f"<answer>{gold}</answer>", add_special_tokens=False),
+    ]
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=3, topk=2, max_obs_chars=120)
     loop = LoopConfig(max_turns=3, max_new_tokens=30, max_response_tokens=30)
     trajs = run_agent_loop(

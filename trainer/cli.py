@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+if TYPE_CHECKING:
+    from pvpo.trainer.config.schema import TrainConfig
 
-def _load(config: Path | None, overrides: list[str]) -> object:
-    """The config: a file or a shipped preset's name (`demo`, `smoke`), or the defaults (None)."""
+
+def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
+    """The config: a file or a shipped preset's name (`demo`, `smoke`), or the defaults (None).
+    A bad file, key or value raises (ConfigError / FileNotFoundError): `pvpo`'s one-line error."""
     from pvpo.trainer.config.presets import resolve_config
-    from pvpo.trainer.config.schema import ConfigError, load_config
+    from pvpo.trainer.config.schema import load_config
 
-    try:
-        return load_config(None if config is None else resolve_config(config), overrides)
-    except (ConfigError, FileNotFoundError) as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(code=2) from None
+    return load_config(None if config is None else resolve_config(config), overrides)
 
 
 def train_cmd(
@@ -63,13 +63,11 @@ def train_cmd(
         from pvpo.trainer.parallel.distributed import torchrun_command
 
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
-    from pvpo.trainer.config.schema import ConfigError
     from pvpo.trainer.loop import train
     from pvpo.trainer.state.resume import resume_config
 
     if resume and overwrite:
-        typer.echo("--resume and --overwrite contradict each other: pick one", err=True)
-        raise typer.Exit(code=2)
+        raise ValueError("--resume and --overwrite contradict each other: pick one")
     run_dir = run_dir or Path("runs") / (config.stem if config else "default")
     if config is None and not resume:
         typer.echo(
@@ -78,12 +76,8 @@ def train_cmd(
             "A preset: --config demo (or smoke)",
             err=True,
         )
-    try:
-        cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
-        result = train(cfg, run_dir, resume=resume, overwrite=overwrite)  # type: ignore[arg-type]
-    except ConfigError as e:  # RunDirError included: a refused run dir or resume
-        typer.echo(str(e), err=True)
-        raise typer.Exit(code=2) from None
+    cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
+    result = train(cfg, run_dir, resume=resume, overwrite=overwrite)
     last = result.metrics[-1] if result.metrics else {}
     typer.echo(
         f"done: {result.steps_done} steps in {run_dir}; last reward/mean={last.get('reward/mean', float('nan')):.4f}"
@@ -108,7 +102,7 @@ def demo_cmd(
     from pvpo.trainer.demo import run_demo
 
     cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
-    summary = run_demo(cfg, run_dir, fresh=fresh)  # type: ignore[arg-type]
+    summary = run_demo(cfg, run_dir, fresh=fresh)
     typer.echo(summary)
 
 

@@ -155,13 +155,24 @@ def summary_table(
 
     k = min(5, len(m))
     ws = result.warm_start_losses
-    held = [("EM", "eval/accuracy"), ("F1", "eval/f1"), ("reward", "eval/reward"), ("format ok", "eval/format_ok"),
-            ("searches per answer", "eval/searches_per_traj")]  # fmt: skip
+    held = [
+        ("EM", "eval/accuracy"),
+        ("F1", "eval/f1"),
+        ("reward", "eval/reward"),
+        ("format ok", "eval/format_ok"),
+        ("searches per answer", "eval/searches_per_traj"),
+    ]
     held += [(f"EM, {h}-hop", f"eval/accuracy_{h}hop") for h in range(1, 5) if f"eval/accuracy_{h}hop" in b]
-    lines = [f"Held-out: {int(b.get('eval/n', 0))} test questions, greedy, never trained on "
-             f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
-             "", learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[1] + ".", "",
-             "| held-out | before RL | after RL | change |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Held-out: {int(b.get('eval/n', 0))} test questions, greedy, never trained on "
+        f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
+        "",
+        learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[1]
+        + ".",
+        "",
+        "| held-out | before RL | after RL | change |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {name} | {' | '.join(ba(key))} |" for name, key in held]
     rows = [
         (
@@ -170,12 +181,12 @@ def summary_table(
             + ("disjoint from RL and test" if cfg.data.warm_start_examples else "the RL prompts'")
             + "), loss "
             + (f"{ws[0]:.3f} -> {ws[-1]:.3f}" if ws else "n/a"),
-        ),  # fmt: skip
+        ),
         (
             "RL",
             f"{cfg.algorithm.estimator}{' + Group Sampling with GT trajectories' if cfg.algorithm.group_sampling.enabled else ''}, "
             f"{len(m)} steps x {cfg.data.prompts_per_step} prompts x {cfg.rollout.n} rollouts, {n_rl} distinct train prompts",
-        ),  # fmt: skip
+        ),
         (
             f"train reward, first -> last {k} steps",
             f"{f(_mean(m[:k], 'reward/mean'))} -> {f(_mean(m[-k:], 'reward/mean'))}",
@@ -199,10 +210,15 @@ def summary_table(
     ]
     gs = m[0] if m and "gs/gt_frac" in m[0] else None
     if gs is not None:
-        rows.insert(2, ("Group Sampling (reference accuracy over the anchor's rollouts)",
-                        f"dropped {gs['gs/dropped_frac']:.1%} / kept {gs['gs/kept_frac']:.1%} / given a GT trajectory "
-                        f"{gs['gs/gt_frac']:.1%} of {n_rl} prompts ({gs.get('gt/generated', 0):.0f} GT trajectories, "
-                        f"{gs.get('gt/failed', 0):.0f} failed)"))  # fmt: skip
+        rows.insert(
+            2,
+            (
+                "Group Sampling (reference accuracy over the anchor's rollouts)",
+                f"dropped {gs['gs/dropped_frac']:.1%} / kept {gs['gs/kept_frac']:.1%} / given a GT trajectory "
+                f"{gs['gs/gt_frac']:.1%} of {n_rl} prompts ({gs.get('gt/generated', 0):.0f} GT trajectories, "
+                f"{gs.get('gt/failed', 0):.0f} failed)",
+            ),
+        )
     if load:
         rows.append(("load average at start / end", load))
     lines += ["", "| run | value |", "|---|---|"] + [f"| {k_} | {v} |" for k_, v in rows]

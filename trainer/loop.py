@@ -124,8 +124,9 @@ class Trainer:
         m = build_model(cfg, data, self.run_dir, searcher, self.spec, show_progress=show_progress)
         self.model, self.tokenizer, self.engine, self.ref_model = m.model, m.tokenizer, m.engine, m.ref_model
         self.where, self.memory, self._make_engine = m.where, m.memory, m.make_engine
-        self.result = TrainResult(self.run_dir, 0, warm_start_losses=m.warm_start_losses,
-                                  warm_start_seconds=m.warm_start_seconds)  # fmt: skip
+        self.result = TrainResult(
+            self.run_dir, 0, warm_start_losses=m.warm_start_losses, warm_start_seconds=m.warm_start_seconds
+        )
         self._ref_engine: RolloutEngine | None = None  # built on first use: only anchor refreshes sample from it
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
@@ -202,8 +203,15 @@ class Trainer:
         for s in range(0, len(examples), bs):
             with self.where.autocast():
                 batch = examples[s : s + bs]
-                out += run_agent_loop(engine or self.engine, self.tokenizer, batch, self.searcher, self.epcfg, loop,
-                                      seed=_seed(seed, offset + s))  # fmt: skip
+                out += run_agent_loop(
+                    engine or self.engine,
+                    self.tokenizer,
+                    batch,
+                    self.searcher,
+                    self.epcfg,
+                    loop,
+                    seed=_seed(seed, offset + s),
+                )
         self.cost.add(kind, out)
         return out
 
@@ -250,9 +258,23 @@ class Trainer:
         share = ddp.rank_share(self.data.eval)  # each rank evaluates its share; metrics weighted by share size
         per_question: list[float] = []
         with self.where.autocast():
-            metrics = evaluate(self.engine, self.tokenizer, share, self.searcher, self.epcfg, loop_config(self.cfg),
-                               temperature=r.eval_temperature, top_p=r.eval_top_p, seed=_seed("eval", tag),
-                               batch_size=self.cfg.rollout.batch_size, per_question=per_question) if share else {}  # fmt: skip
+            metrics = (
+                evaluate(
+                    self.engine,
+                    self.tokenizer,
+                    share,
+                    self.searcher,
+                    self.epcfg,
+                    loop_config(self.cfg),
+                    temperature=r.eval_temperature,
+                    top_p=r.eval_top_p,
+                    seed=_seed("eval", tag),
+                    batch_size=self.cfg.rollout.batch_size,
+                    per_question=per_question,
+                )
+                if share
+                else {}
+            )
         if not ddp.is_distributed():
             self.result.eval_em[tag] = per_question
         return ddp.reduce_metrics(metrics, len(share))
@@ -331,8 +353,15 @@ class Trainer:
         run's state files."""
         save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
         extra = {"cost": self.cost.state_dict(), **self.estimator_state.state_dict()}
-        save(self.run_dir, step, model=checkpoint_view(self.model), tokenizer=self.tokenizer, optimizer=self.optimizer,
-             extra=extra, state_files=self.files.state_files())  # fmt: skip
+        save(
+            self.run_dir,
+            step,
+            model=checkpoint_view(self.model),
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            extra=extra,
+            state_files=self.files.state_files(),
+        )
 
     def run(self) -> TrainResult:
         cfg = self.cfg
@@ -353,8 +382,11 @@ class Trainer:
             self.logger.log(step, metrics)
             if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                 self.save(step)
-            postfix = {"reward": f"{metrics['reward/mean']:.3f}", "acc": f"{metrics['accuracy']:.2f}",
-                       "loss": f"{metrics.get('loss', 0):.3f}"}  # fmt: skip
+            postfix = {
+                "reward": f"{metrics['reward/mean']:.3f}",
+                "acc": f"{metrics['accuracy']:.2f}",
+                "loss": f"{metrics.get('loss', 0):.3f}",
+            }
             if budget is not None:
                 postfix["rollouts"] = f"{metrics['cost/cum_rollouts']:.0f}/{budget}"
             bar.set_postfix(**postfix)
@@ -403,8 +435,9 @@ def train(
                 run_dir.mkdir(parents=True, exist_ok=True)
                 data = load_data(cfg, run_dir)
                 s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))
-            trainer = stack.enter_context(Trainer(cfg, run_dir, data, s, resume=resume,
-                                                  show_progress=show_progress and ddp.is_main()))  # fmt: skip
+            trainer = stack.enter_context(
+                Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main())
+            )
             return trainer.run()
     finally:
         ddp.shutdown()

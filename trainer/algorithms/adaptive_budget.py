@@ -70,5 +70,9 @@ def extend_groups(
             rewards[t.uid].append(float(t.reward))
         new += got
     ks = [len(rewards[ex.uid]) for ex in examples]
-    return new, {"v05/extra_rollouts": float(len(new)), "v05/rounds": float(rounds),
-                 "v05/k_mean": sum(ks) / max(1, len(ks)), "v05/k_max": float(max(ks, default=0))}  # fmt: skip
+    return new, {
+        "v05/extra_rollouts": float(len(new)),
+        "v05/rounds": float(rounds),
+        "v05/k_mean": sum(ks) / max(1, len(ks)),
+        "v05/k_max": float(max(ks, default=0)),
+    }

@@ -42,8 +42,12 @@ class Critic(torch.nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Values `[B, R]` (float32) of the response positions of `batch`."""
-        out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            position_ids=batch.position_ids, use_cache=False)  # fmt: skip
+        out = self.backbone(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        )
         h = out.last_hidden_state[:, batch.prompt_len - 1 : -1]
         return self.head(h.float()).squeeze(-1)
 
@@ -52,8 +56,10 @@ class Critic(torch.nn.Module):
         """Values `[B, R]` on the batch's device, `micro_rows` rows at a time, without gradient."""
         device = next(self.parameters()).device
         self.eval()
-        parts = [self(batch.select(list(range(s, min(s + micro_rows, len(batch))))).to(device))
-                 for s in range(0, len(batch), micro_rows)]  # fmt: skip
+        parts = [
+            self(batch.select(list(range(s, min(s + micro_rows, len(batch))))).to(device))
+            for s in range(0, len(batch), micro_rows)
+        ]
         return torch.cat(parts).to(batch.response_ids.device)
 
 

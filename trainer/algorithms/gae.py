@@ -51,8 +51,10 @@ def gae(
     """(advantages, returns), each `[B, T]`, 0 off the model tokens (`mask` 0). See the module
     docstring: the recursion skips mask-0 tokens, carrying the next value and advantage over them."""
     if not (token_rewards.shape == values.shape == mask.shape):
-        raise ValueError(f"token_rewards {tuple(token_rewards.shape)}, values {tuple(values.shape)} and mask "
-                         f"{tuple(mask.shape)} must have one shape [B, T]")  # fmt: skip
+        raise ValueError(
+            f"token_rewards {tuple(token_rewards.shape)}, values {tuple(values.shape)} and mask "
+            f"{tuple(mask.shape)} must have one shape [B, T]"
+        )
     m = (mask > 0).to(values.dtype)
     values = values.detach() * m
     b, t = values.shape

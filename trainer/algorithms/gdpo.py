@@ -121,8 +121,9 @@ def gdpo(
     given by name and for `conditions`."""
     check_rewards(rewards, uids)
     if components is None:
-        raise ValueError("gdpo needs components= ([B, K] reward components); the trainer passes them, "
-                         "a direct call must too")  # fmt: skip
+        raise ValueError(
+            "gdpo needs components= ([B, K] reward components); the trainer passes them, a direct call must too"
+        )
     comps = components.to(device=rewards.device, dtype=rewards.dtype)
     if comps.dim() != 2 or comps.shape[0] != rewards.shape[0]:
         raise ValueError(f"components must be [B, K] with B={rewards.shape[0]}, got {tuple(comps.shape)}")

@@ -259,9 +259,15 @@ class LossConfig:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Same as `total_loss` with this config's settings."""
         return total_loss(
-            logprobs, old_logprobs, advantages, mask, self,
-            ref_logprobs=ref_logprobs, entropy=entropy, is_weights=is_weights,
-        )  # fmt: skip
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            self,
+            ref_logprobs=ref_logprobs,
+            entropy=entropy,
+            is_weights=is_weights,
+        )
 
 
 def total_loss(
@@ -282,10 +288,17 @@ def total_loss(
     are still reported. Stats: loss, pg_loss, kl, entropy, clip_frac, and the policy_loss stats.
     """
     pg, stats = policy_loss(
-        logprobs, old_logprobs, advantages, mask,
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-        agg=cfg.agg, norm_len=cfg.norm_len, is_weights=is_weights,
-    )  # fmt: skip
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+        dual_clip=cfg.dual_clip,
+        agg=cfg.agg,
+        norm_len=cfg.norm_len,
+        is_weights=is_weights,
+    )
     loss = pg
     if cfg.kl_coef != 0 and ref_logprobs is None:
         raise ValueError("kl_coef is non-zero but no ref_logprobs were given")

@@ -84,6 +84,9 @@ def fusion_stats(per: Mapping[str, Fusion]) -> dict[str, float]:
     if not per:
         return {}
     fs = list(per.values())
-    return {"v05/w_mean": sum(f.w for f in fs) / len(fs), "v05/prior_rejected_frac": sum(f.d2 > 0 for f in fs) / len(fs),
-            "v05/baseline_mse": sum(f.mse for f in fs) / len(fs),
-            "v05/zero_variance_frac": sum(f.noise == 0 for f in fs) / len(fs)}  # fmt: skip
+    return {
+        "v05/w_mean": sum(f.w for f in fs) / len(fs),
+        "v05/prior_rejected_frac": sum(f.d2 > 0 for f in fs) / len(fs),
+        "v05/baseline_mse": sum(f.mse for f in fs) / len(fs),
+        "v05/zero_variance_frac": sum(f.noise == 0 for f in fs) / len(fs),
+    }

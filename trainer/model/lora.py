@@ -40,8 +40,10 @@ def add_lora(
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in target_modules if t not in present]
     if missing:
-        raise ValueError(f"model.lora.target_modules {missing} are not modules of {type(model).__name__}; "
-                         f"its linear layers include {sorted(n for n in present if n.endswith('proj'))}")  # fmt: skip
+        raise ValueError(
+            f"model.lora.target_modules {missing} are not modules of {type(model).__name__}; "
+            f"its linear layers include {sorted(n for n in present if n.endswith('proj'))}"
+        )
     config = LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
     )

@@ -106,9 +106,17 @@ def trim_columns(batch: Batch) -> tuple[Batch, int]:
     r = int(resp_used.nonzero()[-1]) + 1 if bool(resp_used.any()) else 1
     end = batch.prompt_len + r
     trimmed = Batch(
-        batch.input_ids[:, first:end], attn[:, first:end], batch.position_ids[:, first:end], batch.response_ids[:, :r],
-        batch.loss_mask[:, :r], batch.old_logprobs[:, :r], batch.rewards, batch.uids, batch.is_gt, batch.prompt_len - first,
-    )  # fmt: skip
+        batch.input_ids[:, first:end],
+        attn[:, first:end],
+        batch.position_ids[:, first:end],
+        batch.response_ids[:, :r],
+        batch.loss_mask[:, :r],
+        batch.old_logprobs[:, :r],
+        batch.rewards,
+        batch.uids,
+        batch.is_gt,
+        batch.prompt_len - first,
+    )
     return trimmed, r
 
 

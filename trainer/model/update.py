@@ -35,10 +35,15 @@ def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len
     `seq-mean-token-sum-norm` divides by `optim.loss_norm_len`, else `norm_len` (the run's
     response budget), a constant as Dr.GRPO requires."""
     return LossConfig(
-        clip_low=optim.clip_low, clip_high=optim.clip_high, dual_clip=optim.dual_clip, agg=optim.loss_agg or default_agg,
-        norm_len=optim.loss_norm_len or norm_len, kl_coef=optim.kl_coef, kl_kind=optim.kl_estimator,
+        clip_low=optim.clip_low,
+        clip_high=optim.clip_high,
+        dual_clip=optim.dual_clip,
+        agg=optim.loss_agg or default_agg,
+        norm_len=optim.loss_norm_len or norm_len,
+        kl_coef=optim.kl_coef,
+        kl_kind=optim.kl_estimator,
         entropy_coef=optim.entropy_coef,
-    )  # fmt: skip
+    )
 
 
 @torch.no_grad()
@@ -49,8 +54,12 @@ def batch_logprobs(
     policy before its update), without gradient, `micro` rows and at most `max_tokens` padded
     tokens at a time (0 beyond each row's response)."""
     batch = batch.to(next(model.parameters()).device)
-    return batch_forward(batch, lambda sub: token_logprobs(response_logits(model, sub), sub.response_ids, temperature),
-                         max_tokens=max_tokens, max_rows=micro)  # fmt: skip
+    return batch_forward(
+        batch,
+        lambda sub: token_logprobs(response_logits(model, sub), sub.response_ids, temperature),
+        max_tokens=max_tokens,
+        max_rows=micro,
+    )
 
 
 def micro_batch_loss(
@@ -113,8 +122,10 @@ def importance_terms(
     log-probs of its tokens before the update; the first two are None when correction is off."""
     sampled = batch.loss_mask * (~batch.is_gt).unsqueeze(1).to(batch.loss_mask.dtype)  # GT tokens: pi_gt's
     cap = correction.cap if correction is not None else 2.0
-    stats = {**logprob_mismatch(lp_train_old, batch.old_logprobs, sampled),
-             "mismatch/truncated_frac": truncated_fraction(lp_train_old, batch.old_logprobs, sampled, cap=cap)}  # fmt: skip
+    stats = {
+        **logprob_mismatch(lp_train_old, batch.old_logprobs, sampled),
+        "mismatch/truncated_frac": truncated_fraction(lp_train_old, batch.old_logprobs, sampled, cap=cap),
+    }
     if correction is None or not correction.enabled:
         return None, None, stats
     gt = batch.is_gt.unsqueeze(1)
@@ -176,11 +187,15 @@ def policy_update(
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r
                 loss, stats, _ = micro_batch_loss(
-                    model, mb.batch, advantages[ix] if advantages.dim() == 1 else advantages[ix, :r], loss_cfg, temperature=temperature,
+                    model,
+                    mb.batch,
+                    advantages[ix] if advantages.dim() == 1 else advantages[ix, :r],
+                    loss_cfg,
+                    temperature=temperature,
                     ref_logprobs=ref_lp[ix, :r] if ref_lp is not None else None,
                     old_logprobs=old_lp[ix, :r] if old_lp is not None else None,
                     is_weights=is_w[ix, :r] if is_w is not None else None,
-                )  # fmt: skip
+                )
                 return loss, stats
 
             mini_loss, micro_stats = accumulate(micros, run)

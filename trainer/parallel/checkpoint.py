@@ -103,8 +103,10 @@ def load_sharded_checkpoint(ckpt: str | Path, *, model: Any, optimizer: torch.op
     if state.get("format") != "dcp" or not (ckpt / "dcp").is_dir():
         raise CheckpointError(f"{ckpt} is a single-process checkpoint; resume it without torchrun (or start a new run)")
     if saved_world != world_size():
-        raise CheckpointError(f"{ckpt} was saved by {saved_world} ranks, this run has {world_size()}: resume with "
-                              f"--nproc_per_node matching {saved_world}")  # fmt: skip
+        raise CheckpointError(
+            f"{ckpt} was saved by {saved_world} ranks, this run has {world_size()}: resume with "
+            f"--nproc_per_node matching {saved_world}"
+        )
     model_sd, optim_sd = get_state_dict(model, optimizer)
     target: dict[str, Any] = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(target, checkpoint_id=str(ckpt / "dcp"))

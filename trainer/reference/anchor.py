@@ -37,11 +37,12 @@ class AnchorStore:
     """uid -> AnchorStat, backed by a JSON file at `path` (or memory only when `path` is None).
 
     If `path` exists it is loaded, so constructing a store on the same path resumes a build.
-    `computed_at_step` and `source` (e.g. "initial" for the frozen initial policy, "snapshot"
-    for a copy of the current one) describe the policy the anchor was computed with.
+    `computed_at_step` and `source` describe the policy the anchor was computed with: "reference"
+    (the frozen initial policy) or "current" (the policy being trained, at `computed_at_step`), the
+    two values of `algorithm.anchor.refresh_from`.
     """
 
-    def __init__(self, path: Path | str | None = None, *, source: str = "initial", computed_at_step: int = 0):
+    def __init__(self, path: Path | str | None = None, *, source: str = "reference", computed_at_step: int = 0):
         self.path = Path(path) if path is not None else None
         self.source = source
         self.computed_at_step = computed_at_step
@@ -197,8 +198,13 @@ def build_anchor(
         if not store.is_complete(ex.uid, num_rollouts):
             pending.append(ex)
 
-    bar = Progress(total=len(seen), initial=len(seen) - len(pending), enabled=show_progress,
-               desc=f"reference anchor (M={num_rollouts})", unit="prompt")  # fmt: skip
+    bar = Progress(
+        total=len(seen),
+        initial=len(seen) - len(pending),
+        enabled=show_progress,
+        desc=f"reference anchor (M={num_rollouts})",
+        unit="prompt",
+    )
     try:
         for start in range(0, len(pending), batch_size):
             chunk = pending[start : start + batch_size]

@@ -97,5 +97,10 @@ def load_partition(path: str | Path) -> Partition | None:
     doc: dict[str, Any] = json.loads(path.read_text())
     if doc.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path}: group sampling state version {doc.get('version')!r}, expected {FORMAT_VERSION}")
-    return Partition(int(doc["computed_at_step"]), list(doc["dropped"]), list(doc["kept"]), list(doc["gt"]),
-                     {k: float(v) for k, v in doc.get("report", {}).items()})  # fmt: skip
+    return Partition(
+        int(doc["computed_at_step"]),
+        list(doc["dropped"]),
+        list(doc["kept"]),
+        list(doc["gt"]),
+        {k: float(v) for k, v in doc.get("report", {}).items()},
+    )

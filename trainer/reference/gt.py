@@ -36,14 +36,37 @@ class GTRecord:
 
     @classmethod
     def from_trajectory(cls, t: Trajectory) -> GTRecord:
-        return cls(list(t.prompt_ids), list(t.response_ids), list(t.loss_mask), list(t.old_logprobs), t.reward,
-                   t.accuracy, t.prediction, t.num_tool_calls, t.num_turns, dict(t.reward_components))  # fmt: skip
+        return cls(
+            list(t.prompt_ids),
+            list(t.response_ids),
+            list(t.loss_mask),
+            list(t.old_logprobs),
+            t.reward,
+            t.accuracy,
+            t.prediction,
+            t.num_tool_calls,
+            t.num_turns,
+            dict(t.reward_components),
+        )
 
     def trajectory(self, uid: str) -> Trajectory:
         """A fresh injected trajectory: `is_gt`, with pi_gt as its ratio denominator."""
-        return Trajectory(uid, list(self.prompt_ids), list(self.response_ids), list(self.loss_mask), list(self.gt_logprobs),
-                          self.reward, dict(self.reward_components), self.accuracy, self.prediction, self.num_tool_calls,
-                          self.num_turns, "gt", is_gt=True, gt_logprobs=list(self.gt_logprobs))  # fmt: skip
+        return Trajectory(
+            uid,
+            list(self.prompt_ids),
+            list(self.response_ids),
+            list(self.loss_mask),
+            list(self.gt_logprobs),
+            self.reward,
+            dict(self.reward_components),
+            self.accuracy,
+            self.prediction,
+            self.num_tool_calls,
+            self.num_turns,
+            "gt",
+            is_gt=True,
+            gt_logprobs=list(self.gt_logprobs),
+        )
 
 
 class GTCache:
@@ -120,5 +143,10 @@ def fetch_gt(
     for ex in pending:
         cache.failed[ex.uid] = attempts
     cache.save()
-    return {"gt/asked": float(asked), "gt/generated": float(len(kept)), "gt/failed": float(len(pending)), "gt/attempts": float(tries),
-            "gt/cached": float(len(cache))}  # fmt: skip
+    return {
+        "gt/asked": float(asked),
+        "gt/generated": float(len(kept)),
+        "gt/failed": float(len(pending)),
+        "gt/attempts": float(tries),
+        "gt/cached": float(len(cache)),
+    }

@@ -21,8 +21,10 @@ class OracleSource:
 
     def __init__(self, context: GTContext) -> None:
         if context.world is None:
-            raise ValueError("algorithm.gt.source=oracle needs the synthetic world (data.source: synthetic); "
-                             "use gt.source=model for a real dataset")  # fmt: skip
+            raise ValueError(
+                "algorithm.gt.source=oracle needs the synthetic world (data.source: synthetic); "
+                "use gt.source=model for a real dataset"
+            )
         self.ctx = context
 
     def generate(self, examples: Sequence[QAExample], *, attempt: int) -> list[Trajectory | None]:
@@ -30,8 +32,17 @@ class OracleSource:
 
         c = self.ctx
         protocol = c.episode_config.tag_protocol
-        return list(oracle_trajectories(examples, lambda ex: c.world.oracle_trajectory(ex, protocol), c.tokenizer,
-                                        c.searcher, c.episode_config, chat_template=c.loop.chat_template, eos=False))  # fmt: skip
+        return list(
+            oracle_trajectories(
+                examples,
+                lambda ex: c.world.oracle_trajectory(ex, protocol),
+                c.tokenizer,
+                c.searcher,
+                c.episode_config,
+                chat_template=c.loop.chat_template,
+                eos=False,
+            )
+        )
 
     def close(self) -> None:
         return None
@@ -49,9 +60,11 @@ class LocalModelSource:
         m = gt_config.model
         policy = load_policy(m.path)
         if policy.tokenizer.get_vocab() != context.tokenizer.get_vocab():
-            raise ValueError(f"gt.model.path={m.path}: its tokenizer differs from the policy's, so its trajectories "
-                             "cannot be replayed token-exact; use a model of the same family, or an endpoint "
-                             "(gt.model.base_url) with gt.logprobs=reference")  # fmt: skip
+            raise ValueError(
+                f"gt.model.path={m.path}: its tokenizer differs from the policy's, so its trajectories "
+                "cannot be replayed token-exact; use a model of the same family, or an endpoint "
+                "(gt.model.base_url) with gt.logprobs=reference"
+            )
         self.ctx, self.temperature = context, m.temperature
         self.engine = build_engine(m.engine, model=policy.model, tokenizer=policy.tokenizer)
 
@@ -60,8 +73,11 @@ class LocalModelSource:
 
         c = self.ctx
         loop = replace(c.loop, temperature=self.temperature, top_p=1.0)
-        return list(run_agent_loop(self.engine, c.tokenizer, examples, c.searcher, c.episode_config, loop,
-                                   seed=1_000_003 * (attempt + 1)))  # fmt: skip
+        return list(
+            run_agent_loop(
+                self.engine, c.tokenizer, examples, c.searcher, c.episode_config, loop, seed=1_000_003 * (attempt + 1)
+            )
+        )
 
     def close(self) -> None:
         self.engine.close()
@@ -79,8 +95,10 @@ class EndpointSource:
 
         m = gt_config.model
         if gt_config.logprobs != "reference":
-            raise ValueError("gt.model.base_url: an endpoint's log-probs are over its own tokenization; "
-                             "set algorithm.gt.logprobs=reference")  # fmt: skip
+            raise ValueError(
+                "gt.model.base_url: an endpoint's log-probs are over its own tokenization; "
+                "set algorithm.gt.logprobs=reference"
+            )
         self.ctx, self.cfg = context, m
         self.client = OpenAIClient(
             m.base_url, m.model, api_key=os.environ.get(m.api_key_env) or None, timeout=m.timeout_s
@@ -90,8 +108,13 @@ class EndpointSource:
         from pvpo.trainer.rollout.openai_client import restore_stop
 
         c, p = self.cfg, self.ctx.episode_config.tag_protocol
-        body = {"messages": messages, "temperature": c.temperature, "seed": seed,
-                "max_tokens": self.ctx.loop.max_new_tokens, "stop": list(p.stop_strings)}  # fmt: skip
+        body = {
+            "messages": messages,
+            "temperature": c.temperature,
+            "seed": seed,
+            "max_tokens": self.ctx.loop.max_new_tokens,
+            "stop": list(p.stop_strings),
+        }
         choice = self.client.post("chat/completions", body)["choices"][0]
         text, _ = restore_stop(
             choice["message"]["content"] or "", choice.get("finish_reason"), choice.get("stop_reason"), p

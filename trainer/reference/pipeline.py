@@ -93,8 +93,7 @@ class Reference:
         engine.wake_up()
         t0 = time.perf_counter()
         try:
-            ddp.build_anchor_shared(
-                build_anchor,
+            build_anchor_sharded(
                 train,
                 rollout_fn,
                 num_rollouts=a.num_rollouts,
@@ -192,3 +191,61 @@ class Reference:
             todo += [ex] * (n - r)
             injected += [record.trajectory(ex.uid) for _ in range(r)] if record is not None else []
         return todo, injected
+
+
+def build_anchor_sharded(
+    examples: Sequence[Any],
+    rollout_fn: Callable[..., Any],
+    *,
+    num_rollouts: int,
+    batch_size: int,
+    store: AnchorStore,
+    step: int,
+    source: str,
+    show_progress: bool = True,
+) -> AnchorStore:
+    """`build_anchor` with its prompts split over the ranks (whole `batch_size` batches, so
+    each batch and its seed are what one process would roll out), the per-prompt statistics
+    gathered into `store` on every rank and saved by rank 0. A single process builds the whole anchor."""
+    if not ddp.is_distributed():
+        return build_anchor(
+            examples,
+            rollout_fn,
+            num_rollouts=num_rollouts,
+            batch_size=batch_size,
+            store=store,
+            step=step,
+            source=source,
+            show_progress=show_progress,
+        )
+    unique = list({ex.uid: ex for ex in examples}.values())
+    if len(store) and (store.computed_at_step != step or store.source != source):
+        store.reset(step=step, source=source)
+    mine = ddp.rank_share(unique, unit=batch_size)
+    local = AnchorStore(None, source=source, computed_at_step=step)
+    for ex in mine:  # rollouts an interrupted build already stored
+        if (have := store.get(ex.uid)) is not None:
+            local.update(ex.uid, [have.mean_reward] * have.n, [have.accuracy] * have.n)
+    build_anchor(
+        mine,
+        rollout_fn,
+        num_rollouts=num_rollouts,
+        batch_size=batch_size,
+        store=local,
+        step=step,
+        source=source,
+        show_progress=show_progress,
+    )
+    # each gathered stat already includes what the store held for its prompt: it replaces it
+    merged = {
+        **store.stats(),
+        **{uid: stat for part in ddp.all_gather_objects(local.stats()) for uid, stat in part.items()},
+    }
+    store.reset(step=step, source=source)
+    for uid, stat in merged.items():
+        store.update(uid, [stat.mean_reward] * stat.n, [stat.accuracy] * stat.n)
+    store.num_rollouts = num_rollouts
+    if ddp.is_main() and store.path is not None:
+        store.save()
+    ddp.barrier()
+    return store

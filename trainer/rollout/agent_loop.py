@@ -65,9 +65,17 @@ def vector_env(searcher: Searcher, episode_config: EpisodeConfig, num_envs: int)
     """A `SearchVectorEnv` with `episode_config`'s rules over `searcher`; questions come at reset."""
     c = episode_config
     return SearchVectorEnv(
-        num_envs, None, retriever=searcher, protocol=c.protocol, reward=c.reward, reward_params=c.reward_params,
-        max_turns=c.max_turns, topk=c.topk, max_obs_chars=c.max_obs_chars, prompt_template=c.prompt_template,
-    )  # fmt: skip
+        num_envs,
+        None,
+        retriever=searcher,
+        protocol=c.protocol,
+        reward=c.reward,
+        reward_params=c.reward_params,
+        max_turns=c.max_turns,
+        topk=c.topk,
+        max_obs_chars=c.max_obs_chars,
+        prompt_template=c.prompt_template,
+    )
 
 
 def run_agent_loop(
@@ -87,8 +95,10 @@ def run_agent_loop(
     env = vector_env(searcher, episode_config, len(examples))
     try:
         prompts, _ = env.reset(options={"questions": list(examples)})
-        trajs = [Trajectory(uid=ex.uid, prompt_ids=prompt_ids(tokenizer, p, chat_template=loop.chat_template))
-                 for ex, p in zip(examples, prompts, strict=True)]  # fmt: skip
+        trajs = [
+            Trajectory(uid=ex.uid, prompt_ids=prompt_ids(tokenizer, p, chat_template=loop.chat_template))
+            for ex, p in zip(examples, prompts, strict=True)
+        ]
         contexts = [list(t.prompt_ids) for t in trajs]
 
         def end(i: int, reason: str, text: str = "") -> None:
@@ -102,9 +112,12 @@ def run_agent_loop(
                 break
             room = {i: loop.max_response_tokens - len(trajs[i].response_ids) for i in active}
             sampling = SamplingConfig(
-                temperature=loop.temperature, top_p=loop.top_p, stop=tuple(protocol.stop_strings),
-                max_new_tokens=max(1, min(loop.max_new_tokens, max(room.values()))), seed=_seed(seed, turn),
-            )  # fmt: skip
+                temperature=loop.temperature,
+                top_p=loop.top_p,
+                stop=tuple(protocol.stop_strings),
+                max_new_tokens=max(1, min(loop.max_new_tokens, max(room.values()))),
+                seed=_seed(seed, turn),
+            )
             completions = engine.generate([contexts[i] for i in active], sampling)
             actions = [""] * len(trajs)  # finished episodes ignore theirs
             stepped: list[int] = []

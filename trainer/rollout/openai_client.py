@@ -29,8 +29,16 @@ class OpenAIClient:
     with jitter on connection errors, timeouts, 408/409/429/5xx); other errors raise at once with
     the server's message. Thread-safe (one httpx.Client)."""
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout: float = 120.0,
-                 retries: int = 4, backoff: float = 0.5) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        retries: int = 4,
+        backoff: float = 0.5,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retries, self.backoff = retries, backoff

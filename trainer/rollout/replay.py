@@ -35,8 +35,10 @@ def oracle_trajectories(
     env = vector_env(searcher, episode_config, len(examples))
     try:
         prompts, _ = env.reset(options={"questions": list(examples)})
-        trajs = [Trajectory(ex.uid, prompt_ids(tokenizer, p, chat_template=chat_template))
-                 for ex, p in zip(examples, prompts, strict=True)]  # fmt: skip
+        trajs = [
+            Trajectory(ex.uid, prompt_ids(tokenizer, p, chat_template=chat_template))
+            for ex, p in zip(examples, prompts, strict=True)
+        ]
         for t in range(max(len(ts) for ts in turns)):
             # An oracle ends with its answer, so an episode still running has a turn left.
             live = [i for i, ts in enumerate(turns) if t < len(ts) and not env.done[i]]

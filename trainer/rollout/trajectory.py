@@ -83,17 +83,31 @@ class Batch:
         """Rows `idx` (a mini-batch); columns keep their meaning."""
         ix = torch.as_tensor(list(idx), dtype=torch.long)
         return Batch(
-            self.input_ids[ix], self.attention_mask[ix], self.position_ids[ix], self.response_ids[ix],
-            self.loss_mask[ix], self.old_logprobs[ix], self.rewards[ix], [self.uids[i] for i in idx],
-            self.is_gt[ix], self.prompt_len,
-        )  # fmt: skip
+            self.input_ids[ix],
+            self.attention_mask[ix],
+            self.position_ids[ix],
+            self.response_ids[ix],
+            self.loss_mask[ix],
+            self.old_logprobs[ix],
+            self.rewards[ix],
+            [self.uids[i] for i in idx],
+            self.is_gt[ix],
+            self.prompt_len,
+        )
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(
-            self.input_ids.to(device), self.attention_mask.to(device), self.position_ids.to(device),
-            self.response_ids.to(device), self.loss_mask.to(device), self.old_logprobs.to(device),
-            self.rewards.to(device), self.uids, self.is_gt.to(device), self.prompt_len,
-        )  # fmt: skip
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.position_ids.to(device),
+            self.response_ids.to(device),
+            self.loss_mask.to(device),
+            self.old_logprobs.to(device),
+            self.rewards.to(device),
+            self.uids,
+            self.is_gt.to(device),
+            self.prompt_len,
+        )
 
 
 def collate(trajs: Sequence[Trajectory], pad_id: int) -> Batch:
@@ -122,10 +136,17 @@ def collate(trajs: Sequence[Trajectory], pad_id: int) -> Batch:
             old[i, :lr] = torch.tensor(t.old_logprobs, dtype=torch.float32)
     positions = (attn.cumsum(-1) - 1).clamp(min=0)
     return Batch(
-        input_ids, attn, positions, resp, mask, old,
+        input_ids,
+        attn,
+        positions,
+        resp,
+        mask,
+        old,
         torch.tensor([t.reward for t in trajs], dtype=torch.float32),
-        [t.uid for t in trajs], torch.tensor([t.is_gt for t in trajs], dtype=torch.bool), p,
-    )  # fmt: skip
+        [t.uid for t in trajs],
+        torch.tensor([t.is_gt for t in trajs], dtype=torch.bool),
+        p,
+    )
 
 
 def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

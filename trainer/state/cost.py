@@ -73,8 +73,11 @@ class CostCounter:
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps (plain floats, loadable with `torch.load(weights_only=True)`)."""
-        return {"pending": {k: dict(v) for k, v in self.pending.items()},
-                "total": {k: dict(v) for k, v in self.total.items()}, "gt_tokens": self.gt_tokens}  # fmt: skip
+        return {
+            "pending": {k: dict(v) for k, v in self.pending.items()},
+            "total": {k: dict(v) for k, v in self.total.items()},
+            "gt_tokens": self.gt_tokens,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = {k: {f: float(state["pending"][k][f]) for f in FIELDS} for k in KINDS}

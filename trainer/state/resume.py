@@ -16,10 +16,20 @@ from pvpo.trainer.state.run_dir import RunDir
 # CPU threads, and how to reach the retriever (it may have moved or restarted). Everything else
 # (model, data, rollout, algorithm, optim, seed, ...) decides the trajectories and updates, so a
 # different value would silently continue a different run.
-SAFE_ON_RESUME = frozenset({
-    "run.steps", "run.checkpoint_every", "run.eval_every", "run.tensorboard", "run.threads",
-    "retriever.url", "retriever.token", "retriever.timeout", "retriever.retries", "retriever.max_backoff",
-})  # fmt: skip
+SAFE_ON_RESUME = frozenset(
+    {
+        "run.steps",
+        "run.checkpoint_every",
+        "run.eval_every",
+        "run.tensorboard",
+        "run.threads",
+        "retriever.url",
+        "retriever.token",
+        "retriever.timeout",
+        "retriever.retries",
+        "retriever.max_backoff",
+    }
+)
 
 
 class RunDirError(ConfigError):
@@ -64,8 +74,10 @@ def check_resume_config(run_dir: str | Path, cfg: TrainConfig) -> None:
     ckpt = latest_checkpoint(run_dir)
     checkpoint_step = int(ckpt.name.removeprefix("step_")) if ckpt is not None else 0
     if checkpoint_step > cfg.run.steps:
-        raise RunDirError(f"{run_dir} is checkpointed at step {checkpoint_step} but run.steps={cfg.run.steps}: "
-                          f"pass run.steps={checkpoint_step} or more to continue it")  # fmt: skip
+        raise RunDirError(
+            f"{run_dir} is checkpointed at step {checkpoint_step} but run.steps={cfg.run.steps}: "
+            f"pass run.steps={checkpoint_step} or more to continue it"
+        )
 
 
 def resume_config(run_dir: str | Path, overrides: list[str], config: str | Path | None = None) -> TrainConfig:
@@ -91,7 +103,9 @@ def prepare_fresh(run_dir: str | Path, *, overwrite: bool = False) -> None:
         return
     if not overwrite:
         shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
-        raise RunDirError(f"{run_dir} already holds a run ({shown}): pass --resume to continue it, "
-                          f"or --overwrite to delete it and start over")  # fmt: skip
+        raise RunDirError(
+            f"{run_dir} already holds a run ({shown}): pass --resume to continue it, "
+            f"or --overwrite to delete it and start over"
+        )
     for p in run_dir.iterdir():
         shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()

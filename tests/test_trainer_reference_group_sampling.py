@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from test_trainer_core import TINY, WORLD, OverlapSearcher
+from trainer_support import TINY, WORLD, OverlapSearcher
 
 from pvpo.trainer.config.schema import load_config
 from pvpo.trainer.model.update import gt_ratio_stats
@@ -299,12 +299,29 @@ def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp
     two = [q for q in train if q.metadata["hops"] == 2]
     texts = [p.contents for p in WORLD.passages] + [SEARCH_R1.instruction()] + [q.question for q in train]
     texts += ["".join(WORLD.oracle_trajectory(q)) for q in train]
-    cfg = load_config(None, [
-        "model.tiny.vocab_size=400", "model.tiny.hidden_size=64", "model.tiny.num_layers=2", "model.tiny.intermediate_size=128",
-        "model.warm_start_steps=80", "model.warm_start_batch_size=8", f"algorithm.group_sampling.enabled={str(group_sampling).lower()}",
-        "rollout.max_turns=3", "rollout.max_new_tokens=40", "rollout.max_response_tokens=240", "rollout.n=4",
-        f"data.prompts_per_step={len(two)}", "algorithm.anchor.num_rollouts=2", "optim.lr=3e-3", "run.steps=30",
-        "run.checkpoint_every=0", "run.tensorboard=false", "run.threads=1"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "model.tiny.vocab_size=400",
+            "model.tiny.hidden_size=64",
+            "model.tiny.num_layers=2",
+            "model.tiny.intermediate_size=128",
+            "model.warm_start_steps=80",
+            "model.warm_start_batch_size=8",
+            f"algorithm.group_sampling.enabled={str(group_sampling).lower()}",
+            "rollout.max_turns=3",
+            "rollout.max_new_tokens=40",
+            "rollout.max_response_tokens=240",
+            "rollout.n=4",
+            f"data.prompts_per_step={len(two)}",
+            "algorithm.anchor.num_rollouts=2",
+            "optim.lr=3e-3",
+            "run.steps=30",
+            "run.checkpoint_every=0",
+            "run.tensorboard=false",
+            "run.threads=1",
+        ],
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     trainer = _recording_trainer(

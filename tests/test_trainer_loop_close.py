@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_trainer_core import TINY, WORLD, OverlapSearcher
+from trainer_support import TINY, WORLD, OverlapSearcher
 
 from pvpo.trainer.config.schema import load_config
 from pvpo.trainer.rollout.hf_engine import HFEngine

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_core import TINY, WORLD, OverlapSearcher
+from trainer_support import TINY, WORLD, OverlapSearcher
 from typer.testing import CliRunner
 
 from pvpo.trainer.config.schema import dump_config, load_config

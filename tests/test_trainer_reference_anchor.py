@@ -63,16 +63,16 @@ def test_update_merges_rollouts_into_running_means():
 
 def test_save_load_round_trip_records_step_and_source(tmp_path: Path):
     path = tmp_path / "sub" / "anchor.json"
-    s = AnchorStore(path, source="snapshot", computed_at_step=40)
+    s = AnchorStore(path, source="current", computed_at_step=40)
     s.update("a", [0.1, 1.1, 1.1], [0.0, 1.0, 1.0])
     s.update("b", [0.3], [0.0])
     s.save()
     doc = json.loads(path.read_text())
     assert doc["version"] == anchor_mod.FORMAT_VERSION
-    assert doc["computed_at_step"] == 40 and doc["source"] == "snapshot"
+    assert doc["computed_at_step"] == 40 and doc["source"] == "current"
     loaded = AnchorStore.load(path)
     assert loaded.stats() == s.stats()
-    assert loaded.computed_at_step == 40 and loaded.source == "snapshot"
+    assert loaded.computed_at_step == 40 and loaded.source == "current"
     assert [p.name for p in path.parent.iterdir()] == ["anchor.json"]  # no temp file left behind
 
 
@@ -123,8 +123,9 @@ def test_needs_refresh_rejects_negative_interval():
 
 def test_build_anchor_runs_m_rollouts_per_prompt_in_batches(tmp_path: Path):
     fake = FakeRollouts(seed=1)
-    store = build_anchor(EXAMPLES, fake, num_rollouts=4, batch_size=3,
-                         store=AnchorStore(tmp_path / "a.json"), show_progress=False)  # fmt: skip
+    store = build_anchor(
+        EXAMPLES, fake, num_rollouts=4, batch_size=3, store=AnchorStore(tmp_path / "a.json"), show_progress=False
+    )
     # 7 prompts in batches of 3 -> 3 calls of 12, 12, 4 rollouts
     assert [len(c) for c in fake.calls] == [12, 12, 4]
     assert all(store[e.uid].n == 4 for e in EXAMPLES)
@@ -164,15 +165,24 @@ def test_build_anchor_tops_up_prompts_with_too_few_rollouts():
 
 def test_build_anchor_for_a_new_step_or_source_starts_over(tmp_path: Path):
     path = tmp_path / "a.json"
-    build_anchor(EXAMPLES[:2], FakeRollouts(), num_rollouts=2, batch_size=4,
-                 store=AnchorStore(path), step=0, show_progress=False)  # fmt: skip
+    build_anchor(
+        EXAMPLES[:2], FakeRollouts(), num_rollouts=2, batch_size=4, store=AnchorStore(path), step=0, show_progress=False
+    )
     refresh = FakeRollouts(seed=9)
-    store = build_anchor(EXAMPLES[:2], refresh, num_rollouts=2, batch_size=4, store=AnchorStore(path),
-                         step=50, source="snapshot", show_progress=False)  # fmt: skip
+    store = build_anchor(
+        EXAMPLES[:2],
+        refresh,
+        num_rollouts=2,
+        batch_size=4,
+        store=AnchorStore(path),
+        step=50,
+        source="current",
+        show_progress=False,
+    )
     assert refresh.rollouts == 4
-    assert store.computed_at_step == 50 and store.source == "snapshot"
+    assert store.computed_at_step == 50 and store.source == "current"
     on_disk = AnchorStore.load(path)
-    assert on_disk.computed_at_step == 50 and on_disk.source == "snapshot" and len(on_disk) == 2
+    assert on_disk.computed_at_step == 50 and on_disk.source == "current" and len(on_disk) == 2
 
 
 def test_build_anchor_rejects_uids_outside_the_batch():
@@ -184,8 +194,9 @@ def test_build_anchor_rejects_uids_outside_the_batch():
 
 
 def test_built_anchor_feeds_the_pvpo_estimator():
-    store = build_anchor(EXAMPLES, FakeRollouts(seed=6), num_rollouts=8, batch_size=4,
-                         store=AnchorStore(), show_progress=False)  # fmt: skip
+    store = build_anchor(
+        EXAMPLES, FakeRollouts(seed=6), num_rollouts=8, batch_size=4, store=AnchorStore(), show_progress=False
+    )
     uids = ["q0", "q0", "q1", "q1"]
     adv = get_estimator("pvpo")(torch.tensor([0.1, 1.1, 1.1, 0.1]), uids, anchors=store.values())
     # q0 never solved (anchor 0.1), q1 always solved (anchor 1.1)

@@ -17,9 +17,17 @@ R2 = 1 / math.sqrt(2)  # 0.7071: (r - mean) / std of two different values, unbia
 
 def toy() -> tuple[torch.Tensor, list[str]]:
     # three groups of two rollouts, rewards (r1, r2) in {0, 1}: summed rewards (0, 1), (0, 2), (1, 2)
-    comps = torch.tensor([[0, 0], [0, 1],  # group a: sums 0, 1
-                          [0, 0], [1, 1],  # group b: sums 0, 2
-                          [0, 1], [1, 1]], dtype=torch.float64)  # group c: sums 1, 2  # fmt: skip
+    comps = torch.tensor(
+        [
+            [0, 0],
+            [0, 1],  # group a: sums 0, 1
+            [0, 0],
+            [1, 1],  # group b: sums 0, 2
+            [0, 1],
+            [1, 1],
+        ],
+        dtype=torch.float64,
+    )  # group c: sums 1, 2
     return comps, ["a", "a", "b", "b", "c", "c"]
 
 
@@ -48,12 +56,23 @@ def test_gdpo_separates_them_with_the_papers_numbers_before_and_after_the_batch_
 
 def test_gdpo_weights_by_name_and_a_size_one_group_gets_no_group_signal():
     comps = torch.tensor([[0, 0], [1, 1], [1, 0]], dtype=torch.float64)
-    adv = get_estimator("gdpo")(comps.sum(1), ["p", "p", "solo"], components=comps, component_names=["format", "accuracy"],
-                                weights={"accuracy": 2.0}, batch_norm=False)  # fmt: skip
+    adv = get_estimator("gdpo")(
+        comps.sum(1),
+        ["p", "p", "solo"],
+        components=comps,
+        component_names=["format", "accuracy"],
+        weights={"accuracy": 2.0},
+        batch_norm=False,
+    )
     torch.testing.assert_close(adv, torch.tensor([-3 * R2, 3 * R2, 0.0], dtype=torch.float64), atol=1e-5, rtol=0)
     with pytest.raises(KeyError, match="'lenght'.*components"):
-        get_estimator("gdpo")(comps.sum(1), ["p", "p", "q"], components=comps, component_names=["format", "accuracy"],
-                              weights={"lenght": 1.0})  # fmt: skip
+        get_estimator("gdpo")(
+            comps.sum(1),
+            ["p", "p", "q"],
+            components=comps,
+            component_names=["format", "accuracy"],
+            weights={"lenght": 1.0},
+        )
 
 
 def test_conditioned_reward_counts_only_where_the_other_reaches_its_threshold():
@@ -79,8 +98,14 @@ def test_gdpo_without_components_says_what_it_needs():
 
 
 def test_gdpo_config_keys_load_and_a_typo_is_named():
-    cfg = load_config(None, ["algorithm.estimator=gdpo", "algorithm.gdpo.weights={accuracy: 2.0}",
-                             "algorithm.gdpo.conditions=[{component: accuracy, when: format, threshold: 1.0}]"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "algorithm.estimator=gdpo",
+            "algorithm.gdpo.weights={accuracy: 2.0}",
+            "algorithm.gdpo.conditions=[{component: accuracy, when: format, threshold: 1.0}]",
+        ],
+    )
     assert cfg.algorithm.gdpo.weights == {"accuracy": 2.0} and cfg.algorithm.gdpo.conditions[0].when == "format"
     with pytest.raises(ConfigError, match=r"algorithm\.gdpo\.batchnorm: unknown key"):
         load_config(None, ["algorithm.gdpo.batchnorm=false"])

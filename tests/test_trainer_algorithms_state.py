@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from test_trainer_core import TINY, WORLD, OverlapSearcher
+from trainer_support import TINY, WORLD, OverlapSearcher
 
 from pvpo.trainer.config.schema import load_config
 from pvpo.trainer.loop import train
@@ -24,8 +24,14 @@ def test_gdpo_trains_on_the_pvpo_rewards_format_and_r_acc_components(tmp_path):
 
 
 def test_ppo_warms_up_its_critic_then_updates_the_policy_with_token_advantages(tmp_path):
-    res = _train(tmp_path, "algorithm.estimator=ppo", "algorithm.ppo.critic.warmup_steps=1", "algorithm.ppo.critic.lr=0.01",
-                 "run.steps=2", "run.checkpoint_every=2")  # fmt: skip
+    res = _train(
+        tmp_path,
+        "algorithm.estimator=ppo",
+        "algorithm.ppo.critic.warmup_steps=1",
+        "algorithm.ppo.critic.lr=0.01",
+        "run.steps=2",
+        "run.checkpoint_every=2",
+    )
     m1, m2 = res.metrics
     assert "loss" not in m1 and math.isfinite(m1["critic/vf_loss"])  # warm-up: only the critic trained
     assert math.isfinite(m2["loss"]) and math.isfinite(m2["critic/vf_loss"])

@@ -29,10 +29,24 @@ def _train_smoke_with_vllm(run: Path, *overrides: str) -> list[dict]:
     tmp.mkdir(parents=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(tmp))
     proc = subprocess.run(
-        [sys.executable, "-m", "pvpo.cli", "train", "--config", str(REPO / "configs" / "smoke.yaml"), "--run-dir", str(run),
-         "rollout.engine=vllm", *VLLM_SHAPE, *overrides],
-        env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pvpo.cli",
+            "train",
+            "--config",
+            str(REPO / "configs" / "smoke.yaml"),
+            "--run-dir",
+            str(run),
+            "rollout.engine=vllm",
+            *VLLM_SHAPE,
+            *overrides,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert list(tmp.glob("pvpo-vllm-*")) == [], "the engine's temporary model copy was left behind"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

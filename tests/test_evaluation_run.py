@@ -42,9 +42,27 @@ def retriever_url(tiny):
 
 
 def _eval_args(model: Path, dataset: str, url: str, out: Path, *extra: str) -> list[str]:
-    return ["eval", "--model", str(model), "--dataset", dataset, "--retriever-url", url, "--out", str(out),
-            "--max-new-tokens", "32", "--max-response-tokens", "512", "--max-turns", "4", "--batch-size", "4",
-            "--quiet", *extra]  # fmt: skip
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--dataset",
+        dataset,
+        "--retriever-url",
+        url,
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "32",
+        "--max-response-tokens",
+        "512",
+        "--max-turns",
+        "4",
+        "--batch-size",
+        "4",
+        "--quiet",
+        *extra,
+    ]
 
 
 def _invoke(args: list[str]):
@@ -167,8 +185,12 @@ def test_run_killed_mid_way_resumes_to_the_same_predictions(
 
     cut = tmp_path / "cut"
     preds = cut / "popqa" / "predictions.jsonl"
-    cmd = [sys.executable, "-c", "from pvpo.cli import app; app()",
-           *_eval_args(policy_dir, data, retriever_url, cut, "--limit", "40", "--sample-seed", "1")[:]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        "from pvpo.cli import app; app()",
+        *_eval_args(policy_dir, data, retriever_url, cut, "--limit", "40", "--sample-seed", "1")[:],
+    ]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -204,8 +226,20 @@ def test_rescore_reproduces_flashrag_totals_of_shared_search_r1_runs(run: str) -
 
 
 def test_rescore_fixes_a_wrong_stored_score() -> None:
-    items = [{"id": "1", "question": "q", "golden_answers": ["Paris"], "output": {"pred": "paris", "metric_score": {"em": 0.0, "f1": 0.0, "acc": 0.0}}},
-             {"id": "2", "question": "q", "golden_answers": ["Rome"], "output": {"pred": "", "metric_score": {"em": 0.0, "f1": 0.0, "acc": 0.0}}}]  # fmt: skip
+    items = [
+        {
+            "id": "1",
+            "question": "q",
+            "golden_answers": ["Paris"],
+            "output": {"pred": "paris", "metric_score": {"em": 0.0, "f1": 0.0, "acc": 0.0}},
+        },
+        {
+            "id": "2",
+            "question": "q",
+            "golden_answers": ["Rome"],
+            "output": {"pred": "", "metric_score": {"em": 0.0, "f1": 0.0, "acc": 0.0}},
+        },
+    ]
     res = rescore_items(items)
     assert res.changed_scores == 1 and res.items[0]["output"]["metric_score"] == {"em": 1.0, "f1": 1.0, "acc": 1.0}
     assert res.totals["em"] == 0.5 and items[0]["output"]["metric_score"]["em"] == 0.0  # input untouched
@@ -247,13 +281,24 @@ def test_report_has_datasets_in_paper_order_avg_last_and_n(tmp_path: Path) -> No
 def test_eval_cli_errors_are_one_line_naming_the_problem(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", "--dataset", "nq", "--out", str(tmp_path)], env=ENV)
     assert result.exit_code == 2 and "missing --retriever-url, --model" in result.output
-    result = runner.invoke(app, ["eval", "--model", str(tmp_path), "--dataset", "squad", "--retriever-url", "http://127.0.0.1:9",
-                                 "--out", str(tmp_path)], env=ENV)  # fmt: skip
-    assert (
-        result.exit_code == 2
-        and result.output.count("\n") == 1
-        and "'squad' is neither a file nor a known benchmark" in result.output
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tmp_path),
+            "--dataset",
+            "squad",
+            "--retriever-url",
+            "http://127.0.0.1:9",
+            "--out",
+            str(tmp_path),
+        ],
+        env=ENV,
     )
+    # pvpo's one error path (pvpo/user_errors.py): the cause, the fix, how to see the traceback
+    assert result.exit_code == 2 and "Traceback" not in result.output and result.output.count("\n") <= 3
+    assert result.output.startswith("error: dataset 'squad' is neither a file nor a known benchmark")
 
 
 @pytest.mark.slow
@@ -268,10 +313,34 @@ def test_all_script_evaluates_the_seven_benchmarks_and_writes_the_table(
     for k, b in enumerate(BENCHMARKS):  # two real questions under each benchmark's name and split
         (data / f"{b.name}.{b.split}.jsonl").write_text("\n".join(lines[2 * k : 2 * k + 2]) + "\n")
     out = tmp_path / "out" / "tiny"
-    env = {**os.environ, **ENV, "PVPO_DATA_DIR": str(data), "RETRIEVER_URL": retriever_url, "ENGINE": "hf",
-           "PVPO": str(Path(sys.executable).parent / "pvpo")}  # fmt: skip
-    subprocess.run([str(REPO / "scripts" / "eval" / "all.sh"), str(policy_dir), str(out), "--", "--max-new-tokens", "32",
-                    "--max-response-tokens", "512", "--max-turns", "4", "--quiet", "--label", "tiny-sft"], env=env, check=True, capture_output=True)  # fmt: skip
+    env = {
+        **os.environ,
+        **ENV,
+        "PVPO_DATA_DIR": str(data),
+        "RETRIEVER_URL": retriever_url,
+        "ENGINE": "hf",
+        "PVPO": str(Path(sys.executable).parent / "pvpo"),
+    }
+    subprocess.run(
+        [
+            str(REPO / "scripts" / "eval" / "all.sh"),
+            str(policy_dir),
+            str(out),
+            "--",
+            "--max-new-tokens",
+            "32",
+            "--max-response-tokens",
+            "512",
+            "--max-turns",
+            "4",
+            "--quiet",
+            "--label",
+            "tiny-sft",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     md = (out / "table.md").read_text().splitlines()
     assert (
         md[0]
@@ -299,8 +368,11 @@ def test_eval_sends_the_retriever_token_and_a_missing_one_fails_in_one_line(
         )
         assert "bamboogle (test, N=2): EM" in ok.output
         assert json.loads((tmp_path / "ok" / "bamboogle" / "metrics.json").read_text())["searches"] >= 1
-        refused = runner.invoke(app, _eval_args(policy_dir, data, server.url, tmp_path / "no", "--limit", "2"),
-                                env=ENV | {"PVPO_RETRIEVER_TOKEN": ""})  # fmt: skip
+        refused = runner.invoke(
+            app,
+            _eval_args(policy_dir, data, server.url, tmp_path / "no", "--limit", "2"),
+            env=ENV | {"PVPO_RETRIEVER_TOKEN": ""},
+        )
     assert refused.exit_code == 2, refused.output
     assert "refused the request (401)" in refused.output and "PVPO_RETRIEVER_TOKEN" in refused.output
     assert "Traceback" not in refused.output

@@ -8,8 +8,8 @@ import importlib.util
 
 import pytest
 import torch
-from test_trainer_core import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 from test_trainer_loop import _rollout, search_biased
+from trainer_support import TINY, WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 
 from pvpo.trainer.config.schema import ConfigError, load_config
 from pvpo.trainer.model.update import batch_logprobs, policy_update
@@ -107,8 +107,10 @@ def test_trainer_builds_the_engine_with_its_options_sleeps_it_for_the_update_and
     assert [name for name, _ in built] == ["vllm"]  # no reference engine: no refresh, no KL
     assert built[0][1]["gpu_memory_utilization"] == 0.25 and built[0][1]["max_model_len"] == 512
     # each update runs between a sleep and a wake_up: weights synced, nothing generated meanwhile
-    asleep = [events[events.index("sleep", s) + 1 : events.index("wake", events.index("sleep", s))]
-              for s in [i for i, e in enumerate(events) if e == "sleep"]]  # fmt: skip
+    asleep = [
+        events[events.index("sleep", s) + 1 : events.index("wake", events.index("sleep", s))]
+        for s in [i for i, e in enumerate(events) if e == "sleep"]
+    ]
     assert len(asleep) == 2 and all(seg == ["sync", "sync"] for seg in asleep)
     for row in result.metrics:  # the HF engine samples with the trainer's own weights and kernels
         assert row["mismatch/tokens"] > 0

@@ -60,9 +60,12 @@ def test_qwen2_5_3b_shaped_model_runs_one_pvpo_step_with_vllm_colocated(tmp_path
     from pvpo.trainer.model.policy import train_tokenizer
 
     world = SyntheticWorld.generate(0, 16, n_relations=2, max_hops=2, questions_per_hop=8)
-    tok = train_tokenizer([p.contents for p in world.passages], vocab_size=512,
-                          extra_tokens=[f"<{t}>" for t in ("think", "search", "information", "answer")]
-                          + [f"</{t}>" for t in ("think", "search", "information", "answer")])  # fmt: skip
+    tok = train_tokenizer(
+        [p.contents for p in world.passages],
+        vocab_size=512,
+        extra_tokens=[f"<{t}>" for t in ("think", "search", "information", "answer")]
+        + [f"</{t}>" for t in ("think", "search", "information", "answer")],
+    )
     folder = tmp_path / "qwen2.5-3b-shaped"
     with torch.device("cuda"):
         model = Qwen2ForCausalLM(

@@ -54,9 +54,30 @@ def server(policy_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     (tmp / "chat.jinja").write_text(CHAT_TEMPLATE)
     port = _free_port()
     log = (tmp / "server.log").open("w")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(policy_dir), "--served-model-name", "tiny",
-           "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
-           "--kv-cache-memory-bytes", str(256 << 20), "--chat-template", str(tmp / "chat.jinja"), "--seed", "0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(policy_dir),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(256 << 20),
+        "--chat-template",
+        str(tmp / "chat.jinja"),
+        "--seed",
+        "0",
+    ]
     proc = subprocess.Popen(cmd, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -93,8 +114,29 @@ def retriever_url(tiny):
 
 def _eval(out: Path, url: str, *extra: str) -> list[dict]:
     data = shared_data("flashrag", "bamboogle.test.jsonl")
-    args = ["eval", "--dataset", str(data), "--retriever-url", url, "--out", str(out), "--limit", "12", "--sample-seed", "5",
-            "--max-new-tokens", "32", "--max-response-tokens", "512", "--max-turns", "4", "--batch-size", "6", "--quiet", *extra]  # fmt: skip
+    args = [
+        "eval",
+        "--dataset",
+        str(data),
+        "--retriever-url",
+        url,
+        "--out",
+        str(out),
+        "--limit",
+        "12",
+        "--sample-seed",
+        "5",
+        "--max-new-tokens",
+        "32",
+        "--max-response-tokens",
+        "512",
+        "--max-turns",
+        "4",
+        "--batch-size",
+        "6",
+        "--quiet",
+        *extra,
+    ]
     result = runner.invoke(app, args, env=ENV)
     assert result.exit_code == 0, (result.output, result.exception)
     return [json.loads(line) for line in (out / "bamboogle" / "predictions.jsonl").read_text().splitlines()]
@@ -157,8 +199,20 @@ def test_llm_judge_over_vllm_server_scores_caches_and_reports(
     from pvpo.evaluation.judge import Judge, judge_run, parse_score
     from pvpo.trainer.rollout.openai_client import OpenAIClient
 
-    items = _eval(tmp_path / "run", retriever_url, "--model", str(policy_dir), "--engine", "hf",
-                  "--judge-base-url", server, "--judge-model", "tiny", "--judge-api", "chat")  # fmt: skip
+    items = _eval(
+        tmp_path / "run",
+        retriever_url,
+        "--model",
+        str(policy_dir),
+        "--engine",
+        "hf",
+        "--judge-base-url",
+        server,
+        "--judge-model",
+        "tiny",
+        "--judge-api",
+        "chat",
+    )
     answered = [it for it in items if it["output"]["pred"]]
     assert answered, "the tiny policy should answer some questions"
     for it in items:  # a verdict is the parsed reply of the server; no answer scores 0 without a request
@@ -194,8 +248,20 @@ def test_openai_errors_name_the_endpoint_and_status(server: str) -> None:
 
 def test_vllm_engine_evaluates_with_top_p_below_one(policy_dir: Path, retriever_url: str, tmp_path: Path) -> None:
     # Training refuses top_p < 1; evaluation takes PVPO's T = 0.6, top-p = 0.95, seeded per request.
-    items = _eval(tmp_path / "v", retriever_url, "--model", str(policy_dir), "--engine", "vllm",
-                  "--temperature", "0.6", "--top-p", "0.95", "--seed", "3")  # fmt: skip
+    items = _eval(
+        tmp_path / "v",
+        retriever_url,
+        "--model",
+        str(policy_dir),
+        "--engine",
+        "vllm",
+        "--temperature",
+        "0.6",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "3",
+    )
     metrics = json.loads((tmp_path / "v" / "bamboogle" / "metrics.json").read_text())
     assert (metrics["engine"], metrics["settings"]["temperature"], metrics["settings"]["top_p"]) == ("vllm", 0.6, 0.95)
     assert len(items) == 12 and sum(it["output"]["num_searches"] >= 1 for it in items) >= 6

@@ -38,8 +38,9 @@ def test_noise_term_is_the_empirical_variance_of_rewards_in_0_1():
     # all-equal rewards: s^2 = 0, so any deviation from the prior rejects it (w = 1)
     _, per = fused_baselines(torch.tensor([0.1, 0.1, 1.0, 0.0]), ["q", "q", "p", "p"], {"q": 0.3, "p": 0.5})
     assert per["q"].w == 1.0 and per["q"].mu == pytest.approx(0.1)
-    assert fusion_stats(per) == pytest.approx({"v05/w_mean": 0.5, "v05/prior_rejected_frac": 0.5,
-                                               "v05/baseline_mse": 0.0, "v05/zero_variance_frac": 0.5})  # fmt: skip
+    assert fusion_stats(per) == pytest.approx(
+        {"v05/w_mean": 0.5, "v05/prior_rejected_frac": 0.5, "v05/baseline_mse": 0.0, "v05/zero_variance_frac": 0.5}
+    )
 
 
 def test_v05_advantage_is_reward_minus_the_fused_baseline_with_anchor_or_given_prior():

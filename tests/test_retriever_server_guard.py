@@ -169,10 +169,16 @@ def test_text_plain_is_415_and_a_body_that_is_not_utf8_is_422(guarded: Backgroun
     assert r.status_code == 200
 
 
-@pytest.mark.parametrize(("body", "topk", "n"), [
-    ({"query": "chess", "top_k": 1}, 1, 1), ({"query": "chess", "k": 2}, 2, 1), ({"queries": ["chess", "cat"], "k": 3}, 3, 2),
-    ({"queries": ["chess"], "topk": None}, 3, 1), ({"query": "chess", "top_k": 2.0}, 2, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "topk", "n"),
+    [
+        ({"query": "chess", "top_k": 1}, 1, 1),
+        ({"query": "chess", "k": 2}, 2, 1),
+        ({"queries": ["chess", "cat"], "k": 3}, 3, 2),
+        ({"queries": ["chess"], "topk": None}, 3, 1),
+        ({"query": "chess", "top_k": 2.0}, 2, 1),
+    ],
+)
 def test_rllm_style_query_and_topk_aliases_are_honoured(
     guarded: BackgroundServer, body: dict, topk: int, n: int
 ) -> None:
@@ -182,14 +188,26 @@ def test_rllm_style_query_and_topk_aliases_are_honoured(
     assert r.json()["result"][0][0]["document"]["contents"].startswith('"Chess"')
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ({"queries": ["chess"], "top_n": 3}, "top_n: unknown field (known: queries, query, topk, top_k, k, return_scores)"),
-    ({"queries": ["chess"], "topk": 2, "k": 3}, "give at most one of topk, top_k, k (they are aliases); got ['k', 'topk']"),
-    ({"queries": ["chess"], "query": "cat"}, "give exactly one of `queries` (a list of strings) or `query` (one string)"),
-    ({"query": None}, "query must not be null"),
-    ({"query": "chess", "k": 0}, "k must be between 1 and 10, got 0"),
-    ({"query": ["chess"]}, "query: Input should be a valid string"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            {"queries": ["chess"], "top_n": 3},
+            "top_n: unknown field (known: queries, query, topk, top_k, k, return_scores)",
+        ),
+        (
+            {"queries": ["chess"], "topk": 2, "k": 3},
+            "give at most one of topk, top_k, k (they are aliases); got ['k', 'topk']",
+        ),
+        (
+            {"queries": ["chess"], "query": "cat"},
+            "give exactly one of `queries` (a list of strings) or `query` (one string)",
+        ),
+        ({"query": None}, "query must not be null"),
+        ({"query": "chess", "k": 0}, "k must be between 1 and 10, got 0"),
+        ({"query": ["chess"]}, "query: Input should be a valid string"),
+    ],
+)
 def test_unknown_and_conflicting_fields_are_422_never_ignored(
     guarded: BackgroundServer, body: dict, message: str
 ) -> None:
@@ -351,8 +369,13 @@ def test_under_a_low_open_file_limit_520_idle_sockets_do_not_starve_real_request
         "warning",
     ]
     # the hard limit too, so `serve` cannot raise it: 256 files, of which 192 for connections
-    server = subprocess.Popen(cmd, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, HF_HUB_OFFLINE="1"))  # fmt: skip
+    server = subprocess.Popen(
+        cmd,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     idle: list[socket.socket] = []
     try:
         deadline = time.monotonic() + 120

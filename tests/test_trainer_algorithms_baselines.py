@@ -1,4 +1,5 @@
-"""Advantage estimators: hand-computed cases, grouping by uid, registry behaviour."""
+"""The group-baseline estimators (GRPO, Dr.GRPO, RLOO, PVPO): hand-computed cases, grouping by uid,
+the estimator registry, Dr.GRPO's constant divisor; advantages spread over model tokens and logged."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 from pvpo.trainer.algorithms.advantages import advantage_stats, broadcast_to_tokens
 from pvpo.trainer.algorithms.groups import group_std
 from pvpo.trainer.algorithms.spec import available_estimators, get_estimator, get_spec, register_estimator
+from pvpo.trainer.config.schema import load_config
+from pvpo.trainer.model.update import loss_config
 
 
 def t(*xs: float) -> torch.Tensor:
@@ -157,3 +160,24 @@ def test_group_estimators_normalise_each_reward_component_separately(name: str):
     est = get_estimator(name)
     both = est(r, uids)
     torch.testing.assert_close(both, torch.stack([est(r[:, 0], uids), est(r[:, 1], uids)], dim=1))
+
+
+def test_dr_grpo_divides_by_the_response_budget_whatever_the_batch_longest_response():
+    est = get_spec("dr_grpo")
+    assert est.loss_agg == "seq-mean-token-sum-norm" and get_spec("grpo").loss_agg == "token-mean"
+    cfg = load_config(None, ["algorithm.estimator=dr_grpo", "rollout.max_response_tokens=64"])
+    lc = loss_config(cfg.optim, default_agg=est.loss_agg, norm_len=cfg.rollout.max_response_tokens)
+    assert (lc.agg, lc.norm_len) == ("seq-mean-token-sum-norm", 64)
+    lp = torch.full((2, 5), -1.0)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.float32)
+    adv = torch.tensor([1.0, -1.0])
+    short, _ = lc(lp, lp, adv, mask)
+    wide, _ = lc(
+        torch.nn.functional.pad(lp, (0, 7)),
+        torch.nn.functional.pad(lp, (0, 7)),
+        adv,
+        torch.nn.functional.pad(mask, (0, 7)),
+    )
+    assert float(short) == pytest.approx(float(wide)) == pytest.approx(-(3 - 2) / 64 / 2)
+    user = load_config(None, ["algorithm.estimator=dr_grpo", "optim.loss_agg=token-mean"])
+    assert loss_config(user.optim, default_agg=est.loss_agg).agg == "token-mean"  # an explicit choice wins

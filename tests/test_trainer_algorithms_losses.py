@@ -1,5 +1,5 @@
 """Losses: aggregation modes, clipped surrogate (asymmetric, dual clip, IS weights), KL estimators,
-log-probs/entropy from logits, masking of environment tokens."""
+log-probs and entropy of the sampling distribution (softmax of logits over the temperature)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ def rows(*r: list[float]) -> torch.Tensor:
     return torch.tensor(r, dtype=torch.float64)
 
 
-# --------------------------------------------------------------------------- aggregation
-
 VALUES = rows([1, 2, 3, 4], [10, 20, 30, 40], [7, 7, 7, 7])
+
+
 MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
 
 
@@ -69,9 +69,6 @@ def test_unknown_aggregation_is_a_value_error():
         aggregate(VALUES, MASK, "seq-sum")
     with pytest.raises(ValueError, match="aggregation"):
         LossConfig(agg="mean")
-
-
-# --------------------------------------------------------------------------- policy loss
 
 
 def _lp(ratios: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,9 +184,6 @@ def test_env_tokens_get_exactly_zero_gradient(agg: str, kind: str):
     assert torch.isfinite(lp.grad).all()
 
 
-# --------------------------------------------------------------------------- KL
-
-
 def test_kl_estimators_hand_case():
     # lp = ln 0.5, ref = ln 0.25, lp - ref = ln 2 = 0.693147
     # k1 = 0.693147; k2 = 0.5 * 0.693147^2 = 0.240227; k3 = exp(-ln2) + ln2 - 1 = 0.5 + 0.693147 - 1 = 0.193147
@@ -210,9 +204,6 @@ def test_k3_is_clamped_and_non_negative():
 def test_unknown_kl_kind_is_a_value_error():
     with pytest.raises(ValueError, match="k3"):
         kl_penalty(rows([0.0]), rows([0.0]), "k4")
-
-
-# --------------------------------------------------------------------------- logits
 
 
 def test_token_logprobs_hand_case_with_temperature():
@@ -249,9 +240,6 @@ def test_entropy_hand_cases_and_chunking():
     torch.testing.assert_close(entropy_from_logits(logits, chunk_size=4), expected)
 
 
-# --------------------------------------------------------------------------- total loss
-
-
 def test_total_loss_combines_terms_with_the_same_aggregation():
     g = torch.Generator().manual_seed(5)
     lp = -torch.rand(2, 5, generator=g, dtype=torch.float64)
@@ -282,3 +270,10 @@ def test_loss_config_rejects_bad_settings_at_construction():
         LossConfig(dual_clip=0.5)
     with pytest.raises(ValueError, match="KL"):
         LossConfig(kl_kind="k9")
+
+
+def test_entropy_is_that_of_the_sampling_distribution_softmax_of_logits_over_temperature():
+    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0))
+    for t in (0.5, 0.7, 1.0):
+        want = torch.distributions.Categorical(logits=logits / t).entropy()
+        assert torch.allclose(entropy_from_logits(logits, t), want, atol=1e-5)

@@ -1,7 +1,5 @@
 """torchrun + FSDP2 on CPU (gloo): two ranks train the smoke config and match one process on the
-same global batch, step for step; a run killed after its first checkpoint resumes from the
-sharded (DCP) checkpoint and lands on the same second step; the checkpoint's `policy/` folder
-loads with transformers."""
+same seed; `pvpo train --nproc N` runs the same command under torchrun."""
 
 from __future__ import annotations
 
@@ -15,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from pvpo.trainer.parallel.distributed import torchrun_command
+
 REPO = Path(__file__).resolve().parents[1]
+
+
 SMOKE = str(REPO / "configs" / "smoke.yaml")
+
+
 # The smoke config, made to learn something in 2 steps: a short warm start so some answers are well
 # formed (non-zero rewards and advantages), KL (a sharded reference) and entropy terms in the loss.
 # One mini-batch per step: a rank's mini-batches are cut from its own rows, so with several
@@ -35,7 +39,11 @@ OVERRIDES = [
     "rollout.max_response_tokens=240",
     "optim.max_tokens_per_micro_batch=512",
 ]
+
+
 KEYS = ("reward/mean", "format_ok", "anchor/mean", "model_tokens", "loss/mini_batch", "grad_norm")
+
+
 # Measured: rewards, anchors and token counts identical; loss and grad norm agree to ~1e-7
 # (float32 reduction order across two ranks).
 TOL = 1e-5
@@ -115,3 +123,9 @@ def test_two_gloo_ranks_match_one_process_and_resume_from_a_sharded_checkpoint(t
 
     model = AutoModelForCausalLM.from_pretrained(str(dist / "checkpoints" / "step_000002" / "policy"))
     assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_nproc_shortcut_runs_the_same_command_under_torchrun():
+    cmd = torchrun_command(2, ["train", "--config", "c.yaml", "--nproc", "2", "run.steps=3", "--nproc=2"])
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert cmd[5:] == ["-m", "pvpo.cli", "train", "--config", "c.yaml", "run.steps=3"]

@@ -46,8 +46,15 @@ def policy():  # type: ignore[no-untyped-def]
     from pvpo.trainer.model.policy import build_tiny_policy
 
     # vLLM's CPU attention needs head_dim in {32, 64, ...}: hidden 64 over 2 heads.
-    cfg = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128,
-                          vocab_size=320, max_position_embeddings=512)  # fmt: skip
+    cfg = TinyModelConfig(
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=128,
+        vocab_size=320,
+        max_position_embeddings=512,
+    )
     return build_tiny_policy(TEXTS, cfg, tags=TAGS, seed=0)
 
 
@@ -58,8 +65,15 @@ def engine(policy):  # type: ignore[no-untyped-def]
     # loaded modules; in the full suite the retriever tests have imported it by now.
     import bm25s  # noqa: F401
 
-    eng = build_engine("vllm", model=policy.model, tokenizer=policy.tokenizer, dtype="float32",
-                       max_model_len=512, kv_cache_memory_bytes=64 << 20, enforce_eager=True)  # fmt: skip
+    eng = build_engine(
+        "vllm",
+        model=policy.model,
+        tokenizer=policy.tokenizer,
+        dtype="float32",
+        max_model_len=512,
+        kv_cache_memory_bytes=64 << 20,
+        enforce_eager=True,
+    )
     yield eng
     eng.close()
 
