@@ -51,8 +51,9 @@ def _mean_se(xs: list[float]) -> tuple[float, float]:
 def warm_policy(cfg: Any, data: Any, searcher: Any, where: Path) -> Path:
     """The warm-started initial policy of `cfg`'s seed (built once, then reused)."""
     from pvpo.trainer.loop import Trainer
+    from pvpo.trainer.state.run_dir import RunDir
 
-    if not (where / "initial_policy" / "config.json").exists():
+    if not (RunDir(where).initial_policy / "config.json").exists():
         shutil.rmtree(where, ignore_errors=True)
         where.mkdir(parents=True)
         Trainer(cfg, where, data, searcher, show_progress=True)  # warm start + save initial_policy
@@ -62,15 +63,17 @@ def warm_policy(cfg: Any, data: Any, searcher: Any, where: Path) -> Path:
 def run_one(cfg: Any, data: Any, searcher: Any, warm: Path, run_dir: Path) -> dict[str, Any]:
     """Train one configuration from the shared warm start; its summary is saved as result.json."""
     from pvpo.trainer.loop import Trainer
+    from pvpo.trainer.state.run_dir import RunDir
 
     done = run_dir / "result.json"
     if done.exists():
         return json.loads(done.read_text())
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    shutil.copytree(warm / "initial_policy", run_dir / "initial_policy")
-    if (warm / "warm_start.json").exists():
-        shutil.copy2(warm / "warm_start.json", run_dir / "warm_start.json")
+    src, dst = RunDir(warm), RunDir(run_dir)
+    shutil.copytree(src.initial_policy, dst.initial_policy)
+    if src.warm_start.exists():
+        shutil.copy2(src.warm_start, dst.warm_start)
     t0 = time.perf_counter()
     result = Trainer(cfg, run_dir, data, searcher, show_progress=True).run()
     wall = time.perf_counter() - t0

@@ -46,19 +46,9 @@ class TokenPolicy:
         *,
         seed: int,
     ) -> list[Outcome]:
-        from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
+        from pvpo.trainer.rollout.agent_loop import run_agent_loop
 
-        chat = settings.chat_template
-        if chat is None:
-            chat = bool(getattr(self.tokenizer, "chat_template", None))
-        loop = LoopConfig(
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            max_turns=settings.max_turns,
-            max_new_tokens=settings.max_new_tokens,
-            max_response_tokens=settings.max_response_tokens,
-            chat_template=chat,
-        )
+        loop = settings.loop(self.tokenizer)
         trajs = run_agent_loop(self.engine, self.tokenizer, examples, searcher, episode, loop, seed=seed)
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
         # Prediction and format are the env's (it judges the response without its correction

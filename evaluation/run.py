@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pvpo.atomic import append_jsonl, atomic_write_json, read_jsonl
 from pvpo.envs.data import QAExample
@@ -30,6 +30,9 @@ from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol, answer_metrics, get_protocol
 from pvpo.stats import mean, standard_error
+
+if TYPE_CHECKING:
+    from pvpo.trainer.rollout.agent_loop import LoopConfig
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
@@ -75,6 +78,34 @@ class EvalSettings:
             raise EvalError(f"bad evaluation setting {bad[0]}={getattr(self, bad[0])!r}")
         resolve_template(self.template)
 
+    def episode(self) -> EpisodeConfig:
+        """The episode rules of an evaluation; the env's reward is Search-R1's EM (the prediction it
+        extracts is what the metrics score)."""
+        protocol, prompt = resolve_template(self.template)
+        return EpisodeConfig(
+            protocol=protocol,
+            reward="em",
+            max_turns=self.max_turns,
+            topk=self.topk,
+            max_obs_chars=self.max_obs_chars,
+            prompt_template=prompt,
+        )
+
+    def loop(self, tokenizer: Any) -> LoopConfig:
+        """The agent loop's limits; the chat template is used when asked, or by default when
+        `tokenizer` has one."""
+        from pvpo.trainer.rollout.agent_loop import LoopConfig  # torch: only where a loop runs
+
+        chat = self.chat_template if self.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
+        return LoopConfig(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+            max_response_tokens=self.max_response_tokens,
+            chat_template=chat,
+        )
+
 
 def resolve_template(name: str) -> tuple[TagProtocol, str]:
     """(tag protocol, prompt template) of a name: a template of `pvpo.envs.templates` (e.g.
@@ -90,20 +121,6 @@ def resolve_template(name: str) -> tuple[TagProtocol, str]:
         return get_protocol(name), DEFAULT_PROMPT
     raise EvalError(
         f"unknown template {name!r}; known templates: {available_templates()}, tag protocols: {available_protocols()}"
-    )
-
-
-def episode_config(settings: EvalSettings) -> EpisodeConfig:
-    """The episode rules of an evaluation; the env's reward is Search-R1's EM (the prediction it
-    extracts is what the metrics score)."""
-    protocol, prompt = resolve_template(settings.template)
-    return EpisodeConfig(
-        protocol=protocol,
-        reward="em",
-        max_turns=settings.max_turns,
-        topk=settings.topk,
-        max_obs_chars=settings.max_obs_chars,
-        prompt_template=prompt,
     )
 
 
@@ -267,7 +284,7 @@ def run_eval(
     out.mkdir(parents=True, exist_ok=True)
     run = {**dict(meta), "n": len(examples), "settings": asdict(settings)}
     _check_same_run(out, run)
-    episode = episode_config(settings)
+    episode = settings.episode()
     pred_path = out / PREDICTIONS
     done = {str(it["id"]) for it in load_done(pred_path)}
     wanted = {item_id(ex) for ex in examples}

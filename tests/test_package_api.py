@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-COMPONENTS = ("pvpo.reward", "pvpo.envs", "pvpo.retriever", "pvpo.trainer")
+COMPONENTS = ("pvpo.reward", "pvpo.envs", "pvpo.retriever", "pvpo.trainer", "pvpo.evaluation")
 
 
 @pytest.mark.parametrize("package", COMPONENTS)
@@ -27,10 +27,10 @@ def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
         pvpo.retriever.Nope  # noqa: B018
 
 
-def test_the_client_and_the_config_import_without_torch_or_faiss() -> None:
+def test_the_client_the_config_and_eval_reports_import_without_torch_or_faiss() -> None:
     code = (
         "import sys; from pvpo.retriever import RetrieverClient, Passage; from pvpo.trainer import TrainConfig; "
-        "import pvpo.envs; heavy = [m for m in ('torch', 'faiss', 'transformers') if m in sys.modules]; "
+        "import pvpo.envs, pvpo.evaluation.report; heavy = [m for m in ('torch', 'faiss', 'transformers') if m in sys.modules]; "
         "assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -4,53 +4,22 @@ auto device and the flash-attention fallback, and (on CUDA) bf16 training."""
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
+from trainer_support import gradients, random_trajectories, small_model, tok  # noqa: F401 (fixture)
 
-from pvpo.trainer.config.schema import TinyModelConfig, load_config
+from pvpo.trainer.config.schema import load_config
 from pvpo.trainer.model.device import place_policy_model, placement
-from pvpo.trainer.model.policy import build_tiny_model, train_tokenizer
 from pvpo.trainer.model.update import batch_logprobs, loss_config, micro_batch_loss
-from pvpo.trainer.rollout.trajectory import Trajectory, collate
-
-TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=300)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer(["the quick brown fox jumps over the lazy dog " * 4], vocab_size=300)
-
-
-def _model(tok):
-    return build_tiny_model(tok, TINY, seed=1)
-
-
-def _trajs(n: int, vocab: int, seed: int = 0) -> list[Trajectory]:
-    """Trajectories of very different lengths, env tokens between model turns."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        t = Trajectory(uid=f"q{i // 2}", prompt_ids=[rng.randrange(1, vocab) for _ in range(rng.randint(3, 12))])
-        for _ in range(rng.randint(1, 3)):
-            k = rng.randint(2, 30)
-            t.append_model([rng.randrange(1, vocab) for _ in range(k)], [-rng.random() * 3 for _ in range(k)])
-            t.append_env([rng.randrange(1, vocab) for _ in range(rng.randint(0, 9))])
-        t.reward = rng.random()
-        out.append(t)
-    return out
-
-
-def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [p.grad.detach().clone() for p in model.parameters()]
+from pvpo.trainer.rollout.trajectory import collate
 
 
 # ---- precision and activation checkpointing ----------------------------------------------------
 def test_bf16_autocast_computes_in_bf16_and_keeps_float32_master_weights(tok):
     where = placement("cpu", "bfloat16")
-    model = place_policy_model(_model(tok), where)
-    batch = collate(_trajs(4, len(tok)), tok.pad_token_id)
+    model = place_policy_model(small_model(tok), where)
+    batch = collate(random_trajectories(4, len(tok)), tok.pad_token_id)
     with torch.no_grad():
         fp32 = batch_logprobs(model, batch, 1.0)
         with where.autocast():
@@ -64,12 +33,12 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_float32_master_weights(tok):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tok):
-    batch = collate(_trajs(4, len(tok), seed=5), tok.pad_token_id)
+    batch = collate(random_trajectories(4, len(tok), seed=5), tok.pad_token_id)
     cfg = load_config(None, [])
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     grads = []
     for ckpt in (False, True):
-        model = place_policy_model(_model(tok), placement("cpu", "float32", gradient_checkpointing=ckpt)).train()
+        model = place_policy_model(small_model(tok), placement("cpu", "float32", gradient_checkpointing=ckpt)).train()
         flag = (
             "is_activation_checkpointing"
             if hasattr(type(model), "is_activation_checkpointing")
@@ -78,7 +47,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tok):
         assert getattr(model, flag) == ckpt
         loss, _, _ = micro_batch_loss(model, batch, adv, loss_config(cfg.optim), temperature=1.0)
         loss.backward()
-        grads.append(_grads(model))
+        grads.append(gradients(model))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
@@ -147,9 +116,9 @@ def test_tiny_qwen2_trains_in_bf16_on_cuda_with_the_hf_engine(tmp_path):
 @gpu
 def test_bf16_update_on_cuda_matches_float32_within_bf16_rounding(tok):
     where = placement("cuda", "bfloat16")
-    model = place_policy_model(_model(tok), where)
+    model = place_policy_model(small_model(tok), where)
     ref = copy.deepcopy(model)
-    batch = collate(_trajs(4, len(tok)), tok.pad_token_id).to(where.device)
+    batch = collate(random_trajectories(4, len(tok)), tok.pad_token_id).to(where.device)
     with torch.no_grad():
         fp32 = batch_logprobs(ref, batch, 1.0)
         with where.autocast():

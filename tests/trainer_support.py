@@ -3,6 +3,7 @@ policy fixture, the overrides of a tiny training run, and a scripted stand-in mo
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Sequence
 
@@ -12,7 +13,8 @@ import torch
 from pvpo.envs.synthetic import SyntheticWorld
 from pvpo.retriever.types import Passage
 from pvpo.trainer.config.schema import TinyModelConfig
-from pvpo.trainer.model.policy import build_tiny_policy
+from pvpo.trainer.model.policy import build_tiny_model, build_tiny_policy, train_tokenizer
+from pvpo.trainer.rollout.trajectory import Trajectory
 
 TAGS = ("think", "search", "information", "answer")
 WORLD = SyntheticWorld.generate(0, 12, n_relations=2, max_hops=2, questions_per_hop=6)
@@ -81,3 +83,37 @@ class ScriptedLM(torch.nn.Module):
             logits[i, -1, script[min(self.calls, len(script) - 1)]] = 30.0
         self.calls += 1
         return SimpleNamespace(logits=logits, past_key_values=None)
+
+
+# ---- a small model over a toy vocabulary, and random multi-turn trajectories for it -------------
+SMALL_MODEL = TinyModelConfig(
+    hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=300
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(["the quick brown fox jumps over the lazy dog " * 4], vocab_size=300)
+
+
+def small_model(tok):
+    return build_tiny_model(tok, SMALL_MODEL, seed=1)
+
+
+def random_trajectories(n: int, vocab: int, seed: int = 0) -> list[Trajectory]:
+    """Trajectories of very different lengths, env tokens between model turns."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        t = Trajectory(uid=f"q{i // 2}", prompt_ids=[rng.randrange(1, vocab) for _ in range(rng.randint(3, 12))])
+        for _ in range(rng.randint(1, 3)):
+            k = rng.randint(2, 30)
+            t.append_model([rng.randrange(1, vocab) for _ in range(k)], [-rng.random() * 3 for _ in range(k)])
+            t.append_env([rng.randrange(1, vocab) for _ in range(rng.randint(0, 9))])
+        t.reward = rng.random()
+        out.append(t)
+    return out
+
+
+def gradients(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters()]

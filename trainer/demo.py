@@ -20,6 +20,7 @@ from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.loop import Trainer, TrainResult
 from pvpo.trainer.setup import load_data, retriever_session
+from pvpo.trainer.state.run_dir import RunDir
 
 
 def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:
@@ -248,8 +249,9 @@ def run_demo(cfg: TrainConfig, run_dir: str | Path, *, fresh: bool = True, show_
             result = trainer.run()
     timings["total"] = time.perf_counter() - t0
     timings["train"] = timings["total"] - timings["setup"] - timings["warm_start"]
-    plot_curves(result.metrics, run_dir / "curves.png", eval_before=result.eval_before, eval_after=result.eval_after)
+    files = RunDir(run_dir)
+    plot_curves(result.metrics, files.curves, eval_before=result.eval_before, eval_after=result.eval_after)
     n_sft = len(data.warm_start) if cfg.model.warm_start_steps else 0
     table = summary_table(cfg, result, timings, n_sft=n_sft, n_rl=len(data.train), load=f"{load_start} / {_load()}")
-    (run_dir / "summary.md").write_text(table + "\n")
-    return f"{table}\n\nwrote {run_dir / 'metrics.jsonl'}, {run_dir / 'curves.png'}, {run_dir / 'summary.md'}"
+    files.summary.write_text(table + "\n")
+    return f"{table}\n\nwrote {files.metrics}, {files.curves}, {files.summary}"
