@@ -52,3 +52,13 @@ def test_the_namespace_imports_from_the_checkout_with_no_install_and_no_site_pac
     ).stdout.split()
     assert Path(out[0]) == REPO / "pvpo" / "reward" / "__init__.py"
     assert float(out[1]) == 1.0
+
+
+def test_the_docker_images_copy_every_component_folder() -> None:
+    # the images are built from an allow-list context: a component missing there fails only at
+    # `make test-docker`, minutes into the build (the evaluation component once did)
+    allowed = (REPO / ".dockerignore").read_text().splitlines()
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    for name in COMPONENTS:
+        assert f"!{name}/" in allowed, f".dockerignore does not let {name}/ into the build context"
+        assert f"COPY {name} /src/{name}" in dockerfile, f"docker/Dockerfile does not copy {name}/"
