@@ -6,7 +6,7 @@ reward of M reference rollouts, arXiv:2508.21104 Sec. 3.2) and the Group Samplin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -45,8 +45,10 @@ def uid_of(row: Any) -> str:
     return str(uid)
 
 
-def training_pool(rows: Iterable[Row], partition: Partition | str | Path | None) -> list[Row]:
-    """`rows` without the prompts Group Sampling dropped (the reference policy always solves them,
+def training_pool(
+    rows: Iterable[Row], partition: Partition | str | Path | None, *, uid: Callable[[Row], str] = uid_of
+) -> list[Row]:
+    """`rows` (their prompt uid read by `uid`) without the prompts Group Sampling dropped (the reference policy always solves them,
     so their groups carry no signal and their rollouts are pure cost). The prompts it marks for a
     ground-truth trajectory stay in the pool: injecting that trajectory needs the trainer's own
     loss (`pvpo train`), which TRL and verl do not expose."""
@@ -54,7 +56,7 @@ def training_pool(rows: Iterable[Row], partition: Partition | str | Path | None)
         return list(rows)
     part = partition if isinstance(partition, Partition) else load_partition(partition)
     dropped = set(part.dropped)
-    return [row for row in rows if uid_of(row) not in dropped]
+    return [row for row in rows if uid(row) not in dropped]
 
 
 def anchor_for(uid: str, anchors: Mapping[str, float]) -> float:

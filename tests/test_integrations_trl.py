@@ -8,8 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +16,11 @@ import pytest
 trl = pytest.importorskip("trl", reason="trl is in the dev extra (Python >= 3.11): pip install -e '.[dev]'")
 
 import torch  # noqa: E402
+from retriever_support import CountingRetriever  # noqa: E402
 
 from pvpo.envs import QAExample  # noqa: E402
 from pvpo.integrations.trl import PVPOGRPOTrainer, SearchEnvFactory, search_dataset, tool_prompt  # noqa: E402
-from pvpo.retriever.index import Retriever  # noqa: E402
 from pvpo.retriever.server import BackgroundServer  # noqa: E402
-from pvpo.retriever.types import Passage  # noqa: E402
 from pvpo.reward import get_reward  # noqa: E402
 from pvpo.trainer.reference.anchor import AnchorStore  # noqa: E402
 
@@ -35,25 +32,6 @@ QUESTIONS = [
     ("Who discovered penicillin?", "Alexander Fleming", "who discovered penicillin", "Fleming"),
 ]
 EXAMPLES = [QAExample(f"q{i}", q, (gold,)) for i, (q, gold, _, _) in enumerate(QUESTIONS)]
-
-
-class CountingRetriever(Retriever):
-    """The tiny retriever, counting the queries that reach it through the server."""
-
-    def __init__(self, inner: Retriever) -> None:
-        self.inner, self.corpus, self.queries = inner, inner.corpus, []
-        self.lock = threading.Lock()
-
-    def search_varying(self, queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
-        with self.lock:
-            self.queries.extend(queries)
-        return self.inner.search_varying(queries, topks)
-
-    def info(self) -> dict[str, Any]:
-        return self.inner.info()
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")

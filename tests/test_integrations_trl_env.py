@@ -150,8 +150,9 @@ def test_search_rows_carry_uid_question_and_golds_and_leave_out_the_prompts_grou
 
 def test_importing_pvpo_and_its_integrations_imports_neither_trl_nor_verl() -> None:
     code = (
-        "import sys, pvpo, pvpo.integrations, pvpo.integrations.trl; "
+        "import sys, pvpo, pvpo.integrations, pvpo.integrations.trl, pvpo.integrations.verl; "
         "from pvpo.integrations.trl import SearchEnvFactory, search_rows; "
+        "from pvpo.integrations.verl import compute_score, verl_rows, pvpo_advantage, config_path; "
         "loaded = [m for m in ('trl', 'verl', 'datasets') if m in sys.modules]; assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
