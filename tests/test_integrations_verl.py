@@ -20,7 +20,7 @@ import verl_standin
 import yaml
 from retriever_support import CountingRetriever
 
-from pvpo.integrations.verl import config_path
+from pvpo.integrations.verl.configs import AGENT_LOOP_KEYS, config_path, write_config
 from pvpo.integrations.verl.data import TOOL_AGENT, verl_rows, write_parquet
 from pvpo.integrations.verl.estimator import pvpo_advantage
 from pvpo.integrations.verl.reward import compute_score, golds_of
@@ -178,7 +178,29 @@ def test_verl_rows_carry_uid_prompt_and_golds_and_drop_what_group_sampling_dropp
     assert list(back["extra_info"].map(lambda e: e["uid"])) == ["a", "c"]
 
 
-# ---- the tool and the agent loop, against the tiny retriever on loopback -------------------------
+# ---- the configs, the tool and the agent loop, against the tiny retriever on loopback ------------
+
+
+def test_the_shipped_configs_name_our_classes_and_write_config_sets_only_known_keys(verl_api, tmp_path) -> None:
+    import inspect
+
+    (entry,) = yaml.safe_load(config_path("agent_loop.yaml").read_text())
+    assert entry["name"] == "pvpo_search" and entry["_target_"].endswith("agent_loop.PVPOSearchAgentLoop")
+    loop_cls = importlib.import_module("pvpo.integrations.verl.agent_loop").PVPOSearchAgentLoop
+    params = inspect.signature(loop_cls.__init__).parameters
+    assert set(AGENT_LOOP_KEYS) == {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert set(entry) - {"name", "_target_"} <= set(AGENT_LOOP_KEYS)
+    tool = yaml.safe_load(config_path("search_tool.yaml").read_text())["tools"][0]
+    assert (
+        tool["class_name"] == "pvpo.integrations.verl.search_tool.PVPOSearchTool" and tool["config"]["type"] == "native"
+    )
+    out = write_config("agent_loop.yaml", tmp_path / "a.yaml", anchors=tmp_path / "anchor.json", reward="em")
+    (written,) = yaml.safe_load(out.read_text())
+    assert written["anchors"] == str(tmp_path / "anchor.json") and written["reward"] == "em"
+    with pytest.raises(ValueError, match="no setting anchor; known: retriever_url"):
+        write_config("agent_loop.yaml", tmp_path / "b.yaml", anchor="x")
+    with pytest.raises(ValueError, match="no verl config"):
+        config_path("ppo.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +212,9 @@ def served(tiny):
 
 def test_the_search_tool_config_builds_our_tool_which_searches_our_server(verl_api, served, tmp_path) -> None:
     url, counting = served
-    config = yaml.safe_load(config_path("search_tool.yaml").read_text())
-    config["tools"][0]["config"]["retrieval_service_url"] = url + "/retrieve"  # as verl's configs write it
-    (tmp_path / "tools.yaml").write_text(yaml.safe_dump(config))
+    # a trailing /retrieve, as verl's own search tool configs write the URL
+    write_config("search_tool.yaml", tmp_path / "tools.yaml", retrieval_service_url=url + "/retrieve")
+    config = yaml.safe_load((tmp_path / "tools.yaml").read_text())
     if verl_api.real:
         from verl.tools.tool_registry import initialize_tools_from_config
 
@@ -289,8 +311,9 @@ def test_the_agent_loop_config_runs_our_episode_token_exact_with_the_anchored_re
     verl_api, served, tmp_path
 ) -> None:
     url, counting = served
-    (entry,) = yaml.safe_load(config_path("agent_loop.yaml").read_text())
-    entry.update(retriever_url=url, topk=1, anchors=str(write_anchor(tmp_path / "anchor.json", {"q0": 0.3})))
+    anchor_file = write_anchor(tmp_path / "anchor.json", {"q0": 0.3})
+    written = write_config("agent_loop.yaml", tmp_path / "agent.yaml", retriever_url=url, topk=1, anchors=anchor_file)
+    (entry,) = yaml.safe_load(written.read_text())
     tok = chat_tokenizer()
     turns = ["<think>I need the capital.</think><search> capital of Germany </search>", "<answer> Berlin </answer>"]
     server = ScriptedServer(tok, turns)

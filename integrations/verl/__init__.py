@@ -9,11 +9,10 @@
   entry point (`plugin`);
 - `data.verl_rows` / `write_parquet`: our questions as verl's parquet rows, Group Sampling applied.
 
-`config_path("agent_loop.yaml")` and `config_path("search_tool.yaml")` give the shipped configs.
+`config_path(name)` gives a shipped config (`agent_loop.yaml`, `search_tool.yaml`) and
+`write_config(name, path, **values)` a copy with values set (the retriever URL, the anchor file).
 Exports load on first use: `compute_score`, `verl_rows` and `pvpo_advantage` import no verl.
 """
-
-from pathlib import Path
 
 from pvpo.lazy_exports import lazy_exports
 
@@ -26,18 +25,9 @@ _EXPORTS = {
     "write_parquet": "data",
     "PVPOSearchAgentLoop": "agent_loop",
     "PVPOSearchTool": "search_tool",
+    "config_path": "configs",
+    "write_config": "configs",
 }
 
-CONFIGS = ("agent_loop.yaml", "search_tool.yaml")
-
-
-def config_path(name: str) -> Path:
-    """The path of a shipped verl config (`agent_loop.yaml`, `search_tool.yaml`), to give verl as
-    `actor_rollout_ref.rollout.agent.agent_loop_config_path` / `...multi_turn.tool_config_path`."""
-    if name not in CONFIGS:
-        raise ValueError(f"no verl config {name!r}; shipped: {', '.join(CONFIGS)}")
-    return Path(__file__).with_name(name)
-
-
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-__all__ = sorted([*_EXPORTS, "CONFIGS", "config_path"])
+__all__ = sorted(_EXPORTS)
