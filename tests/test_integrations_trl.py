@@ -19,7 +19,14 @@ import torch  # noqa: E402
 from retriever_support import CountingRetriever  # noqa: E402
 
 from pvpo.envs import QAExample  # noqa: E402
-from pvpo.integrations.trl import PVPOGRPOTrainer, SearchEnvFactory, search_dataset, tool_prompt  # noqa: E402
+from pvpo.integrations.trl import (  # noqa: E402
+    PVPOGRPOTrainer,
+    SearchEnvFactory,
+    SearchRollout,
+    search_dataset,
+    search_reward,
+    tool_prompt,
+)
 from pvpo.retriever.server import BackgroundServer  # noqa: E402
 from pvpo.reward import get_reward  # noqa: E402
 from pvpo.trainer.reference.anchor import AnchorStore  # noqa: E402
@@ -215,3 +222,83 @@ def test_pvpo_trainer_with_a_given_anchor_trains_on_r_minus_anchor_where_grpo_wo
     # groups have zero spread and advantage 0; PVPO's static baseline still gives a signal)
     assert len(logged) == 2 and all(abs(v) > 0.01 for v in logged)
     factory.close()
+
+
+# ---- the tag protocol: rollout_func ---------------------------------------------------------------
+
+
+def tag_policy(rollout: SearchRollout) -> tuple[Any, Any]:
+    """A tiny Qwen2 and a BPE whose tags are whole tokens, trained for a few seconds on the
+    Search-R1-style text of each question (its observation from the real retriever)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    env = rollout._batch_env(1)
+    episodes = []
+    for (_, _, query, answer), ex in zip(QUESTIONS, EXAMPLES):
+        (prompt,), _ = env.reset(options={"questions": [ex]})
+        turn1, turn2 = f"<think>look it up</think><search> {query} </search>", f"<answer> {answer} </answer>"
+        (obs,), *_ = env.step([turn1])
+        episodes.append((prompt, turn1, obs, turn2))
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["".join(e) for e in episodes], trainers.BpeTrainer(
+        vocab_size=500, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tok.add_tokens([f"<{c}{t}>" for t in ("think", "search", "information", "answer") for c in ("", "/")])
+    tok.padding_side = "left"
+    rows = [tok(p)["input_ids"] + sum((tok.encode(t, add_special_tokens=False) for t in (t1, o, t2)), [])
+            + [tok.eos_token_id] for p, t1, o, t2 in episodes]  # fmt: skip
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05, f"the warm start did not fit its two episodes (loss {loss.item():.3f})"
+    return model, tok
+
+
+@pytest.mark.slow
+def test_the_tag_protocol_rollout_trains_pvpo_with_masked_observations_and_our_reward(served, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    url, counting = served
+    rollout = SearchRollout(EXAMPLES, url, reward="pvpo", topk=1, max_obs_chars=200, max_turns=4, max_turn_tokens=64)
+    model, tok = tag_policy(rollout)
+    before = len(counting.queries)
+
+    trainer = PVPOGRPOTrainer(model=model, processing_class=tok, args=grpo_config(tmp_path), reward_funcs=search_reward,
+                              train_dataset=rollout.dataset(), rollout_func=rollout, anchors=tmp_path / "anchor.json",
+                              anchor_rollouts=2)  # fmt: skip
+    trainer.train()
+
+    assert len(counting.queries) > before, "no search reached the retriever"
+    reference, training = rollout.finished[:4], rollout.finished[4:]
+    assert len(training) == 8
+    for ep in rollout.finished:  # every reward is our pvpo reward of the episode's transcript
+        assert ep["reward"] == pytest.approx(get_reward("pvpo")(ep["judged_response"], ep["golden_answers"]).total)
+    assert any(ep["reward"] == 1.0 for ep in training)
+    logged = rewards_logged(trainer, "search_reward")
+    assert [round(v, 6) for v in logged] == [round(sum(ep["reward"] for ep in training[4 * s : 4 * s + 4]) / 4, 6)
+                                             for s in range(2)]  # fmt: skip
+    store = AnchorStore.load(tmp_path / "anchor.json")  # accuracy: the episodes' exact match
+    assert store["q0"].accuracy == pytest.approx(sum(ep["metrics"]["em"] for ep in reference if ep["uid"] == "q0") / 2)
+    # the last batch: model tokens as generated, the retriever's text tokenized and masked out
+    last = rollout.last
+    for ids, env_mask in zip(last["completion_ids"], last["env_mask"]):
+        assert len(ids) == len(env_mask) and env_mask[0] == 1
+        observed = [t for t, m in zip(ids, env_mask) if m == 0]
+        if observed:
+            assert tok.decode(observed).startswith("\n\n<information>Doc 1(Title:")
+    assert all(len(lp) == len(ids) for lp, ids in zip(last["logprobs"], last["completion_ids"]))
+    rollout.close()

@@ -156,3 +156,46 @@ def test_importing_pvpo_and_its_integrations_imports_neither_trl_nor_verl() -> N
         "loaded = [m for m in ('trl', 'verl', 'datasets') if m in sys.modules]; assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def bpe_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["look it up <search> capital </search> <answer> Berlin </answer>"], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+
+
+def test_a_generated_turn_ends_at_its_stop_string_else_at_its_first_eos_in_a_padded_row() -> None:
+    from pvpo.integrations.trl import SearchRollout
+
+    rollout = SearchRollout([QAExample("a", "A?", ("x",))], retriever=Memory())
+    tok = bpe_tokenizer()
+    eos = tok.eos_token_id
+    search = tok.encode("look it up <search> capital </search>")
+    assert rollout._turn_end(search + [eos] * 3, tok, {eos}) == (len(search), True)  # padding after the stop
+    text = tok.encode("look it up")
+    assert rollout._turn_end(text + [eos, eos], tok, {eos}) == (len(text) + 1, False)  # its EOS kept
+    assert rollout._turn_end(text, tok, {eos}) == (len(text), False)  # out of tokens
+    assert rollout._turn_end(tok.encode("<search> capital </sea") + [eos], tok, {eos})[1] is False
+
+
+def test_a_rollout_knows_its_questions_by_prompt_and_refuses_ambiguous_or_unknown_ones(tmp_path) -> None:
+    from pvpo.integrations.trl import SearchRollout
+
+    with pytest.raises(ValueError, match="one prompt but different answers"):
+        SearchRollout([QAExample("a", "A?", ("x",)), QAExample("b", "A?", ("y",))], retriever=Memory())
+    rollout = SearchRollout([QAExample("a", "A?", ("x",)), QAExample("b", "B?", ("y",))], retriever=Memory())
+    prompt = rollout.config.prompt(rollout.examples[1])
+    assert rollout._example(prompt).uid == "b" and rollout._example([{"role": "user", "content": prompt}]).uid == "b"
+    with pytest.raises(KeyError, match="rollout.dataset"):
+        rollout._example("another prompt")
+    pytest.importorskip("datasets", reason="rollout.dataset() builds a datasets.Dataset (trl's dependency)")
+    save_partition(Partition(0, dropped=["a"], kept=["b"]), tmp_path / "gs.json")
+    rows = list(rollout.dataset(partition=tmp_path / "gs.json"))
+    assert [r["uid"] for r in rows] == ["b"] and rows[0]["prompt"] == prompt

@@ -16,7 +16,7 @@ is the initial policy. Give one (`anchors=`: an `anchor.json` of a `pvpo train` 
 (`anchor_rollouts=M`): it rolls out every training prompt M times through TRL's own generation,
 environment and reward path with the untouched initial weights, and saves the result to the
 `anchors` path after every batch (an interrupted build resumes). Accuracy per rollout (what Group
-Sampling reads) is the episode's exact match when the environment is a `SearchToolEnv`, else the
+Sampling reads) is the episode's exact match with `SearchToolEnv` or `SearchRollout`, else the
 reward itself.
 """
 
@@ -31,6 +31,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from pvpo.integrations.reference import AnchorSource, Missing, load_anchors, uid_of
+from pvpo.integrations.trl.rollout import EM_FIELD
 from pvpo.trainer import get_estimator
 from pvpo.trainer.reference.anchor import AnchorStore, build_anchor
 
@@ -150,7 +151,10 @@ class PVPOGRPOTrainer(GRPOTrainer):
         for i, p in enumerate(requests):
             reward = float(rewards[i])
             info = getattr(envs[i], "info", None) or {}
-            accuracy = float(info["metrics"]["em"]) if "metrics" in info else reward
+            if "metrics" in info:  # a SearchToolEnv's episode
+                accuracy = float(info["metrics"]["em"])
+            else:  # SearchRollout's field (TRL merged it into the row), else the reward itself
+                accuracy = float(rows[i].get(EM_FIELD, reward))
             out.append((p.uid, reward, accuracy))
         return out
 
