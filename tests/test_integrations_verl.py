@@ -353,3 +353,48 @@ def test_the_agent_loop_ends_an_episode_at_eos_without_an_action_and_at_its_toke
     out = run_loop(verl_api, tok, server, entry, {}, response_length=40)
     assert len(out.response_ids) == len(out.response_mask) <= 40
     assert out.reward_score == 0.0  # no answer within the budget
+
+
+# ---- verl's own config and loaders ---------------------------------------------------------------
+
+# the overrides of README "verl" (keep the two in step)
+README_OVERRIDES = [
+    "algorithm.adv_estimator=pvpo",
+    "data.train_files=data/train.parquet", "data.val_files=data/test.parquet", "data.train_batch_size=64",
+    "data.max_prompt_length=512", "data.max_response_length=2048",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct", "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.rollout.agent.agent_loop_config_path=data/agent_loop.yaml",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "trainer.n_gpus_per_node=8",
+]  # fmt: skip
+
+
+@pytest.mark.skipif(not REAL_VERL, reason="needs verl installed (make test-verl)")
+def test_the_readme_overrides_compose_and_pass_verls_config_validation() -> None:
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                               version_base=None):  # fmt: skip
+        cfg = compose(config_name="ppo_trainer", overrides=README_OVERRIDES)
+    assert cfg.algorithm.adv_estimator == "pvpo" and not need_critic(cfg)  # PVPO needs no critic
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+@pytest.mark.skipif(not REAL_VERL, reason="needs verl installed (make test-verl)")
+def test_verls_custom_reward_function_loader_gives_our_compute_score_with_its_anchor(tmp_path) -> None:
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    anchor_file = write_anchor(tmp_path / "anchor.json", {"q0": 0.25})
+    cfg = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://pvpo.integrations.verl.reward", "name": "compute_score",
+        "reward_kwargs": {"anchors": str(anchor_file)}}}})  # fmt: skip
+    fn = get_custom_reward_fn(cfg)
+    out = fn(data_source="nq", solution_str="<answer>Berlin</answer>", ground_truth={"target": ["Berlin"]},
+             extra_info={"uid": "q0"})  # fmt: skip
+    assert out["score"] == pytest.approx(0.75) and out["pvpo_reward"] == 1.0
