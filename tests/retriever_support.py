@@ -30,3 +30,22 @@ class FailingRetriever(Retriever):
 
     def close(self) -> None:
         pass
+
+
+class CountingRetriever(Retriever):
+    """Wraps a retriever and records every query that reaches it (through a server, say)."""
+
+    def __init__(self, inner: Retriever) -> None:
+        self.inner, self.corpus, self.queries = inner, inner.corpus, []
+        self.lock = threading.Lock()
+
+    def search_varying(self, queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        with self.lock:
+            self.queries.extend(queries)
+        return self.inner.search_varying(queries, topks)
+
+    def info(self) -> dict[str, Any]:
+        return self.inner.info()
+
+    def close(self) -> None:
+        pass
