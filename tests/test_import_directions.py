@@ -133,3 +133,26 @@ def test_loading_and_showing_a_preset_imports_no_torch(preset: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_nothing_imports_the_integrations_and_they_use_only_public_pieces() -> None:
+    # the TRL / verl adapters sit on top: no component imports them, and they reach the trainer only
+    # through its exports and the reference files' readers (their formats are the contract)
+    users = [
+        f"{_module_name(path)} imports {target}"
+        for component in ("reward", "retriever", "envs", "trainer", "evaluation")
+        for path in _sources(component)
+        for target in _imports(path)
+        if target.startswith("pvpo.integrations")
+    ]
+    assert users == []
+    allowed = (
+        "pvpo.integrations",
+        "pvpo.reward",
+        "pvpo.envs",
+        "pvpo.retriever",
+        "pvpo.trainer.reference.anchor",
+        "pvpo.trainer.reference.group_sampling",
+    )
+    bad = [v for v in _violations("integrations", allowed) if not v.endswith(" imports pvpo.trainer")]
+    assert bad == []

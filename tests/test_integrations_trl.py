@@ -78,14 +78,26 @@ def tool_calling_policy(factory: SearchEnvFactory) -> tuple[Any, Any]:
     conversations = []
     for (question, _, query, answer), ex in zip(QUESTIONS, EXAMPLES):
         env.reset(uid=ex.uid, question=question, golden_answers=list(ex.golden_answers))
-        conversations.append([
-            {"role": "user", "content": tool_prompt(question)},
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": query}}}]},
-            {"role": "tool", "name": "search", "content": env.search(query)},
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "answer", "arguments": {"answer": answer}}}]},
-            {"role": "tool", "name": "answer", "content": env.answer(answer)},
-            {"role": "assistant", "content": "Done."},
-        ])  # fmt: skip
+        conversations.append(
+            [
+                {"role": "user", "content": tool_prompt(question)},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": query}}}],
+                },
+                {"role": "tool", "name": "search", "content": env.search(query)},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "answer", "arguments": {"answer": answer}}}
+                    ],
+                },
+                {"role": "tool", "name": "answer", "content": env.answer(answer)},
+                {"role": "assistant", "content": "Done."},
+            ]
+        )
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -93,18 +105,37 @@ def tool_calling_policy(factory: SearchEnvFactory) -> tuple[Any, Any]:
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tok.chat_template = qwen2_5_chat_template
     texts = [tok.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations]
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=special, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=600,
+            special_tokens=special,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     tok.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"])
     tok.chat_template, tok.padding_side = qwen2_5_chat_template, "left"
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
-    batch = tok([tok.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations],
-                return_tensors="pt", padding=True)  # fmt: skip
+    batch = tok(
+        [tok.apply_chat_template(c, tools=tools, tokenize=False) for c in conversations],
+        return_tensors="pt",
+        padding=True,
+    )
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(300):  # measured: loss < 0.01 well before the end
@@ -118,10 +149,20 @@ def tool_calling_policy(factory: SearchEnvFactory) -> tuple[Any, Any]:
 
 def grpo_config(tmp_path: Path) -> Any:
     return trl.GRPOConfig(
-        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=4, num_generations=2,
-        max_completion_length=400, max_tool_calling_iterations=4, temperature=0.2, learning_rate=1e-5,
-        logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, seed=0,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=400,
+        max_tool_calling_iterations=4,
+        temperature=0.2,
+        learning_rate=1e-5,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+    )
 
 
 def rewards_logged(trainer: Any, source: str) -> list[float]:
@@ -135,8 +176,13 @@ def test_grpo_trainer_trains_two_steps_with_our_environment_retriever_and_reward
     factory, (model, tok) = environment(url), policy
     warm_queries = len(counting.queries)
 
-    trainer = trl.GRPOTrainer(model=model, processing_class=tok, args=grpo_config(tmp_path),
-                              train_dataset=search_dataset(EXAMPLES), environment_factory=factory)  # fmt: skip
+    trainer = trl.GRPOTrainer(
+        model=model,
+        processing_class=tok,
+        args=grpo_config(tmp_path),
+        train_dataset=search_dataset(EXAMPLES),
+        environment_factory=factory,
+    )
     trainer.train()
 
     # the searches reached the retriever, over HTTP through our client and server
@@ -166,9 +212,15 @@ def test_pvpo_trainer_builds_the_anchor_from_reference_rollouts_and_trains_on_r_
     factory, (model, tok) = environment(served[0]), policy
     anchor_file = tmp_path / "anchor.json"
 
-    trainer = PVPOGRPOTrainer(model=model, processing_class=tok, args=grpo_config(tmp_path),
-                              train_dataset=search_dataset(EXAMPLES), environment_factory=factory,
-                              anchors=anchor_file, anchor_rollouts=2)  # fmt: skip
+    trainer = PVPOGRPOTrainer(
+        model=model,
+        processing_class=tok,
+        args=grpo_config(tmp_path),
+        train_dataset=search_dataset(EXAMPLES),
+        environment_factory=factory,
+        anchors=anchor_file,
+        anchor_rollouts=2,
+    )
     trainer.train()
 
     # the anchor: 2 reference rollouts per prompt (the first 4 episodes), their mean reward per uid, saved
@@ -206,9 +258,14 @@ def test_pvpo_trainer_with_a_given_anchor_trains_on_r_minus_anchor_where_grpo_wo
     store.update("q1", [0.6], [1.0])
     store.save()
 
-    trainer = PVPOGRPOTrainer(model=model, processing_class=tok, args=grpo_config(tmp_path),
-                              train_dataset=search_dataset(EXAMPLES), environment_factory=factory,
-                              anchors=tmp_path / "anchor.json")  # fmt: skip
+    trainer = PVPOGRPOTrainer(
+        model=model,
+        processing_class=tok,
+        args=grpo_config(tmp_path),
+        train_dataset=search_dataset(EXAMPLES),
+        environment_factory=factory,
+        anchors=tmp_path / "anchor.json",
+    )
     trainer.train()
 
     assert len(factory.finished) == 8  # no reference rollouts: the anchor was given
@@ -243,20 +300,39 @@ def tag_policy(rollout: SearchRollout) -> tuple[Any, Any]:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(["".join(e) for e in episodes], trainers.BpeTrainer(
-        vocab_size=500, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))  # fmt: skip
+    bpe.train_from_iterator(
+        ["".join(e) for e in episodes],
+        trainers.BpeTrainer(
+            vocab_size=500,
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.add_tokens([f"<{c}{t}>" for t in ("think", "search", "information", "answer") for c in ("", "/")])
     tok.padding_side = "left"
-    rows = [tok(p)["input_ids"] + sum((tok.encode(t, add_special_tokens=False) for t in (t1, o, t2)), [])
-            + [tok.eos_token_id] for p, t1, o, t2 in episodes]  # fmt: skip
+    rows = [
+        tok(p)["input_ids"]
+        + sum((tok.encode(t, add_special_tokens=False) for t in (t1, o, t2)), [])
+        + [tok.eos_token_id]
+        for p, t1, o, t2 in episodes
+    ]
     width = max(map(len, rows))
     ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -277,9 +353,16 @@ def test_the_tag_protocol_rollout_trains_pvpo_with_masked_observations_and_our_r
     model, tok = tag_policy(rollout)
     before = len(counting.queries)
 
-    trainer = PVPOGRPOTrainer(model=model, processing_class=tok, args=grpo_config(tmp_path), reward_funcs=search_reward,
-                              train_dataset=rollout.dataset(), rollout_func=rollout, anchors=tmp_path / "anchor.json",
-                              anchor_rollouts=2)  # fmt: skip
+    trainer = PVPOGRPOTrainer(
+        model=model,
+        processing_class=tok,
+        args=grpo_config(tmp_path),
+        reward_funcs=search_reward,
+        train_dataset=rollout.dataset(),
+        rollout_func=rollout,
+        anchors=tmp_path / "anchor.json",
+        anchor_rollouts=2,
+    )
     trainer.train()
 
     assert len(counting.queries) > before, "no search reached the retriever"
@@ -289,8 +372,9 @@ def test_the_tag_protocol_rollout_trains_pvpo_with_masked_observations_and_our_r
         assert ep["reward"] == pytest.approx(get_reward("pvpo")(ep["judged_response"], ep["golden_answers"]).total)
     assert any(ep["reward"] == 1.0 for ep in training)
     logged = rewards_logged(trainer, "search_reward")
-    assert [round(v, 6) for v in logged] == [round(sum(ep["reward"] for ep in training[4 * s : 4 * s + 4]) / 4, 6)
-                                             for s in range(2)]  # fmt: skip
+    assert [round(v, 6) for v in logged] == [
+        round(sum(ep["reward"] for ep in training[4 * s : 4 * s + 4]) / 4, 6) for s in range(2)
+    ]
     store = AnchorStore.load(tmp_path / "anchor.json")  # accuracy: the episodes' exact match
     assert store["q0"].accuracy == pytest.approx(sum(ep["metrics"]["em"] for ep in reference if ep["uid"] == "q0") / 2)
     # the last batch: model tokens as generated, the retriever's text tokenized and masked out

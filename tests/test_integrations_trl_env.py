@@ -29,8 +29,12 @@ class Memory:
         return [self.passages[: topk or 3] for _ in queries]
 
 
-ROW = {"prompt": [{"role": "user", "content": "..."}], "uid": "q0", "question": "Capital of Germany?",
-       "golden_answers": ["Berlin"]}  # fmt: skip
+ROW = {
+    "prompt": [{"role": "user", "content": "..."}],
+    "uid": "q0",
+    "question": "Capital of Germany?",
+    "golden_answers": ["Berlin"],
+}
 
 
 def make(**kw) -> tuple[SearchEnvFactory, SearchToolEnv, Memory]:
@@ -165,9 +169,15 @@ def bpe_tokenizer():
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(["look it up <search> capital </search> <answer> Berlin </answer>"], trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))  # fmt: skip
+    bpe.train_from_iterator(
+        ["look it up <search> capital </search> <answer> Berlin </answer>"],
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 

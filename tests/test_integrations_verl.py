@@ -81,13 +81,25 @@ def test_importing_verl_loads_the_plugin_through_its_entry_point() -> None:
 def hand_made_batch(tmp_path: Path) -> dict[str, Any]:
     """Six responses of two prompts (groups interleaved, as uids need not be adjacent), their
     golds, an anchor per prompt, and responses of different lengths."""
-    responses = ["<answer>Berlin</answer>", "<answer>Paris</answer>", "<answer>Fleming</answer>",
-                 "no answer", "<answer>Alexander Fleming</answer>", "<answer>Berlin, Germany</answer>"]  # fmt: skip
+    responses = [
+        "<answer>Berlin</answer>",
+        "<answer>Paris</answer>",
+        "<answer>Fleming</answer>",
+        "no answer",
+        "<answer>Alexander Fleming</answer>",
+        "<answer>Berlin, Germany</answer>",
+    ]
     uids = ["q0", "q0", "q1", "q0", "q1", "q0"]
     golds = {"q0": ["Berlin"], "q1": ["Alexander Fleming"]}
     anchors = {"q0": 0.4, "q1": 0.55}
-    return {"responses": responses, "uids": uids, "golds": golds, "anchors": anchors,
-            "anchor_file": write_anchor(tmp_path / "anchor.json", anchors), "lengths": [5, 3, 7, 2, 6, 4]}  # fmt: skip
+    return {
+        "responses": responses,
+        "uids": uids,
+        "golds": golds,
+        "anchors": anchors,
+        "anchor_file": write_anchor(tmp_path / "anchor.json", anchors),
+        "lengths": [5, 3, 7, 2, 6, 4],
+    }
 
 
 def verl_token_rewards(scores: list[float], lengths: list[int], width: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +118,7 @@ def test_verls_pvpo_estimator_on_the_anchored_scores_equals_our_pvpo_estimator(v
     scores = [
         compute_score("pvpo", text, {"target": b["golds"][uid]}, {"uid": uid}, anchors=str(b["anchor_file"]))["score"]
         for text, uid in zip(b["responses"], b["uids"])
-    ]  # fmt: skip
+    ]
     token_rewards, mask = verl_token_rewards(scores, b["lengths"])
     index = [f"step-uuid-{uid}" for uid in b["uids"]]  # verl's per-step group ids: they name no prompt
     estimator = verl_api.core_algos.get_adv_estimator_fn("pvpo")
@@ -128,11 +140,15 @@ def test_verls_own_compute_advantage_with_adv_estimator_pvpo_gives_our_advantage
 
     importlib.import_module("pvpo.integrations.verl.plugin")
     b = hand_made_batch(tmp_path)
-    scores = [compute_score("pvpo", t, b["golds"][u], {"uid": u}, anchors=b["anchors"])["score"]
-              for t, u in zip(b["responses"], b["uids"])]  # fmt: skip
+    scores = [
+        compute_score("pvpo", t, b["golds"][u], {"uid": u}, anchors=b["anchors"])["score"]
+        for t, u in zip(b["responses"], b["uids"])
+    ]
     token_rewards, mask = verl_token_rewards(scores, b["lengths"])
-    data = DataProto.from_dict(tensors={"token_level_rewards": token_rewards, "response_mask": mask},
-                               non_tensors={"uid": np.array([f"uuid-{u}" for u in b["uids"]], dtype=object)})  # fmt: skip
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": token_rewards, "response_mask": mask},
+        non_tensors={"uid": np.array([f"uuid-{u}" for u in b["uids"]], dtype=object)},
+    )
     out = compute_advantage(data, adv_estimator="pvpo", config=None)
     raw = torch.tensor([get_reward("pvpo")(t, b["golds"][u]).total for t, u in zip(b["responses"], b["uids"])])
     assert torch.allclose(out.batch["advantages"][:, 0], get_estimator("pvpo")(raw, b["uids"], anchors=b["anchors"]))
@@ -244,11 +260,19 @@ def chat_tokenizer() -> Any:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    corpus = ["Answer the question <search> capital of Germany </search> <information> Doc 1(Title: Berlin) "
-              "Berlin is the capital of Germany </information> <answer> Berlin </answer> <think>"]  # fmt: skip
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                        show_progress=False))  # fmt: skip
+    corpus = [
+        "Answer the question <search> capital of Germany </search> <information> Doc 1(Title: Berlin) "
+        "Berlin is the capital of Germany </information> <answer> Berlin </answer> <think>"
+    ]
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.chat_template = (
         "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -279,14 +303,28 @@ def agent_loop(verl_api, tokenizer: Any, server: Any, entry: dict[str, Any], res
         from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
         wrap = lambda d: DictConfigWrap(OmegaConf.create(d))  # noqa: E731
-        return hydra.utils.instantiate(OmegaConf.create(entry), trainer_config=wrap(config), server_manager=server,
-                                       tokenizer=tokenizer, processor=None, dataset_cls=None, data_config=wrap(data))  # fmt: skip
+        return hydra.utils.instantiate(
+            OmegaConf.create(entry),
+            trainer_config=wrap(config),
+            server_manager=server,
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=None,
+            data_config=wrap(data),
+        )
     ns = lambda d: SimpleNamespace(**{k: ns(v) if isinstance(v, dict) else v for k, v in d.items()})  # noqa: E731
     module_name, _, cls_name = entry["_target_"].rpartition(".")
     cls = getattr(importlib.import_module(module_name), cls_name)
     kwargs = {k: v for k, v in entry.items() if k != "_target_"}
-    return cls(trainer_config=SimpleNamespace(config=ns(config)), server_manager=server, tokenizer=tokenizer,
-               processor=None, dataset_cls=None, data_config=SimpleNamespace(config=data), **kwargs)  # fmt: skip
+    return cls(
+        trainer_config=SimpleNamespace(config=ns(config)),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=None,
+        data_config=SimpleNamespace(config=data),
+        **kwargs,
+    )
 
 
 def run_loop(verl_api, tokenizer: Any, server: Any, entry: dict[str, Any], params: dict, **kw: Any) -> Any:
@@ -360,13 +398,20 @@ def test_the_agent_loop_ends_an_episode_at_eos_without_an_action_and_at_its_toke
 # the overrides of README "verl" (keep the two in step)
 README_OVERRIDES = [
     "algorithm.adv_estimator=pvpo",
-    "data.train_files=data/train.parquet", "data.val_files=data/test.parquet", "data.train_batch_size=64",
-    "data.max_prompt_length=512", "data.max_response_length=2048",
-    "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct", "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.rollout.agent.agent_loop_config_path=data/agent_loop.yaml",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8", "trainer.n_gpus_per_node=8",
-]  # fmt: skip
+    "data.train_files=data/train.parquet",
+    "data.val_files=data/test.parquet",
+    "data.train_batch_size=64",
+    "data.max_prompt_length=512",
+    "data.max_response_length=2048",
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct",
+    "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.rollout.agent.agent_loop_config_path=data/agent_loop.yaml",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "trainer.n_gpus_per_node=8",
+]
 
 
 @pytest.mark.skipif(not REAL_VERL, reason="needs verl installed (make test-verl)")
@@ -378,8 +423,9 @@ def test_the_readme_overrides_compose_and_pass_verls_config_validation() -> None
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
-                               version_base=None):  # fmt: skip
+    with initialize_config_dir(
+        config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"), version_base=None
+    ):
         cfg = compose(config_name="ppo_trainer", overrides=README_OVERRIDES)
     assert cfg.algorithm.adv_estimator == "pvpo" and not need_critic(cfg)  # PVPO needs no critic
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
@@ -391,10 +437,22 @@ def test_verls_custom_reward_function_loader_gives_our_compute_score_with_its_an
     from verl.trainer.ppo.reward import get_custom_reward_fn
 
     anchor_file = write_anchor(tmp_path / "anchor.json", {"q0": 0.25})
-    cfg = OmegaConf.create({"reward": {"custom_reward_function": {
-        "path": "pkg://pvpo.integrations.verl.reward", "name": "compute_score",
-        "reward_kwargs": {"anchors": str(anchor_file)}}}})  # fmt: skip
+    cfg = OmegaConf.create(
+        {
+            "reward": {
+                "custom_reward_function": {
+                    "path": "pkg://pvpo.integrations.verl.reward",
+                    "name": "compute_score",
+                    "reward_kwargs": {"anchors": str(anchor_file)},
+                }
+            }
+        }
+    )
     fn = get_custom_reward_fn(cfg)
-    out = fn(data_source="nq", solution_str="<answer>Berlin</answer>", ground_truth={"target": ["Berlin"]},
-             extra_info={"uid": "q0"})  # fmt: skip
+    out = fn(
+        data_source="nq",
+        solution_str="<answer>Berlin</answer>",
+        ground_truth={"target": ["Berlin"]},
+        extra_info={"uid": "q0"},
+    )
     assert out["score"] == pytest.approx(0.75) and out["pvpo_reward"] == 1.0

@@ -51,8 +51,12 @@ def core_algos() -> types.ModuleType:
             raise ValueError(f"Unknown advantage estimator: {key}")
         return registry[key]
 
-    return _module("verl.trainer.ppo.core_algos", ADV_ESTIMATOR_REGISTRY=registry,
-                   register_adv_est=register_adv_est, get_adv_estimator_fn=get_adv_estimator_fn)  # fmt: skip
+    return _module(
+        "verl.trainer.ppo.core_algos",
+        ADV_ESTIMATOR_REGISTRY=registry,
+        register_adv_est=register_adv_est,
+        get_adv_estimator_fn=get_adv_estimator_fn,
+    )
 
 
 class AgentLoopMetrics(BaseModel):
@@ -74,8 +78,16 @@ class AgentLoopOutput(BaseModel):
 
 
 class AgentLoopBase:
-    def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, processor: Any,
-                 dataset_cls: Any, data_config: Any, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        trainer_config: Any,
+        server_manager: Any,
+        tokenizer: Any,
+        processor: Any,
+        dataset_cls: Any,
+        data_config: Any,
+        **kwargs: Any,
+    ) -> None:
         self.config = trainer_config.config
         self.rollout_config = self.config.actor_rollout_ref.rollout
         self.server_manager = server_manager
@@ -99,9 +111,14 @@ def agent_loop_module() -> types.ModuleType:
 
         return decorator
 
-    return _module("verl.experimental.agent_loop.agent_loop", AgentLoopBase=AgentLoopBase,
-                   AgentLoopOutput=AgentLoopOutput, AgentLoopMetrics=AgentLoopMetrics, register=register,
-                   _agent_loop_registry=registry)  # fmt: skip
+    return _module(
+        "verl.experimental.agent_loop.agent_loop",
+        AgentLoopBase=AgentLoopBase,
+        AgentLoopOutput=AgentLoopOutput,
+        AgentLoopMetrics=AgentLoopMetrics,
+        register=register,
+        _agent_loop_registry=registry,
+    )
 
 
 class FunctionSchema(BaseModel):
@@ -144,8 +161,9 @@ def modules() -> dict[str, types.ModuleType]:
     out["verl.trainer.ppo.core_algos"] = core_algos()
     out["verl.experimental.agent_loop.agent_loop"] = agent_loop_module()
     out["verl.tools.base_tool"] = _module("verl.tools.base_tool", BaseTool=BaseTool)
-    out["verl.tools.schemas"] = _module("verl.tools.schemas", OpenAIFunctionToolSchema=OpenAIFunctionToolSchema,
-                                        ToolResponse=ToolResponse)  # fmt: skip
+    out["verl.tools.schemas"] = _module(
+        "verl.tools.schemas", OpenAIFunctionToolSchema=OpenAIFunctionToolSchema, ToolResponse=ToolResponse
+    )
     for name, mod in out.items():  # each submodule an attribute of its package, as import makes it
         parent, _, child = name.rpartition(".")
         if parent in out:

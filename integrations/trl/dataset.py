@@ -30,7 +30,7 @@ def search_rows(
             "uid": ex.uid,
             "question": ex.question,
             "golden_answers": list(ex.golden_answers),
-        }  # fmt: skip
+        }
         for ex in load_dataset(examples, **dict(dataset_kwargs or {}))
     ]
     return training_pool(rows, partition)

@@ -44,8 +44,13 @@ def example_from_row(row: Mapping[str, Any]) -> QAExample | None:
     `search_dataset` writes them), or None for a row without a question."""
     if row.get("question") is None:
         return None
-    return QAExample.coerce({"uid": row.get("uid", row["question"]), "question": row["question"],
-                             "golden_answers": row.get("golden_answers", ())})  # fmt: skip
+    return QAExample.coerce(
+        {
+            "uid": row.get("uid", row["question"]),
+            "question": row["question"],
+            "golden_answers": row.get("golden_answers", ()),
+        }
+    )
 
 
 def _strip_tags(text: str, protocol: TagProtocol) -> str:

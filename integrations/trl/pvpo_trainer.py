@@ -125,9 +125,15 @@ class PVPOGRPOTrainer(GRPOTrainer):
         tokens_seen = self.state.num_input_tokens_seen
         self._building_anchor = True
         try:
-            build_anchor(prompts, self._reference_rollouts, num_rollouts=self.anchor_rollouts,
-                         batch_size=per_call, store=self.anchor_store, source="initial",
-                         show_progress=show_progress)  # fmt: skip
+            build_anchor(
+                prompts,
+                self._reference_rollouts,
+                num_rollouts=self.anchor_rollouts,
+                batch_size=per_call,
+                store=self.anchor_store,
+                source="initial",
+                show_progress=show_progress,
+            )
         finally:
             self._building_anchor = False
             model.train(was_training)
@@ -194,8 +200,9 @@ class PVPOGRPOTrainer(GRPOTrainer):
         adv = torch.zeros_like(rewards)
         if bool(scorable.any()):
             keep = scorable.nonzero().flatten().tolist()
-            adv[scorable] = self._estimate(rewards[scorable], [uids[i] for i in keep], anchors=self.anchors,
-                                           missing=self.missing)  # fmt: skip
+            adv[scorable] = self._estimate(
+                rewards[scorable], [uids[i] for i in keep], anchors=self.anchors, missing=self.missing
+            )
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
         output["advantages"] = adv[local].to(dtype=output["advantages"].dtype, device=output["advantages"].device)
         self._replace_logged_advantages(adv)

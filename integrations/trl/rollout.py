@@ -76,8 +76,9 @@ class SearchRollout:
         keep: int = 4096,
     ) -> None:
         self.retriever, self._owns_retriever = resolve_retriever(retriever, retriever_url, topk=topk, timeout=timeout)
-        self.config = EpisodeConfig(protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars,
-                                    prompt_template)  # fmt: skip
+        self.config = EpisodeConfig(
+            protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template
+        )
         self._envs: dict[int, SearchVectorEnv] = {}
         self.examples = load_dataset(examples, **dict(dataset_kwargs or {}))
         self.by_prompt: dict[str, QAExample] = {}
@@ -133,8 +134,11 @@ class SearchRollout:
             active = [i for i in active if not env.done[i]]
             if not active:
                 break
-            turns = self._generate(trainer, [prompt_ids[i] + completions[i] for i in active],
-                                   min(self.max_turn_tokens, min(budget - len(completions[i]) for i in active)))  # fmt: skip
+            turns = self._generate(
+                trainer,
+                [prompt_ids[i] + completions[i] for i in active],
+                min(self.max_turn_tokens, min(budget - len(completions[i]) for i in active)),
+            )
             actions = [""] * n
             for i, (ids, lps, text, ended) in zip(active, turns):
                 completions[i] += ids
@@ -174,10 +178,18 @@ class SearchRollout:
         """A vector env of `n` episodes sharing this rollout's retriever and rules (one per batch size)."""
         if n not in self._envs:
             cfg = self.config
-            self._envs[n] = SearchVectorEnv(n, None, retriever=self.retriever, protocol=cfg.tag_protocol,
-                                            reward=cfg.reward, reward_params=cfg.reward_params,
-                                            max_turns=cfg.max_turns, topk=cfg.topk, max_obs_chars=cfg.max_obs_chars,
-                                            prompt_template=cfg.prompt_template)  # fmt: skip
+            self._envs[n] = SearchVectorEnv(
+                n,
+                None,
+                retriever=self.retriever,
+                protocol=cfg.tag_protocol,
+                reward=cfg.reward,
+                reward_params=cfg.reward_params,
+                max_turns=cfg.max_turns,
+                topk=cfg.topk,
+                max_obs_chars=cfg.max_obs_chars,
+                prompt_template=cfg.prompt_template,
+            )
         return self._envs[n]
 
     def _example(self, prompt: Any) -> QAExample:

@@ -98,8 +98,11 @@ class PVPOSearchAgentLoop(AgentLoopBase):
                 result = episode.end()
                 break
             t0 = time.perf_counter()
-            out = await self.server_manager.generate(request_id=request_id, prompt_ids=prompt_ids + response_ids,
-                                                     sampling_params={**params, "max_tokens": budget})  # fmt: skip
+            out = await self.server_manager.generate(
+                request_id=request_id,
+                prompt_ids=prompt_ids + response_ids,
+                sampling_params={**params, "max_tokens": budget},
+            )
             generate_s += time.perf_counter() - t0
             ids = list(out.token_ids)
             response_ids += ids
@@ -112,7 +115,11 @@ class PVPOSearchAgentLoop(AgentLoopBase):
                 break
             query = episode.begin_step(text)
             t0 = time.perf_counter()
-            passages = (await asyncio.to_thread(self.retriever.search, [query], self.episode_config.topk))[0] if query is not None else None  # fmt: skip
+            passages = (
+                (await asyncio.to_thread(self.retriever.search, [query], self.episode_config.topk))[0]
+                if query is not None
+                else None
+            )
             search_s += time.perf_counter() - t0
             result = episode.finish_step(passages)
             if result.observation and not episode.done:
@@ -123,9 +130,14 @@ class PVPOSearchAgentLoop(AgentLoopBase):
         reward = float(result.reward)
         info = result.info
         metrics = info.get("metrics", {})
-        extra = {"pvpo_reward": reward, "em": float(metrics.get("em", 0.0)), "f1": float(metrics.get("f1", 0.0)),
-                 "format_ok": float(bool(info.get("format_ok"))), "num_searches": float(len(episode.queries)),
-                 "pvpo_anchor": float("nan") if anchor is None else anchor}  # fmt: skip
+        extra = {
+            "pvpo_reward": reward,
+            "em": float(metrics.get("em", 0.0)),
+            "f1": float(metrics.get("f1", 0.0)),
+            "format_ok": float(bool(info.get("format_ok"))),
+            "num_searches": float(len(episode.queries)),
+            "pvpo_anchor": float("nan") if anchor is None else anchor,
+        }
         n = self.response_length
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
@@ -142,5 +154,5 @@ class PVPOSearchAgentLoop(AgentLoopBase):
                 "tool_rewards": [],
                 "pvpo_uid": example.uid,
                 "queries": list(episode.queries),
-            },  # fmt: skip
+            },
         )

@@ -12,8 +12,17 @@ import yaml
 
 CONFIGS = ("agent_loop.yaml", "search_tool.yaml")
 # PVPOSearchAgentLoop's keyword arguments (tests check the two agree)
-AGENT_LOOP_KEYS = ("retriever_url", "protocol", "reward", "reward_params", "max_turns", "topk", "max_obs_chars",
-                   "anchors", "timeout")  # fmt: skip
+AGENT_LOOP_KEYS = (
+    "retriever_url",
+    "protocol",
+    "reward",
+    "reward_params",
+    "max_turns",
+    "topk",
+    "max_obs_chars",
+    "anchors",
+    "timeout",
+)
 SEARCH_TOOL_KEYS = ("retrieval_service_url", "topk", "timeout", "max_obs_chars")
 
 

@@ -53,14 +53,16 @@ def verl_rows(
         extra_info: dict[str, Any] = {"uid": ex.uid, "index": i, "question": ex.question}
         if agent_name == TOOL_AGENT:  # verl's tool agent creates each tool with its create_kwargs
             extra_info |= {"need_tools_kwargs": True, "tools_kwargs": {"search": {"create_kwargs": {"uid": ex.uid}}}}
-        rows.append({
-            "data_source": data_source,
-            "prompt": [{"role": "user", "content": content}],
-            "ability": "search_qa",
-            "reward_model": {"style": "rule", "ground_truth": {"target": list(ex.golden_answers)}},
-            "extra_info": extra_info,
-            "agent_name": agent_name,
-        })  # fmt: skip
+        rows.append(
+            {
+                "data_source": data_source,
+                "prompt": [{"role": "user", "content": content}],
+                "ability": "search_qa",
+                "reward_model": {"style": "rule", "ground_truth": {"target": list(ex.golden_answers)}},
+                "extra_info": extra_info,
+                "agent_name": agent_name,
+            }
+        )
     return training_pool(rows, partition, uid=lambda row: row["extra_info"]["uid"])
 
 

@@ -73,8 +73,13 @@ def compute_score(
     golds = golds_of(ground_truth)
     result = get_reward(reward, **dict(reward_params or {}))(solution_str, golds, get_protocol(protocol))
     metrics = answer_metrics(result.prediction, golds)
-    out = {"score": result.total, "pvpo_reward": result.total, "em": metrics["em"], "f1": metrics["f1"],
-           "format_ok": float(result.format_ok)}  # fmt: skip
+    out = {
+        "score": result.total,
+        "pvpo_reward": result.total,
+        "em": metrics["em"],
+        "f1": metrics["f1"],
+        "format_ok": float(result.format_ok),
+    }
     table = anchors_from(anchors)
     if table is not None:
         anchor = anchor_for(uid_of(extra_info or {}), table)

@@ -43,8 +43,9 @@ class PVPOSearchTool(BaseTool):
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
         self.topk = int(config.get("topk", 3))
         self.max_obs_chars = config.get("max_obs_chars", 2000)
-        self.client = shared_client(config.get("retrieval_service_url"), topk=self.topk,
-                                    timeout=float(config.get("timeout", 30.0)))  # fmt: skip
+        self.client = shared_client(
+            config.get("retrieval_service_url"), topk=self.topk, timeout=float(config.get("timeout", 30.0))
+        )
         super().__init__(config, tool_schema or OpenAIFunctionToolSchema.model_validate(SCHEMA))
 
     async def execute(
