@@ -203,12 +203,12 @@ def serve(
         None, "--threads", min=1, help="torch CPU threads (default: cores - 1, leaving one to HTTP)."
     ),
     max_batch_chars: int = typer.Option(
-        4096,
+        8192,
         "--max-batch-chars",
         min=1,
-        help="Padded characters per batch: queries x the widest query's length "
-        "(capped at 1536, +32 each). Bounds how long one batch, and so a small "
-        "request waiting behind it, can take.",
+        help="Padded characters per batch: the encoder's length-sorted groups, each counted as its "
+        "queries x its widest query's length (capped at 1536, +32 each). Bounds how long one batch, "
+        "and so a small request waiting behind it, can take (8192: 64 typical questions or 5 long queries).",
     ),
     no_batching: bool = typer.Option(False, "--no-batching", help="Serve each request on its own."),
     token: str | None = typer.Option(
@@ -216,7 +216,11 @@ def serve(
         "--token",
         envvar="PVPO_RETRIEVER_TOKEN",
         callback=_non_empty_token,
-        help="Require 'Authorization: Bearer TOKEN' on /retrieve and /info.",
+        help="Require 'Authorization: Bearer TOKEN' on every route but /health (the API docs too, "
+        "unless --public-docs).",
+    ),
+    public_docs: bool = typer.Option(
+        False, "--public-docs", help="With --token, serve /docs, /redoc and /openapi.json without it."
     ),
     header_timeout: float | None = typer.Option(
         None,
@@ -270,6 +274,7 @@ def serve(
         ]
         args += ["--device", device] if device else []
         args += ["--no-batching"] if no_batching else []
+        args += ["--public-docs"] if public_docs else []
         args += ["--encoder-backend", encoder_backend] if encoder_backend else []
         args += ["--encoder-dtype", encoder_dtype] if encoder_dtype else []
         args += ["--header-timeout", str(header_timeout)] if header_timeout is not None else []
@@ -297,7 +302,8 @@ def serve(
     open_file_limit(raise_soft=True)
     retriever = load_retriever(index, device=device)
     app = create_app(retriever, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
-                     max_delay_ms=max_delay_ms, batching=not no_batching, token=token)  # fmt: skip
+                     max_delay_ms=max_delay_ms, batching=not no_batching, token=token,
+                     public_docs=public_docs)  # fmt: skip
     config = uvicorn_config(app, host=host, port=port, log_level=log_level, header_timeout=header_timeout,
                             keep_alive=keep_alive, max_connections=max_connections)  # fmt: skip
     typer.echo(f"serving {json.dumps(retriever.info())} on http://{host}:{port} "

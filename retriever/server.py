@@ -78,7 +78,7 @@ def create_app(
     retriever: Retriever,
     *,
     max_batch_size: int = 64,
-    max_batch_chars: int = 4096,
+    max_batch_chars: int = 8192,
     max_wait_ms: float = 5.0,
     max_delay_ms: float = 20.0,
     batching: bool = True,
@@ -86,16 +86,18 @@ def create_app(
     limits: Limits | None = None,
     max_pending: int = 16384,
     body_timeout: float = 30.0,
+    public_docs: bool = False,
 ) -> FastAPI:
     """The app serving one retriever: POST /retrieve, GET /health, GET /info, behind a
-    RequestGuard (token, content type, streamed body limit). `token=""` is refused: an empty
-    bearer would let everyone in."""
+    RequestGuard (token, content type, streamed body limit). With a token, every route but
+    /health needs it, the OpenAPI schema and the docs pages included unless `public_docs`.
+    `token=""` is refused: an empty bearer would let everyone in."""
     if token is not None and not token.strip():
         raise ValueError("token is empty: give a non-empty bearer token, or none to serve without one")
     limits = limits or Limits()
     batcher = DynamicBatcher(retriever.search_varying, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars,
                              max_wait_ms=max_wait_ms, max_delay_ms=max_delay_ms, coalesce=batching,
-                             max_pending=max_pending)  # fmt: skip
+                             max_pending=max_pending, pad_group=_pad_group(retriever))  # fmt: skip
     RetrieveRequest = request_model(limits)
 
     @asynccontextmanager
@@ -178,13 +180,27 @@ def create_app(
 
     if token is not None:
         _add_bearer_scheme(app)
-    app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout)
+    docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+    public = ("/health", *(p for p in docs if p and public_docs))
+    app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout, public=public)
     return app
+
+
+def _query_encoder(retriever: Retriever) -> Any:
+    """The retriever's query encoder (a hybrid retriever's dense side); None for BM25."""
+    return getattr(retriever, "encoder", None) or getattr(getattr(retriever, "dense", None), "encoder", None)
+
+
+def _pad_group(retriever: Retriever) -> int:
+    """How many length-sorted queries the encoder pads together (its query batch size); 1 for
+    BM25, whose cost is not padded."""
+    encoder = _query_encoder(retriever)
+    return int(getattr(encoder, "query_batch_size", 1) or 1) if encoder is not None else 1
 
 
 def _encoder_info(retriever: Retriever) -> dict[str, Any] | None:
     """The query encoder's backend and dtype (a hybrid retriever's dense side); None for BM25."""
-    encoder = getattr(retriever, "encoder", None) or getattr(getattr(retriever, "dense", None), "encoder", None)
+    encoder = _query_encoder(retriever)
     if encoder is None:
         return None
     return {"backend": getattr(encoder, "backend", "torch"), "dtype": getattr(encoder, "dtype", "float32")}
@@ -216,7 +232,7 @@ class BackgroundServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_batch_size: int = 64,
-        max_batch_chars: int = 4096,
+        max_batch_chars: int = 8192,
         max_wait_ms: float = 5.0,
         max_delay_ms: float = 20.0,
         token: str | None = None,
@@ -228,13 +244,14 @@ class BackgroundServer:
         keep_alive: float = KEEP_ALIVE_S,
         max_connections: int | None = None,
         body_timeout: float = 30.0,
+        public_docs: bool = False,
     ) -> None:
         self._source = retriever_or_index_dir
         self.host = host
         self.port = port
         self._app_kw: dict[str, Any] = dict(max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
                             max_delay_ms=max_delay_ms, token=token, batching=batching, limits=limits,
-                            body_timeout=body_timeout)  # fmt: skip
+                            body_timeout=body_timeout, public_docs=public_docs)  # fmt: skip
         self._conn_kw: dict[str, Any] = dict(
             header_timeout=header_timeout, keep_alive=keep_alive, max_connections=max_connections
         )
