@@ -64,6 +64,7 @@ class _Job:
     queries: list[str]
     topk: int
     future: asyncio.Future = field(repr=False)
+    seq: int = 0  # submission order
     taken: int = 0  # queries handed to batches so far
     done: int = 0  # queries answered so far
     results: list[list[Passage]] = field(default_factory=list, repr=False)
@@ -87,17 +88,20 @@ class DynamicBatcher:
     """Coalesces concurrent `submit` calls into bounded batches. A batch keeps collecting while
     requests keep arriving - it closes once none came for `max_wait_ms`, or `max_delay_ms` after
     its first request, or once it is full, or once it holds as many queries as were in flight
-    when the previous batch ended (that batch's, whose clients are expected back, and those
-    already waiting; a lone client is thus never kept waiting) - so clients answered together,
-    whose next requests trickle in as the event loop parses them, land in one batch instead of a
-    small one and a large one.
+    when the previous batch ended: that batch's, whose clients are expected back, and those that
+    arrived while it ran, before its first group was answered (a lone client is thus never kept
+    waiting). So clients answered together, whose next requests trickle in as the event loop
+    parses them, land in one batch instead of a small one and a large one.
 
-    Counting only the previous batch (the first rule) let any cut batch split the clients for
+    Counting only the previous batch (the first rule) let any short batch split the clients for
     good: at 32 closed-loop clients, a batch cut at 16 by the padded-size bound left 16 waiting,
     each next batch closed as soon as it held the 16 that waited, and every batch after that held
-    16 (4.55 ms of encoder CPU a query vs 3.75 ms at batch 64, one thread; bench/retriever.py).
-    With `coalesce=False` each batch serves one request (the baseline the benchmark compares),
-    still cut to the batch bounds."""
+    16 (4.55 ms of encoder CPU a query vs 4.15 at batch 32 and 3.75 at 64, one thread).
+
+    A batch is searched one pad group at a time, shortest first, and each group's requests are
+    answered as soon as it is done, so their clients' next requests arrive while the later groups
+    encode. With `coalesce=False` each batch serves one request (the baseline the benchmark
+    compares), still cut to the batch bounds."""
 
     def __init__(
         self,
@@ -129,6 +133,7 @@ class DynamicBatcher:
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._expected = 1  # queries in flight when the previous batch ended
+        self._submitted = 0  # requests submitted so far
         self._turns = 0  # batches collected, for the FIFO_EVERY turn
         self.batches = 0  # how many searches ran, for /info and tests
         self.queries = 0
@@ -169,7 +174,8 @@ class DynamicBatcher:
             raise RuntimeError("batcher is not started")
         if self._pending_queries + len(queries) > self.max_pending:
             raise Overloaded(f"{self._pending_queries} queries are already waiting (limit {self.max_pending})")
-        job = _Job(list(queries), topk, asyncio.get_running_loop().create_future())
+        self._submitted += 1
+        job = _Job(list(queries), topk, asyncio.get_running_loop().create_future(), seq=self._submitted)
         self._jobs.append(job)
         self._pending_queries += len(queries)
         self._wakeup.set()
@@ -265,7 +271,6 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         while True:
             collected = await self._collect()
-            waiting = sum(job.left for job in self._jobs)  # clients this batch left waiting
             self._turns += 1
             batch = []
             for s in collected:
@@ -278,17 +283,24 @@ class DynamicBatcher:
                 continue
             groups = self._groups(batch)
             delivered: list[int] = []
+            cutoff: list[int] = []  # requests submitted when its first group was answered
+
+            def deliver(group: list[tuple[_Job, int]], results: list[list[Passage]]) -> None:
+                if not cutoff:
+                    cutoff.append(self._submitted + 1)
+                self.queries += len(group)
+                self._deliver(group, results)
 
             def search_groups() -> None:
-                # Each group's requests are answered as soon as it is searched, so their clients'
-                # next requests arrive while the later groups encode: with the whole batch
-                # answered at its end, the worker sat idle 7-8% of the time (32 clients) while the
-                # answered clients came back.
+                # Answered group by group: with the whole batch answered at its end, the search
+                # thread slept 7-10% of the time at 32-64 clients while the answered clients came
+                # back (1-6% now, with the /retrieve fast path; thread schedstat, issue 23).
                 for g in groups:
                     results = self.search_fn([job.queries[i] for job, i in g], [job.topk for job, i in g])
-                    loop.call_soon_threadsafe(self._deliver, g, results)
+                    loop.call_soon_threadsafe(deliver, g, results)
                     delivered.append(len(g))
 
+            self.batches += 1
             try:
                 await loop.run_in_executor(self._executor, search_groups)
             except Exception as e:  # noqa: BLE001 - the error goes to every request not yet answered
@@ -299,7 +311,9 @@ class DynamicBatcher:
                         if not job.future.done():
                             job.future.set_exception(e)
                 continue
-            self.batches += 1
-            self.queries += sum(delivered)
-            # the clients answered now are expected back, beside those that waited
-            self._expected = sum(delivered) + waiting
+            # The clients in flight: those answered now, expected back, and those that came
+            # while this batch ran and before its first group was answered (later ones may be
+            # its own clients back already). Counting only the previous batch let a batch cut
+            # short split the clients for good (at 32 clients every batch then held 16).
+            others = sum(job.left for job in self._jobs if job.seq < (cutoff[0] if cutoff else self._submitted + 1))
+            self._expected = sum(delivered) + others

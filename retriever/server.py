@@ -15,13 +15,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from pvpo.retriever.batching import DynamicBatcher, Overloaded
 from pvpo.retriever.connections import HEADER_TIMEOUT_S, KEEP_ALIVE_S, uvicorn_config
-from pvpo.retriever.guard import RequestGuard
+from pvpo.retriever.guard import Receive, RequestGuard, Scope, Send
 from pvpo.retriever.index import Retriever
 from pvpo.retriever.schema import (
     ErrorBody,
@@ -36,12 +37,12 @@ from pvpo.retriever.schema import (
 log = logging.getLogger(__name__)
 
 
-def _json(content: Any, status_code: int = 200) -> Response:
+def _json(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A JSON response, encoded with orjson when installed (several times faster than json for
     the passage lists /retrieve returns; NaN becomes null instead of an error)."""
     if _orjson is None:
-        return JSONResponse(content, status_code=status_code)
-    return Response(_orjson.dumps(content), status_code=status_code, media_type="application/json")
+        return JSONResponse(content, status_code=status_code, headers=headers)
+    return Response(_orjson.dumps(content), status_code=status_code, headers=headers, media_type="application/json")
 
 
 try:
@@ -67,10 +68,10 @@ def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
-async def _client_gone(request: Request) -> None:
+async def _client_gone(receive: Receive) -> None:
     """Returns when the client disconnects (after the body, the server's receive only yields
     the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
@@ -125,13 +126,12 @@ def create_app(
         log.error("unhandled error", exc_info=exc)
         return _json({"detail": "internal error (logged on the server)"}, status_code=500)
 
-    async def retrieve(req: RetrieveRequestBase, request: Request) -> Response:
-        """Top passages of each query (Search-R1 shape). A request larger than one batch is
-        searched in several, interleaved with other clients' requests; work for a client that
-        disconnects is dropped."""
+    async def answer(req: RetrieveRequestBase, receive: Receive) -> Response:
+        """The reply to a valid /retrieve body: searched in batches shared with other requests;
+        499 if the client went away first (its queries not yet searched are dropped)."""
         queries, topk = req.resolved(retriever.default_topk)
         work = asyncio.ensure_future(batcher.submit(queries, topk))
-        gone = asyncio.ensure_future(_client_gone(request))
+        gone = asyncio.ensure_future(_client_gone(receive))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -143,16 +143,39 @@ def create_app(
         try:
             results = work.result()
         except Overloaded as e:
-            raise HTTPException(status_code=503, detail=f"overloaded: {e}", headers={"Retry-After": "1"}) from e
+            return _json({"detail": f"overloaded: {e}"}, status_code=503, headers={"Retry-After": "1"})
         except Exception:  # noqa: BLE001 - one failed search must not take the server down
             log.exception("retrieval failed")
-            raise HTTPException(status_code=500, detail="retrieval failed (logged on the server)") from None
+            return _json({"detail": "retrieval failed (logged on the server)"}, status_code=500)
         if req.return_scores:
             body = [[{"document": {"id": p.id, "contents": p.contents}, "score": p.score} for p in r] for r in results]
         else:
             # Same nesting without "score": Search-R1's client reads item["document"]["contents"].
             body = [[{"document": {"id": p.id, "contents": p.contents}} for p in r] for r in results]
         return _json({"result": body})
+
+    async def fast_retrieve(body: bytes, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answers a /retrieve body that validates without FastAPI's routing, dependency and
+        exception layers (returns False for any other body, which FastAPI then answers with the
+        same 422 as ever): they were most of the event loop's 0.3-0.45 ms a request, time the
+        encoder thread waited on the GIL at 64 clients (bench/retriever.py, issue 23)."""
+        try:
+            req = RetrieveRequest.model_validate_json(body)
+        except ValidationError:
+            return False
+        try:
+            response = await answer(req, receive)
+        except Exception as exc:  # noqa: BLE001 - as on_crash: the text stays in the server log
+            log.error("unhandled error", exc_info=exc)
+            response = _json({"detail": "internal error (logged on the server)"}, status_code=500)
+        await response(scope, receive, send)
+        return True
+
+    async def retrieve(req: RetrieveRequestBase, request: Request) -> Response:
+        """Top passages of each query (Search-R1 shape). A request larger than one batch is
+        searched in several, interleaved with other clients' requests; work for a client that
+        disconnects is dropped."""
+        return await answer(req, request.receive)
 
     retrieve.__annotations__["req"] = RetrieveRequest  # built from `limits` at run time: no name to annotate with
     app.post("/retrieve", response_model=RetrieveResponse, openapi_extra={"security": security} if security else None,
@@ -182,7 +205,8 @@ def create_app(
         _add_bearer_scheme(app)
     docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
     public = ("/health", *(p for p in docs if p and public_docs))
-    app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout, public=public)
+    app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout, public=public,
+                       fast=fast_retrieve)
     return app
 
 
