@@ -205,8 +205,14 @@ def create_app(
         _add_bearer_scheme(app)
     docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
     public = ("/health", *(p for p in docs if p and public_docs))
-    app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout, public=public,
-                       fast=fast_retrieve)
+    app.add_middleware(
+        RequestGuard,
+        token=token,
+        max_body=limits.max_body_bytes,
+        body_timeout=body_timeout,
+        public=public,
+        fast=fast_retrieve,
+    )
     return app
 
 

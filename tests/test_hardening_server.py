@@ -234,7 +234,9 @@ def test_with_a_token_every_route_but_health_needs_it_docs_and_unknown_paths_too
     assert httpx.post(guarded.url + "/retrieve", json={"queries": ["chess"]}).status_code == 401
     assert httpx.get(guarded.url + "/health").status_code == 200
     ok = {"Authorization": "Bearer s3cret"}
-    assert [httpx.get(guarded.url + p, headers=ok).status_code for p in ("/openapi.json", "/docs", "/redoc", "/info")] == [200] * 4
+    assert [
+        httpx.get(guarded.url + p, headers=ok).status_code for p in ("/openapi.json", "/docs", "/redoc", "/info")
+    ] == [200] * 4
     assert httpx.get(guarded.url + "/no-such-route", headers=ok).status_code == 404
 
 
@@ -423,3 +425,13 @@ def test_under_a_low_open_file_limit_520_idle_sockets_do_not_starve_real_request
             s.close()
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_past_max_pending_a_request_gets_503_with_retry_after(tiny) -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(tiny, max_pending=2)) as client:
+        r = client.post("/retrieve", json={"queries": ["a", "b", "c"]})
+        ok = client.post("/retrieve", json={"queries": ["chess"]})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["detail"].startswith("overloaded")
+    assert ok.status_code == 200

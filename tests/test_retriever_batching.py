@@ -229,7 +229,9 @@ def test_groups_are_answered_as_they_finish_shortest_first() -> None:
         return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
 
     async def run() -> float:
-        b = DynamicBatcher(search, max_batch_size=8, max_batch_chars=10**6, max_wait_ms=50, max_delay_ms=200, pad_group=2)
+        b = DynamicBatcher(
+            search, max_batch_size=8, max_batch_chars=10**6, max_wait_ms=50, max_delay_ms=200, pad_group=2
+        )
 
         async def one(q: str) -> None:
             await b.submit([q], 1)
