@@ -18,6 +18,7 @@ the 2 cores are shared with other jobs: a ratio is only read within one run.
 
     .venv/bin/python bench/retriever.py [--duration 8] [--work-dir ~/.cache/pvpo/bench-retriever]
         [--search-r1 PATH/retrieval_server.py --search-r1-pythonpath DIR_WITH_datasets]
+        [--reference OTHER_CHECKOUT]   # e.g. `git archive BASE | tar -x -C DIR`: before / after in one run
 """
 
 from __future__ import annotations
@@ -116,7 +117,9 @@ def start_server(
     max_delay_ms: float,
     threads: int,
     extra: tuple[str, ...] = (),
+    checkout: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
+    """`pvpo retriever serve` in its own process; `checkout`: serve that checkout's code instead."""
     from pvpo.retriever.replicas import wait_healthy
 
     port = free_port()
@@ -144,9 +147,8 @@ def start_server(
         "warning",
         *extra,
     ] + (["--no-batching"] if not batching else [])
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"}
-    )
+    env = os.environ | {"HF_HUB_OFFLINE": "1"} | ({"PYTHONPATH": str(checkout)} if checkout else {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy([url], [proc], timeout=180)
@@ -350,6 +352,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per level (p50/p99: median of rounds)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads, server and in-process (default: cores-1)")
     ap.add_argument("--generator", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="another checkout of this project (e.g. the code before a change): also serve its code")  # fmt: skip
     ap.add_argument("--search-r1", type=Path, default=None,
                     help="a local copy of Search-R1's search_r1/search/retrieval_server.py: also measure it")  # fmt: skip
     ap.add_argument("--search-r1-pythonpath", default=None,
@@ -424,6 +428,10 @@ def main() -> None:
         for name, batching in (("ours", True), ("unbatched", False)):
             arms[name] = start_server(index_dir, batching=batching, max_batch=args.max_batch_size,
                                       max_wait_ms=args.max_wait_ms, max_delay_ms=args.max_delay_ms, threads=threads)  # fmt: skip
+        if args.reference is not None:
+            arms["reference"] = start_server(index_dir, batching=True, max_batch=args.max_batch_size,
+                                             max_wait_ms=args.max_wait_ms, max_delay_ms=args.max_delay_ms,
+                                             threads=threads, checkout=args.reference)  # fmt: skip
         if args.search_r1 is not None:
             arms["search_r1"] = start_search_r1(args.search_r1, index_dir, meta, args.search_r1_pythonpath)
         for _, url in arms.values():
@@ -473,6 +481,13 @@ def main() -> None:
                          f"{m['ours']['qps'] / in_proc:.2f}"))  # fmt: skip
             rows.append((f"{c} clients: served batched / served unbatched" + (" (target >= 2.5)" if c == 32 else ""),
                          f"{m['ours']['qps'] / m['unbatched']['qps']:.2f}" if m["unbatched"]["qps"] else "inf"))  # fmt: skip
+            if "reference" in m:
+                rows.append(
+                    (
+                        f"{c} clients: ours / reference checkout",
+                        f"{m['ours']['qps'] / max(1e-9, m['reference']['qps']):.2f}",
+                    )
+                )
             if "search_r1" in m:
                 rows.append((f"{c} clients: ours / Search-R1" + (" (target >= 3)" if c in (32, 64) else ""),
                              f"{m['ours']['qps'] / m['search_r1']['qps']:.2f}" if m["search_r1"]["qps"] else "inf"))  # fmt: skip
@@ -487,6 +502,15 @@ def main() -> None:
     for name, value in rows:
         print(f"| {name.ljust(width)} | {value} |")
     print_summary(table, args.search_r1 is not None)
+    if args.reference is not None:
+        print(
+            f"\n| clients | reference {args.reference} q/s (p50 / p99 ms) | mean batch | ours q/s (p50 / p99 ms) | mean batch | ours / reference | in-process q/s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for t in table:
+            r, o = t["reference"], t["ours"]
+            print(f"| {t['clients']} | {r['qps']:.0f} ({r['p50']:.0f} / {r['p99']:.0f}) | {r['batch']:.1f} | {o['qps']:.0f} "
+                  f"({o['p50']:.0f} / {o['p99']:.0f}) | {o['batch']:.1f} | {o['qps'] / max(1e-9, r['qps']):.2f} | {t['in_proc']:.0f} |")  # fmt: skip
 
 
 def _batching_info(url: str, arm: str) -> tuple[int, int]:
