@@ -148,7 +148,8 @@ def start_server(
         *extra,
     ] + (["--no-batching"] if not batching else [])
     env = os.environ | {"HF_HUB_OFFLINE": "1"} | ({"PYTHONPATH": str(checkout)} if checkout else {})
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # run from the checkout: `python -m` puts the working directory first on sys.path
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=checkout)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy([url], [proc], timeout=180)

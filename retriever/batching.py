@@ -25,6 +25,7 @@ request still advances under a steady stream of small ones. A request whose clie
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -50,9 +51,14 @@ def query_cost(query: str) -> int:
 def padded_size(costs: Sequence[int], pad_group: int | None) -> int:
     """The padded size of a batch of queries with these costs: sorted longest first, each group
     of `pad_group` queries padded to its first (None: the whole batch is one group)."""
-    ordered = sorted(costs, reverse=True)
-    group = pad_group or len(ordered) or 1
-    return sum(ordered[i] * len(ordered[i : i + group]) for i in range(0, len(ordered), group))
+    return _padded_ascending(sorted(costs), pad_group)
+
+
+def _padded_ascending(ascending: Sequence[int], pad_group: int | None) -> int:
+    """`padded_size` of costs already sorted shortest first (the batcher keeps them so)."""
+    n = len(ascending)
+    group = pad_group or n or 1
+    return sum(ascending[n - 1 - i] * min(group, n - i) for i in range(0, n, group))
 
 
 class Overloaded(RuntimeError):
@@ -196,7 +202,7 @@ class DynamicBatcher:
     def _take(self, batch: list[_Slice], room: int, costs: list[int]) -> int:
         """Moves waiting queries into `batch`, least-served request first, while it has `room`
         queries left and its padded size stays within `max_batch_chars`; `costs` (the batch's
-        query costs) grows with it. Returns the room left. An empty batch always takes at least
+        query costs, shortest first) grows with it. Returns the room left. An empty batch always takes at least
         one query."""
         # least served first (stable: oldest first among equals), but every FIFO_EVERY-th batch
         # oldest first: under a steady stream of small requests a large one would otherwise never
@@ -208,9 +214,11 @@ class DynamicBatcher:
             start = stop = job.taken
             while stop < len(job.queries) and room > 0:
                 cost = query_cost(job.queries[stop])
-                if costs and padded_size([*costs, cost], self.pad_group) > self.max_batch_chars:
+                at = bisect.bisect(costs, cost)
+                costs.insert(at, cost)
+                if len(costs) > 1 and _padded_ascending(costs, self.pad_group) > self.max_batch_chars:
+                    del costs[at]
                     break
-                costs.append(cost)
                 stop, room = stop + 1, room - 1
             if stop == start:
                 continue  # its next query does not fit; a shorter one further on may

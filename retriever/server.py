@@ -221,11 +221,11 @@ def _query_encoder(retriever: Retriever) -> Any:
     return getattr(retriever, "encoder", None) or getattr(getattr(retriever, "dense", None), "encoder", None)
 
 
-def _pad_group(retriever: Retriever) -> int:
-    """How many length-sorted queries the encoder pads together (its query batch size); 1 for
-    BM25, whose cost is not padded."""
+def _pad_group(retriever: Retriever) -> int | None:
+    """How many length-sorted queries the encoder pads together (its query batch size); None
+    (the whole batch at once) for BM25, which searches a batch in one call."""
     encoder = _query_encoder(retriever)
-    return int(getattr(encoder, "query_batch_size", 1) or 1) if encoder is not None else 1
+    return getattr(encoder, "query_batch_size", None) if encoder is not None else None
 
 
 def _encoder_info(retriever: Retriever) -> dict[str, Any] | None:
