@@ -40,7 +40,7 @@ QUERY_CHAR_CAP = 1536
 QUERY_OVERHEAD_CHARS = 32  # per-query work besides the tokens: tokenizer call, FAISS row, reply
 
 
-FIFO_EVERY = 3  # every third batch serves the oldest requests first, so a large one advances
+FIFO_EVERY = 3  # a third of the worker's time serves the oldest requests first, so a large one advances
 
 
 def query_cost(query: str) -> int:
@@ -140,7 +140,9 @@ class DynamicBatcher:
         self._executor: ThreadPoolExecutor | None = None
         self._expected = 1  # queries in flight when the previous batch ended
         self._submitted = 0  # requests submitted so far
-        self._turns = 0  # batches collected, for the FIFO_EVERY turn
+        self._fifo_turn = True  # this batch takes the oldest requests first
+        self._fifo_work = 0.0  # seconds the last oldest-first batch took
+        self._since_fifo = 0.0  # seconds the batches since took
         self.batches = 0  # how many searches ran, for /info and tests
         self.queries = 0
         self.dropped = 0  # queries never searched because their client went away
@@ -204,19 +206,28 @@ class DynamicBatcher:
         queries left and its padded size stays within `max_batch_chars`; `costs` (the batch's
         query costs, shortest first) grows with it. Returns the room left. An empty batch always takes at least
         one query."""
-        # least served first (stable: oldest first among equals), but every FIFO_EVERY-th batch
-        # oldest first: under a steady stream of small requests a large one would otherwise never
-        # be served (256 small clients: 0 large requests done in 30 s). A per-request starvation
-        # bonus was tried and rejected: each of two large requests earned its own turn, so long
-        # batches took 2 of every 3 and the small requests' p99 rose from 1.4 s to 9 s.
-        fifo = self._turns % FIFO_EVERY == FIFO_EVERY - 1
+        # least served first (stable: oldest first among equals), but oldest first for a batch
+        # once the batches since the last such turn took (FIFO_EVERY - 1) times as long as it
+        # did: under a steady stream of small requests a large one would otherwise never be
+        # served (256 small clients: 0 large requests done in 30 s). Counting time, not batches:
+        # with batches of 5 long queries (275 ms) every third batch gave the large requests most
+        # of the worker and raised the small ones' p99 from 553 to 1543 ms (bench/load.py);
+        # counting padded size instead missed the per-query cost of repeated small queries. A per-request starvation bonus was tried
+        # and rejected: each of two large requests earned its own turn, so long batches took 2 of
+        # every 3 and the small requests' p99 rose from 1.4 s to 9 s.
+        fifo = self._fifo_turn
         for job in list(self._jobs) if fifo else sorted(self._jobs, key=lambda j: j.taken):
             start = stop = job.taken
+            # A request already under way continues in half-size batches: a small request waits
+            # behind one of them no longer than behind the 4096-character batches of before
+            # issue 23 (5 long queries, 275 ms on one thread, raised the small requests' p99
+            # from 553 to 855 ms under 2 large clients; bench/load.py).
+            limit = self.max_batch_chars if start == 0 else self.max_batch_chars // 2
             while stop < len(job.queries) and room > 0:
                 cost = query_cost(job.queries[stop])
                 at = bisect.bisect(costs, cost)
                 costs.insert(at, cost)
-                if len(costs) > 1 and _padded_ascending(costs, self.pad_group) > self.max_batch_chars:
+                if len(costs) > 1 and _padded_ascending(costs, self.pad_group) > limit:
                     del costs[at]
                     break
                 stop, room = stop + 1, room - 1
@@ -233,6 +244,7 @@ class DynamicBatcher:
     async def _collect(self) -> list[_Slice]:
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
+        self._fifo_turn = self._since_fifo >= (FIFO_EVERY - 1) * self._fifo_work
         batch: list[_Slice] = []
         costs: list[int] = []
         while not batch:
@@ -258,12 +270,23 @@ class DynamicBatcher:
         return batch
 
     def _groups(self, batch: list[_Slice]) -> list[list[tuple[_Job, int]]]:
-        """The batch's queries as the encoder groups them (longest first, `pad_group` at a time),
-        in the order they are searched: the group of shortest queries first."""
+        """The batch's queries as the encoder groups them (longest first, `pad_group` distinct
+        queries at a time: the retriever encodes a repeated query once, so its repeats join the
+        group of its first), in the order they are searched: the group of shortest queries first.
+        Cutting by count instead split the repeats of a query over several searches (256 clients
+        sending 12 distinct questions: 1539 -> 1188 req/s, bench/load.py)."""
         items = [(s.job, i) for s in batch for i in range(s.start, s.stop)]
         items.sort(key=lambda it: (-query_cost(it[0].queries[it[1]]), it[0].queries[it[1]]))
-        size = self.pad_group or len(items)
-        return [items[i : i + size] for i in range(0, len(items), size)][::-1]
+        groups: list[list[tuple[_Job, int]]] = []
+        distinct: set[str] = set()
+        for job, i in items:
+            query = job.queries[i]
+            if not groups or (query not in distinct and self.pad_group and len(distinct) >= self.pad_group):
+                groups.append([])
+                distinct = set()
+            groups[-1].append((job, i))
+            distinct.add(query)
+        return groups[::-1]
 
     def _search_groups(
         self,
@@ -294,11 +317,17 @@ class DynamicBatcher:
             if job.done == len(job.queries) and not job.future.done():
                 job.future.set_result(job.results)
 
+    def _account(self, took: float) -> None:
+        """Adds a batch's time to its turn's account (see `_take`)."""
+        if self._fifo_turn:
+            self._fifo_work, self._since_fifo = took, 0.0
+        else:
+            self._since_fifo += took
+
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             collected = await self._collect()
-            self._turns += 1
             batch = []
             for s in collected:
                 if s.job.future.done():  # cancelled while the batch collected: its client went away
@@ -312,9 +341,11 @@ class DynamicBatcher:
             delivered: list[int] = []  # sizes of the groups answered
             cutoff: list[int] = []  # the first request submitted after its first group was answered
             self.batches += 1
+            started = loop.time()
             try:
                 await loop.run_in_executor(self._executor, self._search_groups, loop, groups, delivered, cutoff)
             except Exception as e:  # noqa: BLE001 - the error goes to every request not yet answered
+                self._account(loop.time() - started)
                 for g in groups[len(delivered) :]:
                     for job, _ in g:
                         self._pending_queries -= 1
@@ -322,6 +353,7 @@ class DynamicBatcher:
                         if not job.future.done():
                             job.future.set_exception(e)
                 continue
+            self._account(loop.time() - started)
             # The clients in flight: those answered now, expected back, and those that came
             # while this batch ran and before its first group was answered (later ones may be
             # its own clients back already). Counting only the previous batch let a batch cut

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from pvpo.retriever.hybrid import DENSE_DIR, LEXICAL_DIR
 from pvpo.retriever.index import META_FILE
 
 # Files only our builds write: meta.json (a finished build or link) and the corpus stamp, a
@@ -28,7 +29,9 @@ def out_dir_state(out: Path) -> str:
         raise ValueError(f"--out {out} is a file, not a folder: give a folder for the index")
     if not any(out.iterdir()):
         return "new"
-    return "ours" if any((out / name).is_file() for name in BUILD_MARKERS) else "foreign"
+    # an interrupted hybrid build has only its dense/ (and bm25/) folder so far
+    folders = [out, out / DENSE_DIR, out / LEXICAL_DIR]
+    return "ours" if any((f / name).is_file() for f in folders for name in BUILD_MARKERS) else "foreign"
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -166,8 +166,9 @@ def test_short_and_long_queries_do_not_share_a_padded_batch() -> None:
     asyncio.run(run())
     kinds = [{len(q) > 100 for q in x} for x in log.batches]
     assert all(len(k) == 1 for k in kinds), [len(x) for x in log.batches]  # never mixed
-    per_long_batch = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)
-    assert [len(x) for x in log.batches if len(x[0]) > 100] == [per_long_batch, per_long_batch, 12 - 2 * per_long_batch]
+    first, then = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS), 4096 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)
+    # the long request's first batch fills the bound; once under way it continues in half-size ones
+    assert [len(x) for x in log.batches if len(x[0]) > 100] == [first, then, then, then, 12 - first - 3 * then]
 
 
 def test_a_large_request_still_advances_under_a_steady_stream_of_small_ones() -> None:
@@ -213,7 +214,7 @@ def test_one_long_query_no_longer_cuts_a_batch_of_short_ones_to_one_group() -> N
     async def run() -> int:
         b = DynamicBatcher(log, max_batch_size=64, max_batch_chars=8192, max_wait_ms=50, max_delay_ms=200, pad_group=16)
         await b.start()
-        await asyncio.gather(*[b.submit(["x" * 224 if i == 0 else "y" * 40], 1) for i in range(32)])
+        await asyncio.gather(*[b.submit(["x" * 224 if i == 0 else f"{i:02d}" + "y" * 38], 1) for i in range(32)])
         await b.stop()
         return b.batches
 
@@ -280,3 +281,36 @@ def test_closed_loop_clients_split_in_two_cohorts_merge_back_into_one_batch() ->
     # The second cohort waited while the first one's batch ran; from then on one batch holds both
     # (when only the previous batch counted, every batch held 16: the two cohorts took turns).
     assert sizes[0] == 16 and len(sizes) > 10 and set(sizes[1:-1]) == {32}, sizes
+
+
+def test_a_large_request_gets_a_third_of_the_workers_time_not_every_third_batch() -> None:
+    order: list[str] = []
+
+    def search(queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        big = queries[0].startswith("big")
+        order.append("B" if big else "s")
+        time.sleep(0.04 if big else 0.004)  # a batch of the large request takes 10x a small one
+        return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
+
+    async def run() -> None:
+        b = DynamicBatcher(search, max_batch_size=8, max_wait_ms=1, max_delay_ms=2)
+        await b.start()
+        big = asyncio.ensure_future(b.submit([f"big{i}" for i in range(24)], 1))
+        stop = False
+
+        async def small_client(c: int) -> None:
+            i = 0
+            while not stop:
+                await b.submit([f"s{c}-{i}"], 1)
+                i += 1
+
+        clients = [asyncio.ensure_future(small_client(c)) for c in range(16)]
+        await asyncio.wait_for(big, timeout=20)
+        stop = True
+        await asyncio.gather(*clients)
+        await b.stop()
+
+    asyncio.run(run())
+    runs = [len(r) for r in "".join(order).strip("s").split("B") if r]  # small batches between large ones
+    # 2 x 40 ms of small batches (about 20) between large ones, not 2 small batches as per batch count
+    assert runs and min(runs) >= 5, order

