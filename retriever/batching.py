@@ -141,6 +141,7 @@ class DynamicBatcher:
         self._expected = 1  # queries in flight when the previous batch ended
         self._submitted = 0  # requests submitted so far
         self._fifo_turn = True  # this batch takes the oldest requests first
+        self._batch_limit = max_batch_chars  # this batch's padded-size bound (halved for a large request)
         self._fifo_work = 0.0  # seconds the last oldest-first batch took
         self._since_fifo = 0.0  # seconds the batches since took
         self.batches = 0  # how many searches ran, for /info and tests
@@ -203,31 +204,37 @@ class DynamicBatcher:
 
     def _take(self, batch: list[_Slice], room: int, costs: list[int]) -> int:
         """Moves waiting queries into `batch`, least-served request first, while it has `room`
-        queries left and its padded size stays within `max_batch_chars`; `costs` (the batch's
-        query costs, shortest first) grows with it. Returns the room left. An empty batch always takes at least
-        one query."""
-        # least served first (stable: oldest first among equals), but oldest first for a batch
+        queries left and its padded size stays within the batch's bound; `costs` (the batch's
+        query costs, shortest first) grows with it. Returns the room left. An empty batch always
+        takes at least one query."""
+        # Least served first (stable: oldest first among equals), but oldest first for a batch
         # once the batches since the last such turn took (FIFO_EVERY - 1) times as long as it
         # did: under a steady stream of small requests a large one would otherwise never be
         # served (256 small clients: 0 large requests done in 30 s). Counting time, not batches:
         # with batches of 5 long queries (275 ms) every third batch gave the large requests most
         # of the worker and raised the small ones' p99 from 553 to 1543 ms (bench/load.py);
-        # counting padded size instead missed the per-query cost of repeated small queries. A per-request starvation bonus was tried
-        # and rejected: each of two large requests earned its own turn, so long batches took 2 of
-        # every 3 and the small requests' p99 rose from 1.4 s to 9 s.
+        # counting padded size missed the per-query cost of repeated small queries. A
+        # per-request starvation bonus was tried and rejected: each of two large requests earned
+        # its own turn, so long batches took 2 of every 3 and the small requests' p99 rose from
+        # 1.4 s to 9 s.
         fifo = self._fifo_turn
         for job in list(self._jobs) if fifo else sorted(self._jobs, key=lambda j: j.taken):
             start = stop = job.taken
-            # A request already under way continues in half-size batches: a small request waits
-            # behind one of them no longer than behind the 4096-character batches of before
-            # issue 23 (5 long queries, 275 ms on one thread, raised the small requests' p99
-            # from 553 to 855 ms under 2 large clients; bench/load.py).
-            limit = self.max_batch_chars if start == 0 else self.max_batch_chars // 2
+            # While other requests wait, one larger than a batch is served in half-size batches
+            # (small ones not padded up to its width either): a small request waits behind one
+            # no longer than behind the 4096-character batches of before issue 23 (full ones of
+            # 5 long queries, 275 ms on one thread, raised the small requests' p99 from 553 to
+            # 855 ms under 2 large clients; bench/load.py). Alone (a trainer's batch of
+            # rollouts), it gets full batches.
+            n = len(job.queries)
+            large = start > 0 or n > self.max_batch_size or n * query_cost(job.queries[start]) > self.max_batch_chars
+            if large and (len(self._jobs) > 1 or batch):  # others wait, or share this batch
+                self._batch_limit = self.max_batch_chars // 2  # for the rest of the batch too
             while stop < len(job.queries) and room > 0:
                 cost = query_cost(job.queries[stop])
                 at = bisect.bisect(costs, cost)
                 costs.insert(at, cost)
-                if len(costs) > 1 and _padded_ascending(costs, self.pad_group) > limit:
+                if len(costs) > 1 and _padded_ascending(costs, self.pad_group) > self._batch_limit:
                     del costs[at]
                     break
                 stop, room = stop + 1, room - 1
@@ -245,6 +252,7 @@ class DynamicBatcher:
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
         self._fifo_turn = self._since_fifo >= (FIFO_EVERY - 1) * self._fifo_work
+        self._batch_limit = self.max_batch_chars
         batch: list[_Slice] = []
         costs: list[int] = []
         while not batch:

@@ -166,9 +166,36 @@ def test_short_and_long_queries_do_not_share_a_padded_batch() -> None:
     asyncio.run(run())
     kinds = [{len(q) > 100 for q in x} for x in log.batches]
     assert all(len(k) == 1 for k in kinds), [len(x) for x in log.batches]  # never mixed
-    first, then = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS), 4096 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)
-    # the long request's first batch fills the bound; once under way it continues in half-size ones
-    assert [len(x) for x in log.batches if len(x[0]) > 100] == [first, then, then, then, 12 - first - 3 * then]
+    per_long_batch = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)  # alone once the short ones are done
+    assert [len(x) for x in log.batches if len(x[0]) > 100] == [per_long_batch, per_long_batch, 12 - 2 * per_long_batch]
+
+
+def test_while_others_wait_a_request_larger_than_a_batch_goes_in_half_size_batches() -> None:
+    from pvpo.retriever.batching import QUERY_CHAR_CAP, QUERY_OVERHEAD_CHARS
+
+    log = BatchLog(per_batch_s=0.01)
+
+    async def run() -> None:
+        b = DynamicBatcher(log, max_batch_size=64, max_batch_chars=8192, max_wait_ms=1, max_delay_ms=2)
+        await b.start()
+        big = asyncio.ensure_future(b.submit([f"{i}" + "x" * 3000 for i in range(12)], 1))
+        stop = False
+
+        async def small_client(c: int) -> None:
+            i = 0
+            while not stop:
+                await b.submit([f"s{c}-{i}"], 1)
+                i += 1
+
+        clients = [asyncio.ensure_future(small_client(c)) for c in range(4)]
+        await asyncio.wait_for(big, timeout=20)
+        stop = True
+        await asyncio.gather(*clients)
+        await b.stop()
+
+    asyncio.run(run())
+    long_batches = [len(x) for x in log.batches if len(x[0]) > 100]
+    assert long_batches == [4096 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)] * 6, long_batches  # 2, not 5
 
 
 def test_a_large_request_still_advances_under_a_steady_stream_of_small_ones() -> None:
