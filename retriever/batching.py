@@ -10,15 +10,16 @@ and our exported runtimes both do; 16 on CPU, one group on GPU), so the padded s
 over groups of queries x the group's widest cost. Padding matters: 16 short queries took 56 ms
 and 4 of 2048 characters 475 ms, but the 20 together in one group took 1852 ms (one thread,
 loaded machine), so short and long queries do not share a group. Counting the whole batch as
-one group instead (the first model) cut every batch holding one 224-character MuSiQue question
-to 16 queries, which is what the encoder runs as one group anyway.
+one group instead (the first model, with a 4096 bound) cut every batch holding one 224-character
+MuSiQue question to 16 queries, which is what the encoder runs as one group anyway.
 
-A large request is cut into several batches, and each batch is filled least-served-first: a
-request not yet started goes before the remainder of one that has already had batches, except
-that every third batch takes the oldest requests first. A small request therefore waits
-for a few bounded batches, not for a large request (issue 16: one 1024 x 8 KB request used to hold
-the single worker for 107 s while a one-query request waited 106 s behind it), and a large
-request still advances under a steady stream of small ones. A request whose client went away
+A large request is cut into several batches (half-size ones while other requests wait), and each
+batch is filled least-served-first: a request not yet started goes before the remainder of one
+that has already had batches, except that a third of the worker's time goes to batches taking
+the oldest requests first. A small request therefore waits for a few bounded batches, not for a
+large request (issue 16: one 1024 x 8 KB request used to hold the single worker for 107 s while a
+one-query request waited 106 s behind it), and a large request still advances under a steady
+stream of small ones. A request whose client went away
 (its future cancelled) is dropped before its next batch.
 """
 
