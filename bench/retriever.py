@@ -211,13 +211,14 @@ def start_search_r1(
            str(index_dir / meta["corpus"]), resolve_model_path(meta["model"]), str(port)]  # fmt: skip
     # its stderr to a file: it draws a tqdm bar per request, which would fill a pipe and block it.
     # (return_scores true below: without it its endpoint fails unpacking (results, scores))
-    log = tempfile.NamedTemporaryFile(prefix="search-r1-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
+    log = index_dir.parent / "search-r1.log"  # beside the index, replaced by each run
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"Search-R1's server exited: {Path(log.name).read_text()[-2000:]}")
+            raise RuntimeError(f"Search-R1's server exited: {log.read_text()[-2000:]}")
         try:
             if (
                 httpx.post(
