@@ -1,18 +1,24 @@
 """Retriever benchmark on the musique_mini corpus (1,890 passages, MiniLM, FAISS Flat).
 
-Measures, in one run on this machine: corpus/index load time, in-process batched throughput,
-served throughput and p50/p99 latency with 1/8/32/64 concurrent single-query clients, with and
-without cross-request batching (server in its own process, as deployed), and recall@5 of the
-supporting paragraphs of the musique_mini questions. Prints one markdown table.
+Measures, in one run on this machine: corpus/index load time, recall@5 of the supporting
+paragraphs of the musique_mini questions, and at 1/8/32/64 concurrent single-query clients the
+in-process batched ceiling next to served throughput and p50/p99 latency with and without
+cross-request batching (servers in their own processes, as deployed) and, given a local copy of
+it, Search-R1's own retrieval_server.py over the same index file, corpus and model. Targets:
+served >= 0.9x the in-process ceiling at 8-64 clients, batched >= 2.5x unbatched at 32, ours >=
+3x Search-R1 at 32 and 64. Prints the measures, then the README's table.
 
 The load comes from wrk (C, one thread, one closed-loop connection per client, a Lua script
 cycling through the query bodies) when it is on PATH, else from a Python httpx generator, whose
-own CPU time on a 2-core box takes a large share from the server; the table names the generator
-and its CPU time per request. The in-process figure uses the batch size the server can form at
-that concurrency and the same torch thread count as the server, so the ratios compare like with
-like; in-process cost per query at batch 1 vs batch N bounds what batching can gain.
+own CPU time on a 2-core box takes a large share from the server. The in-process ceiling uses
+the batch a server can form at that concurrency (min(clients, max batch)) and the server's torch
+thread count. Every level runs its arms in interleaved rounds, and each row prints the 1-minute
+load average and the CPU the server, the generator and the whole machine used (in cores), since
+the 2 cores are shared with other jobs: a ratio is only read within one run.
 
     .venv/bin/python bench/retriever.py [--duration 8] [--work-dir ~/.cache/pvpo/bench-retriever]
+        [--search-r1 PATH/retrieval_server.py --search-r1-pythonpath DIR_WITH_datasets]
+        [--reference OTHER_CHECKOUT]   # e.g. `git archive BASE | tar -x -C DIR`: before / after in one run
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +117,9 @@ def start_server(
     max_delay_ms: float,
     threads: int,
     extra: tuple[str, ...] = (),
+    checkout: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
+    """`pvpo retriever serve` in its own process; `checkout`: serve that checkout's code instead."""
     from pvpo.retriever.replicas import wait_healthy
 
     port = free_port()
@@ -138,9 +147,9 @@ def start_server(
         "warning",
         *extra,
     ] + (["--no-batching"] if not batching else [])
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ | {"HF_HUB_OFFLINE": "1"}
-    )
+    env = os.environ | {"HF_HUB_OFFLINE": "1"} | ({"PYTHONPATH": str(checkout)} if checkout else {})
+    # run from the checkout: `python -m` puts the working directory first on sys.path
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=checkout)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy([url], [proc], timeout=180)
@@ -149,6 +158,80 @@ def start_server(
         proc.kill()
         raise RuntimeError(f"{e}: {proc.stderr.read().decode()[-2000:]}" if exited else str(e)) from None
     return proc, url
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds a process has used, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, elapsed) CPU seconds of the whole machine, all cores, from /proc/stat: their ratio
+    over an interval is how many cores were busy, ours and every other job's."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(v[:8]) / os.sysconf("SC_CLK_TCK")
+    return total - (v[3] + v[4]) / os.sysconf("SC_CLK_TCK"), total / (os.cpu_count() or 1)
+
+
+# Search-R1's search_r1/search/retrieval_server.py is a script for one GPU: its __main__ moves the
+# model with .cuda() and .half() and serves on 0.0.0.0:8000. On this CPU-only machine the bench
+# runs the unmodified file with those calls made no-ops (float32 on CPU, as ours) and uvicorn bound
+# to loopback on a free port; its retriever name "minilm" adds no query prefix (as ours for
+# MiniLM), mean pooling and 256 tokens as ours. Its corpus is loaded with `datasets`, which the
+# project does not depend on: --search-r1-pythonpath names where it is installed.
+SEARCH_R1_SHIM = r"""
+import runpy, sys, torch, uvicorn
+path, index, corpus, model, port = sys.argv[1:6]
+torch.nn.Module.cuda = lambda self, *a, **k: self
+torch.nn.Module.half = lambda self, *a, **k: self
+torch.Tensor.cuda = lambda self, *a, **k: self
+serve = uvicorn.run
+uvicorn.run = lambda app, **kw: serve(app, host="127.0.0.1", port=int(port), log_level="warning")
+sys.argv = [path, "--index_path", index, "--corpus_path", corpus, "--topk", "3",
+            "--retriever_name", "minilm", "--retriever_model", model]
+runpy.run_path(path, run_name="__main__")
+"""
+
+
+def start_search_r1(
+    server_file: Path, index_dir: Path, meta: dict[str, Any], pythonpath: str | None
+) -> tuple[subprocess.Popen, str]:
+    """Search-R1's own retrieval server over our index file and corpus, same model."""
+    import httpx
+
+    from pvpo.retriever.build import INDEX_FILE
+    from pvpo.retriever.encoder import resolve_model_path
+
+    port = free_port()
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-c", SEARCH_R1_SHIM, str(server_file), str(index_dir / INDEX_FILE),
+           str(index_dir / meta["corpus"]), resolve_model_path(meta["model"]), str(port)]  # fmt: skip
+    # its stderr to a file: it draws a tqdm bar per request, which would fill a pipe and block it.
+    # (return_scores true below: without it its endpoint fails unpacking (results, scores))
+    log = index_dir.parent / "search-r1.log"  # beside the index, replaced by each run
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"Search-R1's server exited: {log.read_text()[-2000:]}")
+        try:
+            if (
+                httpx.post(
+                    url + "/retrieve", json={"queries": ["warm"], "topk": 3, "return_scores": True}, timeout=30
+                ).status_code
+                == 200
+            ):
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("Search-R1's server did not answer within 300 s")
 
 
 WRK_SCRIPT = r"""
@@ -199,20 +282,23 @@ def wrk_load(url: str, pool: list[str], clients: int, seconds: float, warmup: fl
         r = run(seconds)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    wall = r["duration_us"] / 1e6
     return {
-        "qps": r["requests"] / (r["duration_us"] / 1e6),
+        "qps": r["requests"] / wall,
         "p50": r["p50_us"] / 1000,
         "p99": r["p99_us"] / 1000,
         "errors": r["errors"],
-        "gen_cpu_ms": 1000 * cpu / max(1, r["requests"]),
+        "wall_s": wall,
+        "gen_cores": cpu / wall,
     }
 
 
 def python_load(url: str, pool: list[str], clients: int, seconds: float, warmup: float = 1.0) -> dict[str, float]:
     """The httpx generator in this process, with its own CPU time per request."""
-    cpu0 = time.process_time()
+    cpu0, t0 = time.process_time(), time.perf_counter()
     m = asyncio.run(load(url, pool, clients, seconds, warmup))
-    m["gen_cpu_ms"] = 1000 * (time.process_time() - cpu0) / max(1, m["qps"] * seconds)
+    m["wall_s"] = seconds
+    m["gen_cores"] = (time.process_time() - cpu0) / (time.perf_counter() - t0)
     return m
 
 
@@ -268,6 +354,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per level (p50/p99: median of rounds)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads, server and in-process (default: cores-1)")
     ap.add_argument("--generator", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="another checkout of this project (e.g. the code before a change): also serve its code")  # fmt: skip
+    ap.add_argument("--search-r1", type=Path, default=None,
+                    help="a local copy of Search-R1's search_r1/search/retrieval_server.py: also measure it")  # fmt: skip
+    ap.add_argument("--search-r1-pythonpath", default=None,
+                    help="where the packages Search-R1's server needs and we do not (datasets) are installed")  # fmt: skip
     args = ap.parse_args()
 
     corpus_file = args.data / "musique_mini" / "corpus.json"
@@ -321,9 +413,8 @@ def main() -> None:
     bm25 = load_retriever(bm25_dir)
     rows.append(("recall@5, same, BM25 (bm25s) for reference", f"{recall_at_k(bm25, questions, corpus_rows, 5):.3f}"))
 
-    # The machine is shared and noisy: each concurrency level measures in-process, batched and
-    # unbatched serving back to back, and each ratio uses measurements taken next to each other.
-    import httpx
+    # The machine is shared and noisy: each concurrency level measures in-process and every
+    # server back to back in interleaved rounds, and each ratio uses figures taken side by side.
 
     levels = [int(x) for x in args.levels.split(",")]
     gen = wrk_load if args.generator == "wrk" else python_load
@@ -334,86 +425,76 @@ def main() -> None:
     )
     rows.append(("load generator", gen_name))
     rows.append(("torch threads (server and in-process); uvicorn loop / http", f"{threads}; {uvicorn_impl()}"))
-    servers = {
-        b: start_server(
-            index_dir,
-            batching=b,
-            max_batch=args.max_batch_size,
-            max_wait_ms=args.max_wait_ms,
-            max_delay_ms=args.max_delay_ms,
-            threads=threads,
-        )
-        for b in (True, False)
-    }
+    arms: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        for _, url in servers.values():
+        for name, batching in (("ours", True), ("unbatched", False)):
+            arms[name] = start_server(index_dir, batching=batching, max_batch=args.max_batch_size,
+                                      max_wait_ms=args.max_wait_ms, max_delay_ms=args.max_delay_ms, threads=threads)  # fmt: skip
+        if args.reference is not None:
+            arms["reference"] = start_server(index_dir, batching=True, max_batch=args.max_batch_size,
+                                             max_wait_ms=args.max_wait_ms, max_delay_ms=args.max_delay_ms,
+                                             threads=threads, checkout=args.reference)  # fmt: skip
+        if args.search_r1 is not None:
+            arms["search_r1"] = start_search_r1(args.search_r1, index_dir, meta, args.search_r1_pythonpath)
+        for _, url in arms.values():
             gen(url, pool, 4, 1.0, warmup=1.0)
+        table: list[dict[str, Any]] = []
         for c in levels:
             batch = min(c, args.max_batch_size)
-            # Interleaved rounds, so a neighbour's burst of CPU load hits every figure alike.
             load_avg = os.getloadavg()[0]
             t_one = t_batch = 0.0
-            runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
             for _ in range(args.rounds):
                 t_one += 1 / in_process_throughput(retriever, pool, 1, args.duration / (2 * args.rounds))
                 t_batch += 1 / in_process_throughput(retriever, pool, batch, args.duration / (2 * args.rounds))
-                for b, (_, url) in servers.items():
-                    before = httpx.get(url + "/info").json()["batching"]
-                    r = gen(url, pool, c, args.duration / args.rounds)
-                    after = httpx.get(url + "/info").json()["batching"]
-                    r["queries"], r["batches"] = (
-                        after["queries"] - before["queries"],
-                        after["batches"] - before["batches"],
-                    )
-                    runs[b].append(r)
+                for name, (proc, url) in arms.items():
+                    before = _batching_info(url, name)
+                    cpu0, busy0, t0 = process_cpu(proc.pid), machine_busy(), time.perf_counter()
+                    r = gen(url, pool, c, args.duration / args.rounds)  # its warm-up second included
+                    cpu1, busy1, wall = process_cpu(proc.pid), machine_busy(), time.perf_counter() - t0
+                    after = _batching_info(url, name)
+                    r["queries"], r["batches"] = after[0] - before[0], after[1] - before[1]
+                    r["server_cores"] = (cpu1 - cpu0) / wall
+                    r["machine_cores"] = (busy1[0] - busy0[0]) / max(1e-9, busy1[1] - busy0[1])
+                    runs[name].append(r)
             one, in_proc = args.rounds / t_one, args.rounds / t_batch  # mean cost per query, inverted
-            m = {
-                b: {
-                    "qps": float(np.mean([r["qps"] for r in rs])),
-                    "p50": float(np.median([r["p50"] for r in rs])),
-                    "p99": float(np.median([r["p99"] for r in rs])),
-                    "errors": sum(r["errors"] for r in rs),
-                    "gen_cpu_ms": float(np.mean([r["gen_cpu_ms"] for r in rs])),
-                    "batch": sum(r["queries"] for r in rs) / max(1, sum(r["batches"] for r in rs)),
-                }
-                for b, rs in runs.items()
-            }
-            rows.append((f"{c} clients: machine load (1-min average, uptime) before this level", f"{load_avg:.2f}"))
-            rows.append(
-                (
-                    f"{c} clients: in-process, batch 1 | batch {batch} (topk 3)",
-                    f"{one:.1f} q/s ({1000 / one:.1f} ms/q) | {in_proc:.1f} q/s ({1000 / in_proc:.1f} ms/q)",
-                )
-            )
+            m = {name: summarise(rs) for name, rs in runs.items()}
+            table.append({"clients": c, "batch": batch, "load": load_avg, "one": one, "in_proc": in_proc, **m})
+            rows.append((f"{c} clients: machine load (1-min average) before this level", f"{load_avg:.2f}"))
+            rows.append((f"{c} clients: in-process, batch 1 | batch {batch} (topk 3)",
+                         f"{one:.1f} q/s ({1000 / one:.1f} ms/q) | {in_proc:.1f} q/s ({1000 / in_proc:.1f} ms/q)"))  # fmt: skip
             rows.append(
                 (
                     f"{c} clients: bound on batched/unbatched = in-process batch {batch} / batch 1",
                     f"{in_proc / one:.2f}",
                 )
             )
-            for b, label in ((True, "cross-request batching"), (False, "no batching")):
+            for name, label in (
+                ("ours", "cross-request batching"),
+                ("unbatched", "no batching"),
+                ("search_r1", "Search-R1 retrieval_server.py"),
+            ):
+                if name in m:
+                    x = m[name]
+                    rows.append((f"{c} clients: served, {label}: q/s | p50 | p99 | errors | mean batch | server CPU | generator CPU | machine busy (cores)",
+                                 f"{x['qps']:.1f} q/s | {x['p50']:.0f} ms | {x['p99']:.0f} ms | {x['errors']} | {x['batch'] or '-':.3} "
+                                 f"| {x['server_cores']:.2f} | {x['gen_cores']:.3f} | {x['machine_cores']:.2f}"))  # fmt: skip
+            rows.append((f"{c} clients: served batched / in-process batch {batch}" + (" (target >= 0.9)" if c >= 8 else ""),
+                         f"{m['ours']['qps'] / in_proc:.2f}"))  # fmt: skip
+            rows.append((f"{c} clients: served batched / served unbatched" + (" (target >= 2.5)" if c == 32 else ""),
+                         f"{m['ours']['qps'] / m['unbatched']['qps']:.2f}" if m["unbatched"]["qps"] else "inf"))  # fmt: skip
+            if "reference" in m:
                 rows.append(
                     (
-                        f"{c} clients: served, {label}: q/s | p50 | p99 | errors | mean batch | generator CPU/req (p50/p99 median of rounds)",
-                        f"{m[b]['qps']:.1f} q/s | {m[b]['p50']:.0f} ms | {m[b]['p99']:.0f} ms | {m[b]['errors']} "
-                        f"| {m[b]['batch']:.1f} | {m[b]['gen_cpu_ms']:.2f} ms",
+                        f"{c} clients: ours / reference checkout",
+                        f"{m['ours']['qps'] / max(1e-9, m['reference']['qps']):.2f}",
                     )
                 )
-            off = m[False]["qps"]
-            rows.append(
-                (
-                    f"{c} clients: served batched / in-process batch {batch}" + (" (target >= 0.8)" if c == 32 else ""),
-                    f"{m[True]['qps'] / in_proc:.2f}",
-                )
-            )
-            rows.append(
-                (
-                    f"{c} clients: served batched / served unbatched" + (" (target >= 3)" if c == 32 else ""),
-                    f"{m[True]['qps'] / off:.2f}" if off else "inf (none completed without batching)",
-                )
-            )
+            if "search_r1" in m:
+                rows.append((f"{c} clients: ours / Search-R1" + (" (target >= 3)" if c in (32, 64) else ""),
+                             f"{m['ours']['qps'] / m['search_r1']['qps']:.2f}" if m["search_r1"]["qps"] else "inf"))  # fmt: skip
     finally:
-        for proc, _ in servers.values():
+        for proc, _ in arms.values():
             proc.terminate()
             proc.wait(timeout=30)
     retriever.close()
@@ -422,6 +503,62 @@ def main() -> None:
     print(f"\n| {'measure'.ljust(width)} | value |\n|{'-' * (width + 2)}|-------|")
     for name, value in rows:
         print(f"| {name.ljust(width)} | {value} |")
+    print_summary(table, args.search_r1 is not None)
+    if args.reference is not None:
+        print(
+            f"\n| clients | reference {args.reference} q/s (p50 / p99 ms) | mean batch | ours q/s (p50 / p99 ms) | mean batch | ours / reference | in-process q/s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for t in table:
+            r, o = t["reference"], t["ours"]
+            print(f"| {t['clients']} | {r['qps']:.0f} ({r['p50']:.0f} / {r['p99']:.0f}) | {r['batch']:.1f} | {o['qps']:.0f} "
+                  f"({o['p50']:.0f} / {o['p99']:.0f}) | {o['batch']:.1f} | {o['qps'] / max(1e-9, r['qps']):.2f} | {t['in_proc']:.0f} |")  # fmt: skip
+
+
+def _batching_info(url: str, arm: str) -> tuple[int, int]:
+    """(queries, batches) the server has searched; Search-R1's server has no /info: (0, 0)."""
+    import httpx
+
+    if arm == "search_r1":
+        return 0, 0
+    b = httpx.get(url + "/info").json()["batching"]
+    return b["queries"], b["batches"]
+
+
+def summarise(rs: list[dict[str, float]]) -> dict[str, float]:
+    """Mean q/s and CPU shares over rounds, median p50 / p99, summed errors, mean batch."""
+    return {
+        "qps": float(np.mean([r["qps"] for r in rs])),
+        "p50": float(np.median([r["p50"] for r in rs])),
+        "p99": float(np.median([r["p99"] for r in rs])),
+        "errors": int(sum(r["errors"] for r in rs)),
+        "batch": sum(r["queries"] for r in rs) / max(1, sum(r["batches"] for r in rs)),
+        "server_cores": float(np.mean([r["server_cores"] for r in rs])),
+        "gen_cores": float(np.mean([r["gen_cores"] for r in rs])),
+        "machine_cores": float(np.mean([r["machine_cores"] for r in rs])),
+    }
+
+
+def print_summary(table: list[dict[str, Any]], with_search_r1: bool) -> None:
+    """The README's retriever table: one row per concurrency level."""
+    head = ("| clients | in-process q/s (batch) | ours q/s (p50 / p99 ms) | ours / in-process | unbatched q/s "
+            "| batched / unbatched (bound: in-process batch / batch 1) |")  # fmt: skip
+    sep = "|---|---|---|---|---|---|"
+    if with_search_r1:
+        head += " Search-R1 q/s (p50 / p99 ms) | ours / Search-R1 |"
+        sep += "---|---|"
+    head += " load avg | server / wrk / machine CPU (cores) |"
+    sep += "---|---|"
+    print(f"\n{head}\n{sep}")
+    for t in table:
+        o, u = t["ours"], t["unbatched"]
+        line = (f"| {t['clients']} | {t['in_proc']:.0f} ({t['batch']}) | {o['qps']:.0f} ({o['p50']:.0f} / {o['p99']:.0f}) "
+                f"| {o['qps'] / t['in_proc']:.2f} | {u['qps']:.0f} | {o['qps'] / max(1e-9, u['qps']):.2f} ({t['in_proc'] / t['one']:.2f}) |")  # fmt: skip
+        if with_search_r1:
+            r = t["search_r1"]
+            line += f" {r['qps']:.1f} ({r['p50']:.0f} / {r['p99']:.0f}) | {o['qps'] / max(1e-9, r['qps']):.2f} |"
+        line += f" {t['load']:.2f} | {o['server_cores']:.2f} / {o['gen_cores']:.3f} / {o['machine_cores']:.2f} |"
+        print(line)
 
 
 if __name__ == "__main__":

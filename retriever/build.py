@@ -289,7 +289,7 @@ def link_prebuilt(
             store = CorpusStore(corpus_jsonl, out / OFFSETS_FILE)
         else:
             store = prepare_corpus(corpus_jsonl, out)
-            corpus_jsonl = out / CORPUS_FILE
+            corpus_jsonl = Path(CORPUS_FILE)  # in the directory: relative, so it can be moved
         size = len(store)
         store.close()
         if size != vectors:

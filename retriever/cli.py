@@ -55,7 +55,15 @@ def build(
         help="Corpus file: jsonl {id, contents} / {id, title, text}, a JSON list of {title, text}, "
         "or a JSON object title -> sentences (HotpotQA).",
     ),
-    out: Path = typer.Option(..., "--out", help="Index directory to write (re-run to resume encoding)."),
+    out: Path = typer.Option(
+        ..., "--out", help="Index directory to write (re-run to resume encoding); new, empty, or a build of ours."
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace --out even if it holds other files (or start a build of ours afresh); the "
+        "old contents stay until the new index is built.",
+    ),
     model: str | None = typer.Option(
         None, "--model", help="sentence-transformers model (default: packaged all-MiniLM-L6-v2)."
     ),
@@ -102,57 +110,62 @@ def build(
     from pvpo.retriever.build import build_index
     from pvpo.retriever.encoder import set_default_backend, set_default_dtype
     from pvpo.retriever.index import read_meta
+    from pvpo.retriever.outdir import build_into
 
     set_default_backend(encoder_backend)
     set_default_dtype(encoder_dtype)
-    if index_type.lower().split(":", 1)[0] == "hybrid":  # dense (FAISS type after the colon) + BM25, fused
-        from pvpo.retriever.hybrid import build_hybrid
-
+    hybrid = index_type.lower().split(":", 1)[0] == "hybrid"  # dense (FAISS type after the colon) + BM25, fused
+    if hybrid:
         try:
             weights = [float(w) for w in hybrid_weights.split(",")]
         except ValueError:
             raise typer.BadParameter(f"--hybrid-weights {hybrid_weights!r}: give two numbers, e.g. 1,0.5") from None
-        path = build_hybrid(
-            corpus,
-            out,
-            dense_index_type=index_type.partition(":")[2] or "Flat",
-            weights=weights,
-            model=model,
-            batch_size=batch_size,
-            device=device,
-            keep_embeddings=keep_embeddings,
-            show_progress=True,
-        )
-        typer.echo(f"built hybrid index (dense + bm25) of {read_meta(path)['size']} passages in {path}")
-        return
     params = None if nprobe is None else {"nprobe": nprobe}
-    if from_faiss_index is not None:  # re-index a prebuilt flat index's vectors: nothing is encoded
-        from pvpo.retriever.build import reindex_prebuilt
+    with build_into(out, overwrite=overwrite, inputs=[corpus, from_faiss_index]) as target:
+        if hybrid:
+            from pvpo.retriever.hybrid import build_hybrid
 
-        path = reindex_prebuilt(
-            from_faiss_index,
-            corpus,
-            out,
-            index_type=index_type,
-            model=model or "intfloat/e5-base-v2",
-            rerank_depth=rerank_depth,
-            search_params=params,
-        )
+            build_hybrid(
+                corpus,
+                target,
+                dense_index_type=index_type.partition(":")[2] or "Flat",
+                weights=weights,
+                model=model,
+                batch_size=batch_size,
+                device=device,
+                keep_embeddings=keep_embeddings,
+                show_progress=True,
+            )
+        elif from_faiss_index is not None:  # re-index a prebuilt flat index's vectors: nothing is encoded
+            from pvpo.retriever.build import reindex_prebuilt
+
+            reindex_prebuilt(
+                from_faiss_index,
+                corpus,
+                target,
+                index_type=index_type,
+                model=model or "intfloat/e5-base-v2",
+                rerank_depth=rerank_depth,
+                search_params=params,
+            )
+        else:
+            build_index(
+                corpus,
+                target,
+                model=model,
+                index_type=index_type,
+                batch_size=batch_size,
+                device=device,
+                keep_embeddings=keep_embeddings,
+                show_progress=True,
+                rerank_depth=rerank_depth,
+                search_params=params,
+            )
+    meta = read_meta(out)
+    if hybrid:
+        typer.echo(f"built hybrid index (dense + bm25) of {meta['size']} passages in {out}")
     else:
-        path = build_index(
-            corpus,
-            out,
-            model=model,
-            index_type=index_type,
-            batch_size=batch_size,
-            device=device,
-            keep_embeddings=keep_embeddings,
-            show_progress=True,
-            rerank_depth=rerank_depth,
-            search_params=params,
-        )
-    meta = read_meta(path)
-    typer.echo(f"built {meta['index_type']} index of {meta['size']} passages in {path} ({meta['build_seconds']} s)")
+        typer.echo(f"built {meta['index_type']} index of {meta['size']} passages in {out} ({meta['build_seconds']} s)")
 
 
 @retriever_app.command("link")
@@ -168,14 +181,19 @@ def link(
         help="Its corpus, same row order (jsonl is used in place; other formats are converted).",
     ),
     out: Path = typer.Option(..., "--out", help="Index directory to create (nothing is copied)."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace --out even if it holds other files (kept until the link is made)."
+    ),
     model: str = typer.Option("intfloat/e5-base-v2", "--model", help="The encoder the index was built with."),
     mmap: bool = typer.Option(False, "--mmap/--no-mmap", help="Memory-map the flat index instead of reading it."),
 ) -> None:
     """Use a prebuilt Search-R1 / FlashRAG index with its corpus, without re-encoding."""
     from pvpo.retriever.build import link_prebuilt
+    from pvpo.retriever.outdir import build_into
 
-    path = link_prebuilt(index_file, corpus, out, model=model, mmap=mmap)
-    typer.echo(f"linked {index_file} + {corpus} as {path}")
+    with build_into(out, overwrite=overwrite, inputs=[index_file, corpus]) as target:
+        link_prebuilt(index_file, corpus, target, model=model, mmap=mmap)
+    typer.echo(f"linked {index_file} + {corpus} as {out}")
 
 
 def _non_empty_token(value: str | None) -> str | None:
@@ -203,12 +221,12 @@ def serve(
         None, "--threads", min=1, help="torch CPU threads (default: cores - 1, leaving one to HTTP)."
     ),
     max_batch_chars: int = typer.Option(
-        4096,
+        8192,
         "--max-batch-chars",
         min=1,
-        help="Padded characters per batch: queries x the widest query's length "
-        "(capped at 1536, +32 each). Bounds how long one batch, and so a small "
-        "request waiting behind it, can take.",
+        help="Padded characters per batch: the encoder's length-sorted groups, each counted as its "
+        "queries x its widest query's length (capped at 1536, +32 each). Bounds how long one batch, "
+        "and so a small request waiting behind it, can take (8192: 64 typical questions or 5 long queries).",
     ),
     no_batching: bool = typer.Option(False, "--no-batching", help="Serve each request on its own."),
     token: str | None = typer.Option(
@@ -216,7 +234,11 @@ def serve(
         "--token",
         envvar="PVPO_RETRIEVER_TOKEN",
         callback=_non_empty_token,
-        help="Require 'Authorization: Bearer TOKEN' on /retrieve and /info.",
+        help="Require 'Authorization: Bearer TOKEN' on every route but /health (the API docs too, "
+        "unless --public-docs).",
+    ),
+    public_docs: bool = typer.Option(
+        False, "--public-docs", help="With --token, serve /docs, /redoc and /openapi.json without it."
     ),
     header_timeout: float | None = typer.Option(
         None,
@@ -270,6 +292,7 @@ def serve(
         ]
         args += ["--device", device] if device else []
         args += ["--no-batching"] if no_batching else []
+        args += ["--public-docs"] if public_docs else []
         args += ["--encoder-backend", encoder_backend] if encoder_backend else []
         args += ["--encoder-dtype", encoder_dtype] if encoder_dtype else []
         args += ["--header-timeout", str(header_timeout)] if header_timeout is not None else []
@@ -297,7 +320,8 @@ def serve(
     open_file_limit(raise_soft=True)
     retriever = load_retriever(index, device=device)
     app = create_app(retriever, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
-                     max_delay_ms=max_delay_ms, batching=not no_batching, token=token)  # fmt: skip
+                     max_delay_ms=max_delay_ms, batching=not no_batching, token=token,
+                     public_docs=public_docs)  # fmt: skip
     config = uvicorn_config(app, host=host, port=port, log_level=log_level, header_timeout=header_timeout,
                             keep_alive=keep_alive, max_connections=max_connections)  # fmt: skip
     typer.echo(f"serving {json.dumps(retriever.info())} on http://{host}:{port} "

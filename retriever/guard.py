@@ -1,5 +1,6 @@
 """An ASGI layer in front of the retrieval app that decides, before any body is parsed, whether a
-request gets in: the bearer token first (a request without it gets a 401 and its body is never
+request gets in: the bearer token first, on every path but the public ones (/health, and the API
+docs only when the operator says so; a request without it gets a 401 and its body is never
 read), then the content type (415 unless JSON), then the body size, counted while the body
 streams in (Content-Length or chunked; 413 the moment it passes the limit) and the time the body
 may take to arrive (408), and that it is UTF-8 (422). Refusals close the connection, so an unread
@@ -22,6 +23,8 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# answers a body that passed the guard on a json path and returns True, or returns False
+FastPath = Callable[[bytes, Scope, Receive, Send], Awaitable[bool]]
 
 
 def is_json_media_type(content_type: str) -> bool:
@@ -44,8 +47,10 @@ def _detail(text: str) -> bytes:
 
 
 class RequestGuard:
-    """Wraps `app`: token check on `protected` paths, JSON-only bodies on `json_paths`, and a body
-    of at most `max_body` bytes that arrives within `body_timeout` seconds."""
+    """Wraps `app`: with a token, every path but `public` needs it (unknown paths too, so a 404
+    tells nothing); JSON-only bodies on `json_paths`, and a body of at most `max_body` bytes
+    that arrives within `body_timeout` seconds. A body that passes goes to `fast` first, then
+    to `app` unless `fast` answered it."""
 
     def __init__(
         self,
@@ -54,15 +59,17 @@ class RequestGuard:
         token: str | None,
         max_body: int,
         body_timeout: float = 30.0,
-        protected: tuple[str, ...] = ("/retrieve", "/info"),
+        public: tuple[str, ...] = ("/health",),
         json_paths: tuple[str, ...] = ("/retrieve",),
+        fast: FastPath | None = None,
     ) -> None:
         self.app = app
         self.token = token.encode() if token is not None else None
         self.max_body = max_body
         self.body_timeout = body_timeout
-        self.protected = protected
+        self.public = frozenset(public)
         self.json_paths = json_paths
+        self.fast = fast
 
     def _authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
         if self.token is None:
@@ -76,7 +83,7 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         headers = scope.get("headers", [])
         path = scope.get("path", "")
-        if path in self.protected and not self._authorized(headers):
+        if path not in self.public and not self._authorized(headers):
             return await send_json(
                 send, 401, _detail("missing or wrong bearer token"), ((b"www-authenticate", b"Bearer"),)
             )
@@ -103,6 +110,8 @@ class RequestGuard:
             body.decode("utf-8")
         except UnicodeDecodeError as e:
             return await send_json(send, 422, _detail(f"body is not valid JSON: not UTF-8 at byte {e.start}"))
+        if self.fast is not None and await self.fast(body, scope, receive, send):
+            return None
         return await self.app(scope, self._replay(body, receive), send)
 
     async def _read_body(self, receive: Receive) -> bytes | dict[str, Any] | None:

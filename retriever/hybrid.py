@@ -131,7 +131,8 @@ def write_hybrid_meta(
             f"{lexical_meta.get('size')}: both must index the same corpus"
         )
     w, k, depth = check_fusion(weights, k, depth)
-    corpus = str(resolve_in(resolve_in(out, dense_dir), dense_meta["corpus"]).resolve())
+    corpus_path = resolve_in(Path(dense_dir), dense_meta["corpus"])  # relative to `out` when both are
+    corpus = str(corpus_path if not corpus_path.is_absolute() else corpus_path.resolve())
     write_meta(
         out,
         {

