@@ -207,8 +207,16 @@ def start_search_r1(
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-c", SEARCH_R1_SHIM, str(server_file), str(index_dir / INDEX_FILE),
-           str(index_dir / meta["corpus"]), resolve_model_path(meta["model"]), str(port)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        SEARCH_R1_SHIM,
+        str(server_file),
+        str(index_dir / INDEX_FILE),
+        str(index_dir / meta["corpus"]),
+        resolve_model_path(meta["model"]),
+        str(port),
+    ]
     # its stderr to a file: it draws a tqdm bar per request, which would fill a pipe and block it.
     # (return_scores true below: without it its endpoint fails unpacking (results, scores))
     log = index_dir.parent / "search-r1.log"  # beside the index, replaced by each run
@@ -354,12 +362,23 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds per level (p50/p99: median of rounds)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads, server and in-process (default: cores-1)")
     ap.add_argument("--generator", choices=("wrk", "python"), default="wrk" if shutil.which("wrk") else "python")
-    ap.add_argument("--reference", type=Path, default=None,
-                    help="another checkout of this project (e.g. the code before a change): also serve its code")  # fmt: skip
-    ap.add_argument("--search-r1", type=Path, default=None,
-                    help="a local copy of Search-R1's search_r1/search/retrieval_server.py: also measure it")  # fmt: skip
-    ap.add_argument("--search-r1-pythonpath", default=None,
-                    help="where the packages Search-R1's server needs and we do not (datasets) are installed")  # fmt: skip
+    ap.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="another checkout of this project (e.g. the code before a change): also serve its code",
+    )
+    ap.add_argument(
+        "--search-r1",
+        type=Path,
+        default=None,
+        help="a local copy of Search-R1's search_r1/search/retrieval_server.py: also measure it",
+    )
+    ap.add_argument(
+        "--search-r1-pythonpath",
+        default=None,
+        help="where the packages Search-R1's server needs and we do not (datasets) are installed",
+    )
     args = ap.parse_args()
 
     corpus_file = args.data / "musique_mini" / "corpus.json"
@@ -428,12 +447,24 @@ def main() -> None:
     arms: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
         for name, batching in (("ours", True), ("unbatched", False)):
-            arms[name] = start_server(index_dir, batching=batching, max_batch=args.max_batch_size,
-                                      max_wait_ms=args.max_wait_ms, max_delay_ms=args.max_delay_ms, threads=threads)  # fmt: skip
+            arms[name] = start_server(
+                index_dir,
+                batching=batching,
+                max_batch=args.max_batch_size,
+                max_wait_ms=args.max_wait_ms,
+                max_delay_ms=args.max_delay_ms,
+                threads=threads,
+            )
         if args.reference is not None:
-            arms["reference"] = start_server(index_dir, batching=True, max_batch=args.max_batch_size,
-                                             max_wait_ms=args.max_wait_ms, max_delay_ms=args.max_delay_ms,
-                                             threads=threads, checkout=args.reference)  # fmt: skip
+            arms["reference"] = start_server(
+                index_dir,
+                batching=True,
+                max_batch=args.max_batch_size,
+                max_wait_ms=args.max_wait_ms,
+                max_delay_ms=args.max_delay_ms,
+                threads=threads,
+                checkout=args.reference,
+            )
         if args.search_r1 is not None:
             arms["search_r1"] = start_search_r1(args.search_r1, index_dir, meta, args.search_r1_pythonpath)
         for _, url in arms.values():
@@ -461,8 +492,12 @@ def main() -> None:
             m = {name: summarise(rs) for name, rs in runs.items()}
             table.append({"clients": c, "batch": batch, "load": load_avg, "one": one, "in_proc": in_proc, **m})
             rows.append((f"{c} clients: machine load (1-min average) before this level", f"{load_avg:.2f}"))
-            rows.append((f"{c} clients: in-process, batch 1 | batch {batch} (topk 3)",
-                         f"{one:.1f} q/s ({1000 / one:.1f} ms/q) | {in_proc:.1f} q/s ({1000 / in_proc:.1f} ms/q)"))  # fmt: skip
+            rows.append(
+                (
+                    f"{c} clients: in-process, batch 1 | batch {batch} (topk 3)",
+                    f"{one:.1f} q/s ({1000 / one:.1f} ms/q) | {in_proc:.1f} q/s ({1000 / in_proc:.1f} ms/q)",
+                )
+            )
             rows.append(
                 (
                     f"{c} clients: bound on batched/unbatched = in-process batch {batch} / batch 1",
@@ -476,13 +511,25 @@ def main() -> None:
             ):
                 if name in m:
                     x = m[name]
-                    rows.append((f"{c} clients: served, {label}: q/s | p50 | p99 | errors | mean batch | server CPU | generator CPU | machine busy (cores)",
-                                 f"{x['qps']:.1f} q/s | {x['p50']:.0f} ms | {x['p99']:.0f} ms | {x['errors']} | {x['batch'] or '-':.3} "
-                                 f"| {x['server_cores']:.2f} | {x['gen_cores']:.3f} | {x['machine_cores']:.2f}"))  # fmt: skip
-            rows.append((f"{c} clients: served batched / in-process batch {batch}" + (" (target >= 0.9)" if c >= 8 else ""),
-                         f"{m['ours']['qps'] / in_proc:.2f}"))  # fmt: skip
-            rows.append((f"{c} clients: served batched / served unbatched" + (" (target >= 2.5)" if c == 32 else ""),
-                         f"{m['ours']['qps'] / m['unbatched']['qps']:.2f}" if m["unbatched"]["qps"] else "inf"))  # fmt: skip
+                    rows.append(
+                        (
+                            f"{c} clients: served, {label}: q/s | p50 | p99 | errors | mean batch | server CPU | generator CPU | machine busy (cores)",
+                            f"{x['qps']:.1f} q/s | {x['p50']:.0f} ms | {x['p99']:.0f} ms | {x['errors']} | {x['batch'] or '-':.3} "
+                            f"| {x['server_cores']:.2f} | {x['gen_cores']:.3f} | {x['machine_cores']:.2f}",
+                        )
+                    )
+            rows.append(
+                (
+                    f"{c} clients: served batched / in-process batch {batch}" + (" (target >= 0.9)" if c >= 8 else ""),
+                    f"{m['ours']['qps'] / in_proc:.2f}",
+                )
+            )
+            rows.append(
+                (
+                    f"{c} clients: served batched / served unbatched" + (" (target >= 2.5)" if c == 32 else ""),
+                    f"{m['ours']['qps'] / m['unbatched']['qps']:.2f}" if m["unbatched"]["qps"] else "inf",
+                )
+            )
             if "reference" in m:
                 rows.append(
                     (
@@ -491,8 +538,12 @@ def main() -> None:
                     )
                 )
             if "search_r1" in m:
-                rows.append((f"{c} clients: ours / Search-R1" + (" (target >= 3)" if c in (32, 64) else ""),
-                             f"{m['ours']['qps'] / m['search_r1']['qps']:.2f}" if m["search_r1"]["qps"] else "inf"))  # fmt: skip
+                rows.append(
+                    (
+                        f"{c} clients: ours / Search-R1" + (" (target >= 3)" if c in (32, 64) else ""),
+                        f"{m['ours']['qps'] / m['search_r1']['qps']:.2f}" if m["search_r1"]["qps"] else "inf",
+                    )
+                )
     finally:
         for proc, _ in arms.values():
             proc.terminate()
@@ -511,8 +562,10 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         for t in table:
             r, o = t["reference"], t["ours"]
-            print(f"| {t['clients']} | {r['qps']:.0f} ({r['p50']:.0f} / {r['p99']:.0f}) | {r['batch']:.1f} | {o['qps']:.0f} "
-                  f"({o['p50']:.0f} / {o['p99']:.0f}) | {o['batch']:.1f} | {o['qps'] / max(1e-9, r['qps']):.2f} | {t['in_proc']:.0f} |")  # fmt: skip
+            print(
+                f"| {t['clients']} | {r['qps']:.0f} ({r['p50']:.0f} / {r['p99']:.0f}) | {r['batch']:.1f} | {o['qps']:.0f} "
+                f"({o['p50']:.0f} / {o['p99']:.0f}) | {o['batch']:.1f} | {o['qps'] / max(1e-9, r['qps']):.2f} | {t['in_proc']:.0f} |"
+            )
 
 
 def _batching_info(url: str, arm: str) -> tuple[int, int]:
@@ -541,8 +594,10 @@ def summarise(rs: list[dict[str, float]]) -> dict[str, float]:
 
 def print_summary(table: list[dict[str, Any]], with_search_r1: bool) -> None:
     """The README's retriever table: one row per concurrency level."""
-    head = ("| clients | in-process q/s (batch) | ours q/s (p50 / p99 ms) | ours / in-process | unbatched q/s "
-            "| batched / unbatched (bound: in-process batch / batch 1) |")  # fmt: skip
+    head = (
+        "| clients | in-process q/s (batch) | ours q/s (p50 / p99 ms) | ours / in-process | unbatched q/s "
+        "| batched / unbatched (bound: in-process batch / batch 1) |"
+    )
     sep = "|---|---|---|---|---|---|"
     if with_search_r1:
         head += " Search-R1 q/s (p50 / p99 ms) | ours / Search-R1 |"
@@ -552,8 +607,10 @@ def print_summary(table: list[dict[str, Any]], with_search_r1: bool) -> None:
     print(f"\n{head}\n{sep}")
     for t in table:
         o, u = t["ours"], t["unbatched"]
-        line = (f"| {t['clients']} | {t['in_proc']:.0f} ({t['batch']}) | {o['qps']:.0f} ({o['p50']:.0f} / {o['p99']:.0f}) "
-                f"| {o['qps'] / t['in_proc']:.2f} | {u['qps']:.0f} | {o['qps'] / max(1e-9, u['qps']):.2f} ({t['in_proc'] / t['one']:.2f}) |")  # fmt: skip
+        line = (
+            f"| {t['clients']} | {t['in_proc']:.0f} ({t['batch']}) | {o['qps']:.0f} ({o['p50']:.0f} / {o['p99']:.0f}) "
+            f"| {o['qps'] / t['in_proc']:.2f} | {u['qps']:.0f} | {o['qps'] / max(1e-9, u['qps']):.2f} ({t['in_proc'] / t['one']:.2f}) |"
+        )
         if with_search_r1:
             r = t["search_r1"]
             line += f" {r['qps']:.1f} ({r['p50']:.0f} / {r['p99']:.0f}) | {o['qps'] / max(1e-9, r['qps']):.2f} |"

@@ -144,8 +144,13 @@ class Episode:
         return StepResult("", self._score(info), self.terminated, self.truncated, info)
 
     def _step_info(self, action: str) -> dict[str, Any]:
-        return {"uid": self.example.uid, "action": action, "num_turns": self.turns,
-                "num_searches": len(self.queries), "queries": list(self.queries)}  # fmt: skip
+        return {
+            "uid": self.example.uid,
+            "action": action,
+            "num_turns": self.turns,
+            "num_searches": len(self.queries),
+            "queries": list(self.queries),
+        }
 
     def _score(self, info: dict[str, Any]) -> float:
         """Score the finished response; add the prediction, metrics and reward parts to `info`."""

@@ -38,9 +38,13 @@ class PromptTemplate:
 
     def render(self, protocol: TagProtocol, question: str) -> str:
         return self.text.format(
-            think=protocol.think, search=protocol.search, result=protocol.result, answer=protocol.answer,
-            instruction=protocol.instruction(), question=self.normalize_question(question),
-        )  # fmt: skip
+            think=protocol.think,
+            search=protocol.search,
+            result=protocol.result,
+            answer=protocol.answer,
+            instruction=protocol.instruction(),
+            question=self.normalize_question(question),
+        )
 
 
 def _search_r1_question(question: str) -> str:

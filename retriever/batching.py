@@ -264,8 +264,11 @@ class DynamicBatcher:
         if not self.coalesce:
             return batch
         last_deadline = loop.time() + self.max_delay
-        while (room > 0 and self.max_batch_size - room < self._expected
-               and (remaining := min(self.max_wait, last_deadline - loop.time())) > 0):  # fmt: skip
+        while (
+            room > 0
+            and self.max_batch_size - room < self._expected
+            and (remaining := min(self.max_wait, last_deadline - loop.time())) > 0
+        ):
             if not self._jobs:
                 self._wakeup.clear()
                 try:

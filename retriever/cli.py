@@ -319,13 +319,29 @@ def serve(
     set_torch_threads(threads)
     open_file_limit(raise_soft=True)
     retriever = load_retriever(index, device=device)
-    app = create_app(retriever, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
-                     max_delay_ms=max_delay_ms, batching=not no_batching, token=token,
-                     public_docs=public_docs)  # fmt: skip
-    config = uvicorn_config(app, host=host, port=port, log_level=log_level, header_timeout=header_timeout,
-                            keep_alive=keep_alive, max_connections=max_connections)  # fmt: skip
-    typer.echo(f"serving {json.dumps(retriever.info())} on http://{host}:{port} "
-               f"(max {config.http.max_connections} connections)")  # fmt: skip
+    app = create_app(
+        retriever,
+        max_batch_size=max_batch_size,
+        max_batch_chars=max_batch_chars,
+        max_wait_ms=max_wait_ms,
+        max_delay_ms=max_delay_ms,
+        batching=not no_batching,
+        token=token,
+        public_docs=public_docs,
+    )
+    config = uvicorn_config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        header_timeout=header_timeout,
+        keep_alive=keep_alive,
+        max_connections=max_connections,
+    )
+    typer.echo(
+        f"serving {json.dumps(retriever.info())} on http://{host}:{port} "
+        f"(max {config.http.max_connections} connections)"
+    )
     uvicorn.Server(config).run()
 
 

@@ -97,8 +97,14 @@ class _Base:
         """Log a failed attempt that will be retried; return the wait before the next one."""
         delay = self._delay(attempt, resp)
         cause = f"status {resp.status_code}" if resp is not None else f"{type(err).__name__}: {err}"
-        log.warning("retriever attempt %d/%d to %s failed (%s); retrying in %.1f s", attempt + 1, self.retries + 1,
-                    url, cause, delay)  # fmt: skip
+        log.warning(
+            "retriever attempt %d/%d to %s failed (%s); retrying in %.1f s",
+            attempt + 1,
+            self.retries + 1,
+            url,
+            cause,
+            delay,
+        )
         return delay
 
     def _payload(self, queries: Sequence[str], topk: int | None) -> dict[str, Any]:

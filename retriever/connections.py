@@ -79,8 +79,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 c for c in self.connections if c is not self and getattr(c, "idle_since", None) is not None
             ]
             victim = min(idle, key=lambda c: c.idle_since) if idle else self
-            log.debug("%d connections (limit %d): closing %s", len(self.connections), self.max_connections,
-                      "the longest-idle one" if victim is not self else "the new one")  # fmt: skip
+            log.debug(
+                "%d connections (limit %d): closing %s",
+                len(self.connections),
+                self.max_connections,
+                "the longest-idle one" if victim is not self else "the new one",
+            )
             victim.transport.close()
 
     def on_message_begin(self) -> None:
@@ -125,7 +129,16 @@ def uvicorn_config(
     import uvicorn
 
     http = protocol_class(HEADER_TIMEOUT_S if header_timeout is None else header_timeout, max_connections)
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on", http=http,
-                          # typed int by uvicorn, used as a loop.call_later delay: a float is kept whole
-                          timeout_keep_alive=KEEP_ALIVE_S if keep_alive is None else keep_alive,  # type: ignore[arg-type]
-                          timeout_graceful_shutdown=5, backlog=4096)  # fmt: skip
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        http=http,
+        # typed int by uvicorn, used as a loop.call_later delay: a float is kept whole
+        timeout_keep_alive=KEEP_ALIVE_S if keep_alive is None else keep_alive,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=5,
+        backlog=4096,
+    )

@@ -103,8 +103,11 @@ class RetrieveRequestBase(BaseModel):
 
 def request_model(limits: Limits) -> type[RetrieveRequestBase]:
     """The `/retrieve` body model with `limits` as schema constraints."""
-    Query = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=limits.max_query_chars, pattern=NON_BLANK),
-                      AfterValidator(_valid_unicode)]  # fmt: skip
+    Query = Annotated[
+        str,
+        StringConstraints(strict=True, min_length=1, max_length=limits.max_query_chars, pattern=NON_BLANK),
+        AfterValidator(_valid_unicode),
+    ]
     TopK = Annotated[int, Field(strict=True, ge=1, le=limits.max_topk), BeforeValidator(_integral)]
     Queries = Annotated[list[Query], Field(min_length=1, max_length=limits.max_queries)]
 

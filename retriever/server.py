@@ -96,9 +96,16 @@ def create_app(
     if token is not None and not token.strip():
         raise ValueError("token is empty: give a non-empty bearer token, or none to serve without one")
     limits = limits or Limits()
-    batcher = DynamicBatcher(retriever.search_varying, max_batch_size=max_batch_size, max_batch_chars=max_batch_chars,
-                             max_wait_ms=max_wait_ms, max_delay_ms=max_delay_ms, coalesce=batching,
-                             max_pending=max_pending, pad_group=_pad_group(retriever))  # fmt: skip
+    batcher = DynamicBatcher(
+        retriever.search_varying,
+        max_batch_size=max_batch_size,
+        max_batch_chars=max_batch_chars,
+        max_wait_ms=max_wait_ms,
+        max_delay_ms=max_delay_ms,
+        coalesce=batching,
+        max_pending=max_pending,
+        pad_group=_pad_group(retriever),
+    )
     RetrieveRequest = request_model(limits)
 
     @asynccontextmanager
@@ -178,11 +185,20 @@ def create_app(
         return await answer(req, request.receive)
 
     retrieve.__annotations__["req"] = RetrieveRequest  # built from `limits` at run time: no name to annotate with
-    app.post("/retrieve", response_model=RetrieveResponse, openapi_extra={"security": security} if security else None,
-             responses={**auth, 408: _error("body not received in time"), 413: _error("body larger than the limits allow"),
-                        415: _error("body is not JSON"), 422: _error("invalid request; the detail names the field"),
-                        500: _error("the search failed"), 503: _error("overloaded; retry after Retry-After seconds")},
-             )(retrieve)  # fmt: skip
+    app.post(
+        "/retrieve",
+        response_model=RetrieveResponse,
+        openapi_extra={"security": security} if security else None,
+        responses={
+            **auth,
+            408: _error("body not received in time"),
+            413: _error("body larger than the limits allow"),
+            415: _error("body is not JSON"),
+            422: _error("invalid request; the detail names the field"),
+            500: _error("the search failed"),
+            503: _error("overloaded; retry after Retry-After seconds"),
+        },
+    )(retrieve)
 
     @app.get("/health", response_model=Health)
     async def health() -> dict[str, Any]:
@@ -195,11 +211,19 @@ def create_app(
         return retriever.info() | {
             "encoder": _encoder_info(retriever),
             "default_topk": retriever.default_topk,
-            "batching": {"enabled": batching, "max_batch_size": max_batch_size, "max_batch_chars": max_batch_chars,
-                         "max_wait_ms": max_wait_ms, "max_delay_ms": max_delay_ms, "batches": batcher.batches,
-                         "queries": batcher.queries, "dropped": batcher.dropped, "pending": batcher.pending},
+            "batching": {
+                "enabled": batching,
+                "max_batch_size": max_batch_size,
+                "max_batch_chars": max_batch_chars,
+                "max_wait_ms": max_wait_ms,
+                "max_delay_ms": max_delay_ms,
+                "batches": batcher.batches,
+                "queries": batcher.queries,
+                "dropped": batcher.dropped,
+                "pending": batcher.pending,
+            },
             "limits": limits.model_dump(),
-        }  # fmt: skip
+        }
 
     if token is not None:
         _add_bearer_scheme(app)
@@ -279,9 +303,17 @@ class BackgroundServer:
         self._source = retriever_or_index_dir
         self.host = host
         self.port = port
-        self._app_kw: dict[str, Any] = dict(max_batch_size=max_batch_size, max_batch_chars=max_batch_chars, max_wait_ms=max_wait_ms,
-                            max_delay_ms=max_delay_ms, token=token, batching=batching, limits=limits,
-                            body_timeout=body_timeout, public_docs=public_docs)  # fmt: skip
+        self._app_kw: dict[str, Any] = dict(
+            max_batch_size=max_batch_size,
+            max_batch_chars=max_batch_chars,
+            max_wait_ms=max_wait_ms,
+            max_delay_ms=max_delay_ms,
+            token=token,
+            batching=batching,
+            limits=limits,
+            body_timeout=body_timeout,
+            public_docs=public_docs,
+        )
         self._conn_kw: dict[str, Any] = dict(
             header_timeout=header_timeout, keep_alive=keep_alive, max_connections=max_connections
         )
