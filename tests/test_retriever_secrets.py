@@ -28,16 +28,50 @@ def test_a_build_and_a_served_session_write_the_token_nowhere(tmp_path) -> None:
     home.mkdir()
     env = os.environ | {"PVPO_RETRIEVER_TOKEN": token, "HOME": str(home), "HF_HUB_OFFLINE": "1"}
     corpus = write_tiny_corpus(tmp_path / "corpus.json")
-    build = subprocess.run([sys.executable, "-m", "pvpo.cli", "retriever", "build", "--corpus", str(corpus),
-                            "--out", str(tmp_path / "idx"), "--device", "cpu"],
-                           env=env, cwd=tmp_path, capture_output=True, timeout=300)  # fmt: skip
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pvpo.cli",
+            "retriever",
+            "build",
+            "--corpus",
+            str(corpus),
+            "--out",
+            str(tmp_path / "idx"),
+            "--device",
+            "cpu",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr.decode()[-2000:]
     port = free_consecutive_ports(1)
     log = tmp_path / "server.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(tmp_path / "idx"),
-                                 "--port", str(port), "--device", "cpu", "--log-level", "debug"],
-                                env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pvpo.cli",
+                "retriever",
+                "serve",
+                "--index",
+                str(tmp_path / "idx"),
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+                "--log-level",
+                "debug",
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             wait_healthy([url], [proc], timeout=120)
@@ -61,8 +95,23 @@ def test_a_failing_serve_does_not_print_the_token_even_with_debug(tmp_path) -> N
     token = "tok-" + secrets.token_hex(16)
     (tmp_path / "meta.json").write_text('{"backend": "faiss", "corpus": "c.jsonl"}')  # no index_file: a KeyError
     for debug in ([], ["--debug"]):
-        res = subprocess.run([sys.executable, "-m", "pvpo.cli", *debug, "retriever", "serve", "--index", str(tmp_path),
-                              "--token", token], capture_output=True, text=True, timeout=120,
-                             env=os.environ | {"HF_HUB_OFFLINE": "1", "COLUMNS": "200"})  # fmt: skip
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pvpo.cli",
+                *debug,
+                "retriever",
+                "serve",
+                "--index",
+                str(tmp_path),
+                "--token",
+                token,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | {"HF_HUB_OFFLINE": "1", "COLUMNS": "200"},
+        )
         assert res.returncode != 0 and "Traceback" in res.stderr  # an unexpected error: the full traceback
         assert token not in res.stdout + res.stderr

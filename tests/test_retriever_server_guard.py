@@ -285,8 +285,11 @@ def test_serve_forwards_public_docs_to_every_replica_and_the_token_by_environmen
             return 0
 
     monkeypatch.setattr(replicas, "ReplicaSet", FakeSet)
-    res = CliRunner().invoke(app, ["retriever", "serve", "--index", ".", "--replicas", "2", "--public-docs"],
-                             env={"PVPO_RETRIEVER_TOKEN": "s3cret"})  # fmt: skip
+    res = CliRunner().invoke(
+        app,
+        ["retriever", "serve", "--index", ".", "--replicas", "2", "--public-docs"],
+        env={"PVPO_RETRIEVER_TOKEN": "s3cret"},
+    )
     assert res.exit_code == 0, res.output
     assert "--public-docs" in seen["args"] and "s3cret" not in " ".join(seen["args"])  # argv is public (ps)
     assert seen["env"]["PVPO_RETRIEVER_TOKEN"] == "s3cret"
