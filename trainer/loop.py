@@ -304,7 +304,8 @@ class Trainer:
         # 3. advantages
         batch = collate(trajs, self.tokenizer.pad_token_id)
         adv_kwargs = self.estimator_state.kwargs(trajs, batch)
-        adv = self.spec(batch.rewards, batch.uids, anchors=anchors, **adv_kwargs)
+        # group baselines over the policy's own rollouts; injected GT rows are measured against them
+        adv = self.spec(batch.rewards, batch.uids, anchors=anchors, policy_rows=~batch.is_gt, **adv_kwargs)
         # 4. the policy update (and what the estimator learns from the step)
         self.engine.sleep()  # the KV cache is free while the trainer holds activations and grads
         try:

@@ -6,8 +6,13 @@ starts with k_init rollouts and gets one more while a one-step look-ahead says i
 with MSE(k) the fused baseline's MSE (`prior_fusion.mse`) at the current estimates of D^2 and s^2
 (paper: k_init 4, k_max 16, c = 1/256). When the rollouts agree with the prior (D^2 = 0) the MSE is
 0 and the prompt stops at k_init; when they reject it, w -> 1 and more rollouts pay until
-s^2 / (k (k + 1)) < c. The extra rollouts go through the trainer's own rollout function, so the
-cost counters see every one.
+s^2 / (k (k + 1)) < c. s^2 is the floored variance of `prior_fusion.floored_variance`, the same the
+estimator uses, so a uniform group is no longer "noise-free".
+
+The cost term is in the paper's units: its rewards are +-1 (range 2), ours live in
+`prior_fusion.reward_range` (range R, default [0, 1]), and an MSE scales with R^2, so the price
+of one rollout is c (R / 2)^2 (`scaled_cost`): 1/1024 for [0, 1] at the paper's c = 1/256.
+The extra rollouts go through the trainer's own rollout function, so the cost counters see every one.
 """
 
 from __future__ import annotations
@@ -17,25 +22,37 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pvpo.trainer.algorithms.prior_fusion import fuse, mse
+from pvpo.trainer.algorithms.prior_fusion import NoiseFloor, floored_variance, fuse, mse
+
+PAPER_REWARD_RANGE = 2.0  # arXiv:2603.10848's rewards are +-1
 
 
-def objective(rewards: Sequence[float], prior: float | None, k: int, cost: float) -> float:
-    """J(k) = MSE(k) + c k, with D^2 and s^2 estimated from `rewards` (k may exceed len(rewards):
-    the look-ahead keeps the current estimates)."""
+def scaled_cost(cost: float, floor: NoiseFloor | None) -> float:
+    """The price of one rollout in our reward units: `cost` (paper units, range 2) x (R / 2)^2."""
+    span = floor.span if floor is not None else PAPER_REWARD_RANGE
+    return cost * (span / PAPER_REWARD_RANGE) ** 2
+
+
+def objective(
+    rewards: Sequence[float], prior: float | None, k: int, cost: float, floor: NoiseFloor | None = None
+) -> float:
+    """J(k) = MSE(k) + c k, with D^2 and the floored s^2 estimated from `rewards` (k may exceed
+    len(rewards): the look-ahead keeps the current estimates). `cost` is already in reward units."""
     n = len(rewards)
     mean = sum(rewards) / n
-    var = statistics.variance(rewards) if n > 1 else 0.0
+    var = floored_variance(mean, statistics.variance(rewards) if n > 1 else 0.0, n, floor)
     d2 = fuse(mean, var, n, prior).d2
     return mse(d2, var, k) + cost * k
 
 
-def wants_more(rewards: Sequence[float], prior: float | None, *, k_max: int, cost: float) -> bool:
+def wants_more(
+    rewards: Sequence[float], prior: float | None, *, k_max: int, cost: float, floor: NoiseFloor | None = None
+) -> bool:
     """Whether one more rollout lowers J (module docstring); never beyond `k_max`."""
     k = len(rewards)
     if k == 0:
         raise ValueError("wants_more needs the prompt's first rollouts")
-    return k < k_max and objective(rewards, prior, k + 1, cost) < objective(rewards, prior, k, cost)
+    return k < k_max and objective(rewards, prior, k + 1, cost, floor) < objective(rewards, prior, k, cost, floor)
 
 
 def extend_groups(
@@ -46,11 +63,14 @@ def extend_groups(
     *,
     k_max: int,
     cost: float,
+    floor: NoiseFloor | None = None,
 ) -> tuple[list[Any], dict[str, float]]:
     """Rounds of one more rollout for every prompt of `examples` (objects with `.uid`) that
     `wants_more`, given its trajectories so far (`.uid`, `.reward`), until none does.
     `rollout(examples, round)` samples one trajectory per example. Returns the new trajectories
-    and `v05/*` figures (extra rollouts, rounds, mean and max rollouts per prompt)."""
+    and `v05/*` figures (extra rollouts, rounds, mean and max rollouts per prompt). `cost` is in
+    the paper's units, scaled here by `scaled_cost`; `floor` as the estimator's."""
+    price = scaled_cost(cost, floor)
     rewards: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
         rewards[t.uid].append(float(t.reward))
@@ -60,7 +80,7 @@ def extend_groups(
         todo = [
             ex
             for ex in examples
-            if rewards[ex.uid] and wants_more(rewards[ex.uid], prior.get(ex.uid), k_max=k_max, cost=cost)
+            if rewards[ex.uid] and wants_more(rewards[ex.uid], prior.get(ex.uid), k_max=k_max, cost=price, floor=floor)
         ]
         if not todo:
             break

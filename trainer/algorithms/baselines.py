@@ -1,6 +1,11 @@
 """The group-baseline estimators and PVPO's static anchor: GRPO, Dr.GRPO, RLOO, PVPO (signature
 in `spec.py`). A group of size 1 has no baseline to compare with and gets advantage 0, except
-under PVPO, whose baseline is the reference anchor."""
+under PVPO, whose baseline is the reference anchor.
+
+`policy_rows` (bool `[B]`, the trainer passes `~batch.is_gt`): the group statistics (mean, std,
+leave-one-out mean) are taken over the policy's own rollouts only; an injected GT row gets its
+reward measured against that same baseline (issue 30: the GT row entered the group mean).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std
+from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
 
 
@@ -20,12 +25,14 @@ def grpo(
     *,
     anchors: Mapping[str, float] | None = None,
     eps: float = 1e-6,
+    policy_rows: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """GRPO: `(r - mean_group) / (std_group + eps)` with the unbiased (n-1) group std, like
-    `torch.std` in TRL and verl. A group of size 1 (no baseline to compare with) gets 0."""
-    _, count, mean = group_stats(rewards, uids)
-    adv = (rewards - mean) / (group_std(rewards, uids) + eps)
+    `torch.std` in TRL and verl, over the group's `policy_rows`. A group of fewer than 2 policy
+    rows (no baseline to compare with) gets 0."""
+    _, count, mean = group_stats(rewards, uids, policy_rows)
+    adv = (rewards - mean) / (group_std(rewards, uids, policy_rows) + eps)
     return torch.where(count > 1, adv, torch.zeros_like(adv))
 
 
@@ -38,11 +45,13 @@ def dr_grpo(
     *,
     anchors: Mapping[str, float] | None = None,
     eps: float = 1e-6,
+    policy_rows: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """Dr.GRPO (Liu et al. 2025): `r - mean_group`, no std normalisation (a size-1 group gets 0)."""
-    _, _, mean = group_stats(rewards, uids)
-    return rewards - mean
+    """Dr.GRPO (Liu et al. 2025): `r - mean_group` over the group's `policy_rows`, no std
+    normalisation (a size-1 group gets 0; a group without a policy row too)."""
+    _, count, mean = group_stats(rewards, uids, policy_rows)
+    return torch.where(count > 0, rewards - mean, torch.zeros_like(rewards))
 
 
 @register_estimator("rloo")
@@ -52,13 +61,17 @@ def rloo(
     *,
     anchors: Mapping[str, float] | None = None,
     eps: float = 1e-6,
+    policy_rows: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """RLOO (Ahmadian et al. 2024): `r - mean(other members of the group)`; size-1 group -> 0."""
-    total, count, _ = group_stats(rewards, uids)
-    loo_mean = (total - rewards) / (count - 1).clamp(min=1)
+    """RLOO (Ahmadian et al. 2024): `r - mean(other policy rows of the group)`; a GT row (not in
+    `policy_rows`) is measured against the mean of all the policy rows. No other policy row -> 0."""
+    total, count, _ = group_stats(rewards, uids, policy_rows)
+    own = row_weights(rewards, policy_rows).view(-1, *([1] * (rewards.dim() - 1)))
+    others = count - own
+    loo_mean = (total - own * rewards) / others.clamp(min=1)
     adv = rewards - loo_mean
-    return torch.where(count > 1, adv, torch.zeros_like(adv))
+    return torch.where(others > 0, adv, torch.zeros_like(adv))
 
 
 @register_estimator("pvpo", needs_anchors=True)
@@ -85,7 +98,7 @@ def pvpo(
         shown = ", ".join(absent[:10]) + (f" ... ({len(absent)} in all)" if len(absent) > 10 else "")
         raise KeyError(f"pvpo: no reference anchor for uid(s): {shown}")
     if absent:
-        _, _, fallback = group_stats(rewards, uids)
+        _, _, fallback = group_stats(rewards, uids, kwargs.get("policy_rows"))
         base = [anchors[u] if u in anchors else float(fallback[i]) for i, u in enumerate(uids)]
     else:
         base = [anchors[u] for u in uids]

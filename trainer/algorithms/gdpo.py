@@ -110,10 +110,13 @@ def gdpo(
     weights: Mapping[str, float] | Sequence[float] | None = None,
     conditions: Sequence[Any] = (),
     batch_norm: bool = True,
+    policy_rows: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """GDPO advantages `[B]` (arXiv:2601.05242, Eqs. 4-6): per-component group normalisation
-    (unbiased group std, as our `grpo`; a size-1 group gets 0), weighted sum over components,
+    (unbiased group std over the group's `policy_rows`, as our `grpo`: an injected GT row is
+    normalised by the policy rows' statistics; a group of fewer than 2 policy rows gets 0),
+    weighted sum over components,
     then `(A - mean_batch) / (std_batch + eps)` when `batch_norm`.
 
     `components`: `[B, K]`, one column per reward component (required: the trainer builds it
@@ -132,8 +135,8 @@ def gdpo(
         raise ValueError(f"{len(names)} component names for {comps.shape[1]} columns")
     if conditions:
         comps = condition(comps, names, conditions)
-    _, count, mean = group_stats(comps, uids)
-    per = (comps - mean) / (group_std(comps, uids) + eps)
+    _, count, mean = group_stats(comps, uids, policy_rows)
+    per = (comps - mean) / (group_std(comps, uids, policy_rows) + eps)
     per = torch.where(count > 1, per, torch.zeros_like(per))
     adv = per @ weight_vector(names, weights, per)
     if batch_norm and adv.numel() > 1:

@@ -1,6 +1,11 @@
 """Group statistics over a batch whose rows are grouped by prompt `uid` (not by position): each
 row's group sum, size, mean and unbiased standard deviation, broadcast back to the row. They
-reduce over dim 0 and work on `[B]` as well as `[B, K]` (K reward components, GDPO)."""
+reduce over dim 0 and work on `[B]` as well as `[B, K]` (K reward components, GDPO).
+
+`rows` (bool `[B]`, optional) names the rows the statistics are taken over; every row still gets
+its group's figures. The trainer passes the policy's own rollouts (not the injected GT rows): a
+group baseline is "the empirical mean of the rollouts" (V0.5, GRPO), and a GT trajectory is not a
+rollout of the policy (issue 30)."""
 
 from __future__ import annotations
 
@@ -23,25 +28,43 @@ def check_rewards(rewards: torch.Tensor, uids: Sequence[str]) -> None:
         raise TypeError(f"rewards must be a floating tensor, got {rewards.dtype}")
 
 
-def group_stats(rewards: torch.Tensor, uids: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample `(group_sum, group_count, group_mean)`, each broadcast back to the sample (same
-    shape as `rewards`; count has the leading shape `[B]` plus singleton dims)."""
+def row_weights(rewards: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """`rows` as a float `[B]` weight (1 = counted), all ones when None; a ValueError when its
+    length is not the batch's."""
+    if rows is None:
+        return torch.ones(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+    if rows.dim() != 1 or rows.shape[0] != rewards.shape[0]:
+        raise ValueError(f"rows must be [B] with B={rewards.shape[0]}, got {tuple(rows.shape)}")
+    return rows.to(device=rewards.device, dtype=rewards.dtype)
+
+
+def group_stats(
+    rewards: torch.Tensor, uids: Sequence[str], rows: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample `(group_sum, group_count, group_mean)` over the group's `rows` (module
+    docstring; all rows when None), each broadcast back to the sample (same shape as `rewards`;
+    count has the leading shape `[B]` plus singleton dims). A group with no counted row has
+    count 0 and mean 0."""
     check_rewards(rewards, uids)
     idx, groups = group_index(uids, rewards.device)
+    wt = row_weights(rewards, rows)
+    shape = (-1, *([1] * (rewards.dim() - 1)))
     sums = torch.zeros((len(groups), *rewards.shape[1:]), dtype=rewards.dtype, device=rewards.device)
-    sums.index_add_(0, idx, rewards)
-    counts = torch.bincount(idx, minlength=len(groups)).to(rewards.dtype)
-    counts = counts.view(-1, *([1] * (rewards.dim() - 1)))
+    sums.index_add_(0, idx, rewards * wt.view(shape))
+    counts = torch.zeros(len(groups), dtype=rewards.dtype, device=rewards.device)
+    counts.index_add_(0, idx, wt)
+    counts = counts.view(shape)
     s, c = sums[idx], counts[idx]
-    return s, c, s / c
+    return s, c, s / c.clamp(min=1)
 
 
-def group_std(rewards: torch.Tensor, uids: Sequence[str]) -> torch.Tensor:
-    """Per-sample unbiased (Bessel, n-1) standard deviation of its group, as `torch.std` computes
-    it (the convention of TRL and verl). Groups of size 1 get std 0."""
-    _, count, mean = group_stats(rewards, uids)
+def group_std(rewards: torch.Tensor, uids: Sequence[str], rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-sample unbiased (Bessel, n-1) standard deviation of its group's `rows`, as `torch.std`
+    computes it (the convention of TRL and verl). Groups of one counted row or none get std 0."""
+    _, count, mean = group_stats(rewards, uids, rows)
     idx, groups = group_index(uids, rewards.device)
+    wt = row_weights(rewards, rows).view(-1, *([1] * (rewards.dim() - 1)))
     sq = torch.zeros((len(groups), *rewards.shape[1:]), dtype=rewards.dtype, device=rewards.device)
-    sq.index_add_(0, idx, (rewards - mean) ** 2)
+    sq.index_add_(0, idx, wt * (rewards - mean) ** 2)
     var = sq[idx] / (count - 1).clamp(min=1)
     return var.sqrt()

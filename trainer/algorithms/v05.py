@@ -3,7 +3,10 @@
 
 Two priors: the PVPO anchor (`v05`), or a value model over prompt embeddings learned from the
 run's own group means (`v05_value`, `value_model.py`). The baseline statistics are those of the
-policy's own rollouts; advantage = r - fused baseline, no std normalisation.
+policy's own rollouts (`policy_rows`: an injected GT row is measured against them, never part of
+them), the same rows the adaptive budget saw; advantage = r - fused baseline, no std
+normalisation. The variance floor and the budget's cost scaling are `prior_fusion.py`'s and
+`adaptive_budget.py`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 import torch
 
 from pvpo.trainer.algorithms.adaptive_budget import extend_groups
-from pvpo.trainer.algorithms.prior_fusion import fused_baselines, fusion_stats
+from pvpo.trainer.algorithms.prior_fusion import NoiseFloor, fused_baselines, fusion_stats
 from pvpo.trainer.algorithms.spec import register_estimator
 from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState, Rollout
 from pvpo.trainer.algorithms.value_model import PromptValueModel
@@ -30,6 +33,8 @@ class V05State(EstimatorState):
 
     def __init__(self, context: EstimatorContext) -> None:
         self.cfg, self.rollout_n = context.algorithm.prior_fusion, context.rollout_n
+        lo, hi = self.cfg.reward_range
+        self.floor = NoiseFloor(lo, hi, self.cfg.var_pseudo_count)
         self.value_model: PromptValueModel | None = None
         if self.learned_prior:
             if context.embed is None:
@@ -63,17 +68,23 @@ class V05State(EstimatorState):
         if not self.cfg.adaptive:
             return []
         new, report = extend_groups(
-            uniq, trajs, self.prior, rollout, k_max=max(self.cfg.k_max, self.rollout_n), cost=self.cfg.cost
+            uniq,
+            trajs,
+            self.prior,
+            rollout,
+            k_max=max(self.cfg.k_max, self.rollout_n),
+            cost=self.cfg.cost,
+            floor=self.floor,
         )
         self.report.update(report)
         return new
 
     def kwargs(self, trajs: Sequence[Trajectory], batch: Batch) -> dict[str, Any]:
-        return {"prior": self.prior}
+        return {"prior": self.prior, "floor": self.floor}
 
     def after_step(self, batch: Batch, kwargs: Mapping[str, Any], *, seed: int = 0) -> dict[str, float]:
         out, self.report = dict(self.report), {}
-        _, per = fused_baselines(batch.rewards, batch.uids, self.prior)
+        _, per = fused_baselines(batch.rewards, batch.uids, self.prior, rows=~batch.is_gt, floor=self.floor)
         out.update(fusion_stats(per))
         if self.value_model is not None:
             sampled = ~batch.is_gt
@@ -94,8 +105,14 @@ class V05ValueState(V05State):
     learned_prior = True
 
 
-def _advantages(rewards: torch.Tensor, uids: Sequence[str], prior: Mapping[str, float | None] | None) -> torch.Tensor:
-    base, _ = fused_baselines(rewards, uids, prior)
+def _advantages(
+    rewards: torch.Tensor,
+    uids: Sequence[str],
+    prior: Mapping[str, float | None] | None,
+    policy_rows: torch.Tensor | None,
+    floor: NoiseFloor | None,
+) -> torch.Tensor:
+    base, _ = fused_baselines(rewards, uids, prior, rows=policy_rows, floor=floor)
     return rewards - base
 
 
@@ -107,11 +124,14 @@ def v05(
     anchors: Mapping[str, float] | None = None,
     eps: float = 1e-6,
     prior: Mapping[str, float | None] | None = None,
+    policy_rows: torch.Tensor | None = None,
+    floor: NoiseFloor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """V0.5 with the PVPO anchor as the prior: `r - (w* m + (1 - w*) V)` per prompt (module
-    docstring); `prior=` overrides the anchors."""
-    return _advantages(rewards, uids, prior if prior is not None else anchors)
+    docstring) over the `policy_rows`, with the variance `floor` (None: the plain sample
+    variance); `prior=` overrides the anchors."""
+    return _advantages(rewards, uids, prior if prior is not None else anchors, policy_rows, floor)
 
 
 @register_estimator("v05_value", extra_rollouts=True, sharded=False, state=V05ValueState)
@@ -122,8 +142,10 @@ def v05_value(
     anchors: Mapping[str, float] | None = None,
     eps: float = 1e-6,
     prior: Mapping[str, float | None] | None = None,
+    policy_rows: torch.Tensor | None = None,
+    floor: NoiseFloor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """V0.5 with a value model over prompt embeddings as the prior (`value_model.py`, learned by this process alone, so not under torchrun; the trainer
     passes its predictions as `prior=`, None for a prompt it cannot predict yet)."""
-    return _advantages(rewards, uids, prior)
+    return _advantages(rewards, uids, prior, policy_rows, floor)

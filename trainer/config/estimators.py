@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pvpo.trainer.config.section import Section
 
@@ -52,14 +52,34 @@ class PriorFusionConfig(Section):
     k_max: int = Field(
         16, ge=1, description="most rollouts a prompt may get in one step (paper: 16; k_init = rollout.n, paper: 4)"
     )
-    cost: float = Field(1 / 256, ge=0, description="c, the price of one more rollout in MSE units (paper: 1/256)")
+    cost: float = Field(
+        1 / 256,
+        ge=0,
+        description="c, the price of one more rollout in the paper's MSE units (rewards +-1; paper: 1/256), scaled by (range/2)^2 to reward_range",
+    )
+    reward_range: tuple[float, float] = Field(
+        (0.0, 1.0), description="[lo, hi] of the reward: the variance floor's Bernoulli bound and the cost's scale"
+    )
+    var_pseudo_count: float = Field(
+        1.0,
+        ge=0,
+        description="weight (in rollouts) of the Bernoulli variance floor of a group's noise; 0 = plain sample variance (a uniform group then discards the prior)",
+    )
     adaptive: bool = Field(True, description="false: fixed rollout.n per prompt, fusion only")
+
     value_model: Literal["knn", "ridge"] = Field("knn", description="v05_value's regressor over prompt embeddings")
     knn_k: int = Field(8, ge=1, description="neighbours of the kNN value model")
     ridge_alpha: float = Field(1.0, gt=0, description="L2 penalty of the ridge value model")
     encoder: str | None = Field(
         None, description="sentence-transformers model of the prompt embeddings; null = the packaged MiniLM"
     )
+
+    @field_validator("reward_range")
+    @classmethod
+    def _ordered(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not v[1] > v[0]:
+            raise ValueError(f"reward_range must be [lo, hi] with lo < hi, got {list(v)}")
+        return v
 
 
 class CriticConfig(Section):

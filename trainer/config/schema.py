@@ -294,6 +294,10 @@ class GroupSamplingConfig(Section):
     )
     drop_threshold: float = Field(1.0, gt=0, le=1, description="reference accuracy >= this: prompt dropped")
     gt_threshold: float = Field(0.0, ge=0, lt=1, description="reference accuracy <= this: prompt gets a GT trajectory")
+    metric: Literal["reward", "em", "cem", "f1"] = Field(
+        "reward",
+        description="what a reference rollout's accuracy reads: reward (the reward's correctness component: pvpo r_acc, em, f1) | em | cem | f1",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> GroupSamplingConfig:

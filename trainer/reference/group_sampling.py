@@ -1,11 +1,19 @@
 """PVPO's Group Sampling (arXiv:2508.21104, Sec. 3.3): filter the training pool by the reference
 policy's accuracy over its M anchor rollouts.
 
+Accuracy is read by `group_sampling.metric` (`correctness`): `reward` (default) is the
+correctness component of the reward in use (PVPO's `r_acc`, cover-EM or F1; Search-R1's `em`;
+ReSearch's `f1`), so a prompt the reference solves every time by the training reward is dropped
+even when its exact match is 0; `em`, `cem`, `f1` score the prediction against the gold answers
+directly. (Before issue 30 the decision read exact match whatever the reward.)
+
 - accuracy >= `drop_threshold` (default 1, always solved): dropped, its groups would carry no
   signal and its rollouts are pure cost;
 - `gt_threshold` < accuracy < `drop_threshold`: kept as is;
 - accuracy <= `gt_threshold` (default 0, never solved): kept, and a ground-truth trajectory is
-  injected into its groups (see `pvpo.trainer.reference.gt`), so a weak policy gets a positive example.
+  injected into its groups (see `pvpo.trainer.reference.gt`), so a weak policy gets a positive
+  example; when the GT source fails on it, it is `unavailable` and leaves the pool too (the paper
+  removes the currently impossible samples: without GT its groups carry only zero advantages).
 
 The partition is recomputed from the anchor at every refresh and saved (`group_sampling.json`)
 with the report of that refresh: PVPO reports 7.6% dropped / 42.6% kept / 49.8% given GT on
@@ -21,9 +29,28 @@ from pathlib import Path
 from typing import Any
 
 from pvpo.atomic import atomic_write_json
+from pvpo.reward import answer_metrics
 from pvpo.trainer.reference.anchor import AnchorStat
 
 FORMAT_VERSION = 1
+METRICS = ("reward", "em", "cem", "f1")
+# the correctness component of each shipped reward, first match wins (pvpo: r_acc; em and
+# search_r1_format: em; research_f1: f1); a reward without one is read whole
+CORRECTNESS_COMPONENTS = ("r_acc", "em", "f1", "cem")
+
+
+def correctness(
+    reward: float, components: Mapping[str, float], prediction: str | None, golds: Sequence[str], metric: str
+) -> float:
+    """One rollout's accuracy for Group Sampling by `metric` (module docstring)."""
+    if metric == "reward":
+        for name in CORRECTNESS_COMPONENTS:
+            if name in components:
+                return float(components[name])
+        return float(reward)
+    if metric not in METRICS:
+        raise ValueError(f"unknown group sampling metric {metric!r}; known: {', '.join(METRICS)}")
+    return float(answer_metrics(prediction, list(golds))[metric])
 
 
 @dataclass
@@ -35,11 +62,12 @@ class Partition:
     kept: list[str] = field(default_factory=list)  # neither dropped nor given GT
     gt: list[str] = field(default_factory=list)
     report: dict[str, float] = field(default_factory=dict)
+    unavailable: list[str] = field(default_factory=list)  # of `gt`: the GT source failed on them
 
     @property
     def pool(self) -> set[str]:
-        """The uids that stay in the training pool (kept and given GT)."""
-        return set(self.kept) | set(self.gt)
+        """The uids that stay in the training pool (kept, and given GT when GT was found)."""
+        return set(self.kept) | (set(self.gt) - set(self.unavailable))
 
     def fractions(self) -> dict[str, float]:
         n = max(1, len(self.dropped) + len(self.kept) + len(self.gt))
@@ -103,4 +131,5 @@ def load_partition(path: str | Path) -> Partition | None:
         list(doc["kept"]),
         list(doc["gt"]),
         {k: float(v) for k, v in doc.get("report", {}).items()},
+        list(doc.get("unavailable", [])),
     )

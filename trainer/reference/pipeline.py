@@ -19,7 +19,14 @@ from typing import Any
 from pvpo.envs.data import QAExample
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.reference.anchor import AnchorStore, build_anchor, needs_refresh
-from pvpo.trainer.reference.group_sampling import Partition, load_partition, partition, save_partition, savings
+from pvpo.trainer.reference.group_sampling import (
+    Partition,
+    correctness,
+    load_partition,
+    partition,
+    save_partition,
+    savings,
+)
 from pvpo.trainer.reference.gt import GTCache, fetch_gt
 from pvpo.trainer.reference.sources import GTContext, build_gt_source
 from pvpo.trainer.rollout.engine import RolloutEngine
@@ -84,11 +91,18 @@ class Reference:
         source = "current" if current else "reference"
         made = 0
 
+        metric = self.cfg.algorithm.group_sampling.metric
+
         def rollout_fn(exs: list[QAExample]) -> list[tuple[str, float, float]]:
             nonlocal made
             trajs = rollout(exs, seed("anchor", at, *[e.uid for e in exs[:4]], len(exs)), engine, a.temperature)
             made += len(trajs)
-            return [(t.uid, t.reward, t.accuracy) for t in trajs]
+            golds = {e.uid: e.golden_answers for e in exs}
+            # the anchor's accuracy is Group Sampling's, by `group_sampling.metric`
+            return [
+                (t.uid, t.reward, correctness(t.reward, t.reward_components, t.prediction, golds[t.uid], metric))
+                for t in trajs
+            ]
 
         engine.wake_up()
         t0 = time.perf_counter()
@@ -157,6 +171,16 @@ class Reference:
         finally:
             source.close()
         part.report.update(counts)
+        # never solved by the reference and no GT found: only zero advantages; the paper removes
+        # the currently impossible samples, so they leave the pool until the next partition
+        part.unavailable = [u for u in part.gt if u not in self.gt_cache.records]
+        part.report["gt/unavailable"] = float(len(part.unavailable))
+        if part.unavailable:
+            log.warning(
+                "group sampling: %d never-solved prompt(s) have no GT trajectory (the GT source failed on them); "
+                "removed from the training pool until the next anchor refresh",
+                len(part.unavailable),
+            )
         part.report["time/group_sampling_s"] = time.perf_counter() - t0
         save_partition(part, self.files.group_sampling)
         self.partition = part

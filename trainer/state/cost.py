@@ -7,6 +7,11 @@ cumulatively: rollouts, policy tokens (tokens the trained policy sampled), tool 
 cost, "number of rollouts x average number of tool calls per rollout" (arXiv:2508.21104, Fig. 4),
 which over any set of rollouts equals the tool calls made; the GT source's tokens are counted as
 `gt_tokens`, not as policy tokens.
+
+Two cost measures can be read from a run: the all-in one (`cost/pvpo`, `cost/tool_calls`: train,
+anchor and GT together: what the run spent) and the paper's (Fig. 4: policy rollouts x mean tool
+calls, no anchor term: `cost/train_tool_calls`). Each kind's tool calls are exported per step
+(`cost/<kind>_tool_calls`) and cumulatively (`cost/cum_<kind>_tool_calls`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ class CostCounter:
         out["cost/cum_pvpo"] = pvpo_cost(cum["rollouts"], cum["tool_calls"])
         for k in ("anchor", "gt"):
             out[f"cost/cum_{k}_rollouts"] = self.total[k]["rollouts"]
+        for k in KINDS:  # the paper's Fig. 4 cost is cost/train_tool_calls (policy rollouts only)
+            out[f"cost/{k}_tool_calls"] = self.pending[k]["tool_calls"]
+            out[f"cost/cum_{k}_tool_calls"] = self.total[k]["tool_calls"]
         out["cost/cum_gt_tokens"] = self.gt_tokens
         self.pending = _zero()
         return out
