@@ -181,3 +181,52 @@ def test_dr_grpo_divides_by_the_response_budget_whatever_the_batch_longest_respo
     assert float(short) == pytest.approx(float(wide)) == pytest.approx(-(3 - 2) / 64 / 2)
     user = load_config(None, ["algorithm.estimator=dr_grpo", "optim.loss_agg=token-mean"])
     assert loss_config(user.optim, default_agg=est.loss_agg).agg == "token-mean"  # an explicit choice wins
+
+
+# ---- issue 30: an injected GT row is not a rollout of the policy ---------------------------------
+# group "p": policy rollouts 0.0, 0.5, 1.0 and one GT row 1.0; group "q": two policy rollouts
+GT_R, GT_UIDS = t(0.0, 0.5, 1.0, 1.0, 0.2, 0.4), ["p", "p", "p", "p", "q", "q"]
+GT_POLICY = torch.tensor([True, True, True, False, True, True])
+
+
+def test_group_baselines_are_taken_over_the_policy_rows_and_the_gt_row_is_measured_against_them():
+    # p's policy rows: mean 0.5, unbiased std 0.5; q: mean 0.3, std 0.141421
+    grpo = get_estimator("grpo")(GT_R, GT_UIDS, policy_rows=GT_POLICY, eps=0.0)
+    q_std = 0.2 / 2**0.5
+    torch.testing.assert_close(grpo, t(-1.0, 0.0, 1.0, 1.0, -0.1 / q_std, 0.1 / q_std))
+    dr = get_estimator("dr_grpo")(GT_R, GT_UIDS, policy_rows=GT_POLICY)
+    torch.testing.assert_close(dr, t(-0.5, 0.0, 0.5, 0.5, -0.1, 0.1))
+    # RLOO: each policy row against the other policy rows; the GT row against all of them (0.5)
+    rloo = get_estimator("rloo")(GT_R, GT_UIDS, policy_rows=GT_POLICY)
+    torch.testing.assert_close(rloo, t(-0.75, 0.0, 0.75, 0.5, -0.2, 0.2))
+    # before issue 30 the GT row entered p's mean: 0.625, and Dr.GRPO's policy rows got -0.625, -0.125, 0.375
+    old = get_estimator("dr_grpo")(GT_R, GT_UIDS)
+    torch.testing.assert_close(old[:3], t(-0.625, -0.125, 0.375))
+
+
+def test_pvpo_is_unaffected_by_gt_rows_its_anchor_comes_from_reference_rollouts():
+    anchors = {"p": 0.25, "q": 0.5}
+    pvpo = get_estimator("pvpo")
+    with_rows = pvpo(GT_R, GT_UIDS, anchors=anchors, policy_rows=GT_POLICY)
+    torch.testing.assert_close(with_rows, GT_R - t(0.25, 0.25, 0.25, 0.25, 0.5, 0.5))
+    torch.testing.assert_close(with_rows, pvpo(GT_R, GT_UIDS, anchors=anchors))
+    # the group-mean fallback for a prompt without an anchor reads the policy rows too
+    fb = pvpo(GT_R, GT_UIDS, anchors={"q": 0.5}, missing="group_mean", policy_rows=GT_POLICY)
+    torch.testing.assert_close(fb[:4], GT_R[:4] - 0.5)
+
+
+def test_a_group_with_fewer_than_two_policy_rows_gets_no_group_signal():
+    r, uids, rows = t(1.0, 0.0, 1.0), ["p", "p", "q"], torch.tensor([False, True, False])
+    # GRPO: no std from one row; q has no policy row at all
+    torch.testing.assert_close(get_estimator("grpo")(r, uids, policy_rows=rows), t(0.0, 0.0, 0.0))
+    # Dr.GRPO and RLOO: the GT row against the one policy row (1 - 0); that row has no other: 0
+    for name in ("dr_grpo", "rloo"):
+        torch.testing.assert_close(get_estimator(name)(r, uids, policy_rows=rows), t(1.0, 0.0, 0.0))
+
+
+def test_the_trainer_passes_the_policy_rows_to_every_estimator():
+    import inspect
+
+    from pvpo.trainer import loop
+
+    assert "policy_rows=~batch.is_gt" in inspect.getsource(loop.Trainer.train_step)

@@ -109,3 +109,18 @@ def test_gdpo_config_keys_load_and_a_typo_is_named():
     assert cfg.algorithm.gdpo.weights == {"accuracy": 2.0} and cfg.algorithm.gdpo.conditions[0].when == "format"
     with pytest.raises(ConfigError, match=r"algorithm\.gdpo\.batchnorm: unknown key"):
         load_config(None, ["algorithm.gdpo.batchnorm=false"])
+
+
+def test_gdpo_normalises_each_group_over_its_policy_rows_only():
+    # group p: policy rows (0, 1), (1, 0) and a GT row (1, 1); group q: policy rows (1, 0), (0, 1)
+    comps = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    uids = ["p", "p", "p", "q", "q"]
+    rows = torch.tensor([True, True, False, True, True])
+    gdpo = get_estimator("gdpo")
+    adv = gdpo(comps.sum(1), uids, components=comps, batch_norm=False, policy_rows=rows)
+    # each component of p: policy mean 0.5, unbiased std R2; the GT row scores +R2 on both: 2 R2
+    torch.testing.assert_close(adv, torch.tensor([0.0, 0.0, 2 * R2, 0.0, 0.0]), atol=1e-5, rtol=0)
+    # before issue 30 the GT row entered p's statistics (mean 2/3, std 0.57735 per component):
+    # the GT row got 2 x (1/3) / 0.57735 = 1.1547 and the policy rows were pushed below 0
+    old = gdpo(comps.sum(1), uids, components=comps, batch_norm=False)
+    torch.testing.assert_close(old[:3], torch.tensor([-0.57735, -0.57735, 1.1547]), atol=1e-4, rtol=0)

@@ -12,3 +12,49 @@ def test_the_search_r1_recipe_loads_with_search_r1s_limits():
     cfg = load_config(recipe, ["rollout.engine=hf"])  # the vllm engine needs vLLM installed to validate
     assert (cfg.rollout.n, cfg.rollout.max_turns, cfg.rollout.max_new_tokens, cfg.retriever.topk) == (5, 4, 500, 3)
     assert (cfg.env.prompt_template, cfg.model.dtype, cfg.algorithm.estimator) == ("search_r1", "bfloat16", "pvpo")
+
+
+def test_the_pvpo_paper_preset_resolves_by_name_with_the_papers_method_keys():
+    from pvpo.trainer.config.presets import resolve_config
+
+    cfg = load_config(resolve_config("pvpo_paper"), [])
+    alg, gs = cfg.algorithm, cfg.algorithm.group_sampling
+    assert (cfg.rollout.n, alg.anchor.num_rollouts, alg.estimator, alg.reward) == (5, 5, "pvpo", "pvpo")
+    assert (gs.enabled, gs.drop_threshold, gs.gt_threshold, gs.metric) == (True, 1.0, 0.0, "reward")
+    assert alg.gt.replace_per_group == 1 and cfg.rollout.temperature == 0.6
+    assert (cfg.optim.loss_agg, cfg.optim.clip_low, cfg.optim.clip_high) == ("seq-mean-token-mean", 0.2, 0.2)
+    assert (alg.anchor.refresh_every, alg.anchor.refresh_from) == (0, "reference")
+    # every key of the preset carries a comment citing the paper or saying why it differs
+    path = resolve_config("pvpo_paper")
+    for line in path.read_text().splitlines():
+        if ":" in line and not line.lstrip().startswith("#") and not line.rstrip().endswith(":"):
+            assert "#" in line, line
+
+
+def test_the_algorithm_benchmark_reports_both_cost_measures():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_algorithms", Path(__file__).resolve().parents[1] / "bench" / "algorithms.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def run(em: float, curve: list[tuple[float, float, float, float]], all_in: float, paper: float) -> dict:
+        return {
+            "em": em, "em_before": 0.1, "steps": 10, "rollouts": 100, "tool_calls": all_in,
+            "pvpo_cost": all_in, "paper_cost": paper, "wall_s": 1.0, "adv_var": 0.1, "curve": curve,
+        }  # fmt: skip
+
+    # GRPO N=5: all-in 1000, paper 1000 (no anchor). PVPO N=2: its anchor makes the all-in cost large
+    gr = run(0.5, [(0, 0, 0.1, 0), (1000, 100, 0.5, 1000)], 1000, 1000)
+    pv = run(0.5, [(0, 0, 0.1, 0), (300, 50, 0.2, 100), (900, 90, 0.5, 390)], 900, 390)
+    res = {("grpo", 5): [gr], ("pvpo+gs", 2): [pv]}
+    text = bench.fig4_answer(res)
+    paper, all_in = text.splitlines()
+    assert "the paper's cost" in paper and "EM 0.500" in paper and "is reproduced" in paper  # 390 <= 400
+    assert "the all-in cost" in all_in and "EM 0.200" in all_in and "not reproduced" in all_in  # 900 > 400
+    table = bench.table(res)
+    assert "cost, paper's Fig. 4 (train tool calls)" in table and "| 900 | 390 |" in table

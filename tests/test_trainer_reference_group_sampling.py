@@ -9,10 +9,10 @@ import pytest
 import torch
 from trainer_support import TINY, WORLD, OverlapSearcher
 
-from pvpo.trainer.config.schema import load_config
+from pvpo.trainer.config.schema import ConfigError, load_config
 from pvpo.trainer.model.update import gt_ratio_stats
 from pvpo.trainer.reference.anchor import AnchorStat
-from pvpo.trainer.reference.group_sampling import load_partition, partition, save_partition, savings
+from pvpo.trainer.reference.group_sampling import correctness, load_partition, partition, save_partition, savings
 from pvpo.trainer.reference.gt import GTCache, fetch_gt
 from pvpo.trainer.rollout.trajectory import Trajectory, collate
 from pvpo.trainer.state.cost import CostCounter
@@ -163,6 +163,96 @@ def test_model_source_needs_a_model_and_endpoint_needs_reference_logprobs():
         load_config(None, ["algorithm.gt.source=bogus"])
 
 
+# ---- issue 30: accuracy by the reward in use, and never-solved prompts without GT ----------------
+def test_correctness_reads_the_rewards_own_correctness_or_the_metric_asked_for():
+    golds = ["Paris"]
+    # PVPO's reward: r_acc is cover-EM here ("in Paris" covers "Paris"), exact match is 0
+    pvpo = {"format": 1.0, "r_acc": 1.0}
+    assert correctness(1.0, pvpo, "in Paris", golds, "reward") == 1.0
+    assert correctness(1.0, pvpo, "in Paris", golds, "em") == 0.0
+    assert correctness(1.0, pvpo, "in Paris", golds, "cem") == 1.0
+    assert correctness(1.0, pvpo, "in Paris", golds, "f1") == pytest.approx(2 / 3)
+    # a format-only reward (0.1 floor) is not correctness: r_acc 0
+    assert correctness(0.1, {"format": 1.0, "r_acc": 0.0}, "Rome", golds, "reward") == 0.0
+    # Search-R1's format reward: 0.2 for a wrong, well-formed answer, its correctness is em
+    assert correctness(0.2, {"em": 0.0, "format": 1.0}, "Rome", golds, "reward") == 0.0
+    assert correctness(0.6, {"f1": 0.6, "format": 1.0}, "x", golds, "reward") == 0.6  # ReSearch: f1
+    assert correctness(0.7, {}, None, golds, "reward") == 0.7  # no correctness component: the reward
+    assert correctness(1.0, pvpo, None, golds, "em") == 0.0  # no answer: 0 on every metric
+    with pytest.raises(ValueError, match="known: reward, em, cem, f1"):
+        correctness(1.0, pvpo, "Paris", golds, "bleu")
+
+
+def test_a_prompt_the_reference_solves_every_time_by_the_reward_is_dropped_even_at_em_zero(tmp_path):
+    from types import SimpleNamespace
+
+    from pvpo.trainer.reference.pipeline import Reference
+
+    exs = WORLD.questions("train")[:2]
+    solved_by_cem, never = exs[0].uid, exs[1].uid
+    gold = exs[0].golden_answers[0]
+
+    def rollout(batch, seed, engine, temperature):
+        out = []
+        for ex in batch:
+            ok = ex.uid == solved_by_cem  # "the answer: <gold>": cover-EM 1, exact match 0
+            pred = f"the answer: {gold}" if ok else "nothing"
+            out.append(
+                Trajectory(
+                    ex.uid, [1], [2], [1], [0.0], 1.0 if ok else 0.1, {"format": 1.0, "r_acc": float(ok)}, 0.0, pred
+                )
+            )
+        return out
+
+    engine = SimpleNamespace(wake_up=lambda: None, sleep=lambda: None)
+    stats = {}
+    for metric in ("reward", "em"):
+        cfg = load_config(None, ["algorithm.group_sampling.enabled=true", f"algorithm.group_sampling.metric={metric}"])
+        ref = Reference(cfg, tmp_path / metric, uses_anchor=True)
+        ref.ensure_anchor(
+            0,
+            exs,
+            rollout,
+            policy_engine=engine,
+            reference_engine=lambda: None,
+            is_reference=True,
+            seed=lambda *a: 0,
+            show_progress=False,
+        )
+        assert ref.anchor is not None
+        stats[metric] = ref.anchor.stats()
+    assert stats["reward"][solved_by_cem].accuracy == 1.0 and stats["em"][solved_by_cem].accuracy == 0.0
+    assert partition([e.uid for e in exs], stats["reward"]).dropped == [solved_by_cem]
+    assert partition([e.uid for e in exs], stats["em"]).gt == [solved_by_cem, never]  # the old decision
+    # the boundary: accuracy just below the drop threshold is kept, at it dropped
+    part = partition(["a", "b", "c"], {"a": _stat(1.0 - 1e-6), "b": _stat(1.0), "c": _stat(1e-6)})
+    assert (part.kept, part.dropped, part.gt) == (["a", "c"], ["b"], [])
+    with pytest.raises(ConfigError, match="metric"):
+        load_config(None, ["algorithm.group_sampling.metric=bleu"])
+
+
+def test_never_solved_prompts_whose_gt_failed_leave_the_pool_are_counted_and_logged(tmp_path, monkeypatch, caplog):
+    from pvpo.trainer.reference import pipeline
+    from pvpo.trainer.state.run_dir import RunDir
+
+    cfg = load_config(None, ["algorithm.group_sampling.enabled=true", "algorithm.gt.attempts=2"])
+    exs = WORLD.questions("train")[:4]
+    a, b, c, d = (ex.uid for ex in exs)
+    ref = pipeline.Reference(cfg, tmp_path, uses_anchor=True)
+    assert ref.anchor is not None
+    for uid, acc in zip((a, b, c, d), (1.0, 0.5, 0.0, 0.0), strict=True):
+        ref.anchor.update(uid, [acc] * 4, [acc] * 4)
+    monkeypatch.setattr(pipeline, "build_gt_source", lambda *args, **kw: ScriptedSource([{c}, set()]))
+    with caplog.at_level("WARNING"):
+        ref.ensure_group_sampling(exs, None, on_generated=lambda ts: None, reference_logprobs=None)  # type: ignore[arg-type]
+    assert ref.partition is not None and ref.partition.gt == [c, d] and ref.partition.unavailable == [d]
+    assert [ex.uid for ex in ref.pool(exs)] == [b, c]  # d: never solved, no GT -> out of the step
+    assert ref.pop_report()["gt/unavailable"] == 1.0
+    assert "1 never-solved prompt(s) have no GT trajectory" in caplog.text
+    back = load_partition(RunDir(tmp_path).group_sampling)
+    assert back is not None and back.unavailable == [d] and back.pool == {b, c}
+
+
 # ---- cost accounting ---------------------------------------------------------------------------
 def _t(tools: int, tokens: int) -> Trajectory:
     return Trajectory("u", [1], [3] * tokens, [1] * tokens, [0.0] * tokens, num_tool_calls=tools)
@@ -191,6 +281,26 @@ def test_cost_counter_counts_per_step_and_cumulatively_with_anchor_and_gt_includ
     assert d.step_metrics() == m2
     with pytest.raises(ValueError, match="known: train, anchor, gt"):
         c.add("bogus", [])
+
+
+def test_cost_is_exported_per_kind_so_the_papers_measure_can_be_read_beside_the_all_in_one():
+    c = CostCounter()
+    c.add("anchor", [_t(2, 10)] * 4)
+    c.add("gt", [_t(3, 7)], policy_tokens=False)
+    c.add("train", [_t(1, 5), _t(0, 5)])
+    m1 = c.step_metrics()
+    assert (m1["cost/train_tool_calls"], m1["cost/anchor_tool_calls"], m1["cost/gt_tool_calls"]) == (1, 8, 3)
+    assert m1["cost/pvpo"] == m1["cost/tool_calls"] == 12  # the all-in total stays
+    c.add("train", [_t(4, 4)])
+    m2 = c.step_metrics()
+    assert (m2["cost/train_tool_calls"], m2["cost/anchor_tool_calls"], m2["cost/gt_tool_calls"]) == (4, 0, 0)
+    # the paper's Fig. 4 cost (policy rollouts x mean tool calls, no anchor term) and the all-in one
+    assert (m2["cost/cum_train_tool_calls"], m2["cost/cum_anchor_tool_calls"], m2["cost/cum_gt_tool_calls"]) == (
+        5,
+        8,
+        3,
+    )
+    assert m2["cost/cum_pvpo"] == 16
 
 
 # ---- end to end on the tiny world --------------------------------------------------------------

@@ -23,6 +23,8 @@ from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState, Roll
 from pvpo.trainer.algorithms.value_model import PromptValueModel
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
+DEFAULT_FLOOR = NoiseFloor()  # rewards in [0, 1], pseudo-count 1: `algorithm.prior_fusion`'s defaults
+
 
 class V05State(EstimatorState):
     """The step's priors (the anchor, or the value model's predictions), the adaptive budget's
@@ -125,12 +127,12 @@ def v05(
     eps: float = 1e-6,
     prior: Mapping[str, float | None] | None = None,
     policy_rows: torch.Tensor | None = None,
-    floor: NoiseFloor | None = None,
+    floor: NoiseFloor | None = DEFAULT_FLOOR,
     **kwargs: Any,
 ) -> torch.Tensor:
     """V0.5 with the PVPO anchor as the prior: `r - (w* m + (1 - w*) V)` per prompt (module
-    docstring) over the `policy_rows`, with the variance `floor` (None: the plain sample
-    variance); `prior=` overrides the anchors."""
+    docstring) over the `policy_rows`, with the variance `floor` (default: the config's; None: the
+    plain sample variance); `prior=` overrides the anchors."""
     return _advantages(rewards, uids, prior if prior is not None else anchors, policy_rows, floor)
 
 
@@ -143,7 +145,7 @@ def v05_value(
     eps: float = 1e-6,
     prior: Mapping[str, float | None] | None = None,
     policy_rows: torch.Tensor | None = None,
-    floor: NoiseFloor | None = None,
+    floor: NoiseFloor | None = DEFAULT_FLOOR,
     **kwargs: Any,
 ) -> torch.Tensor:
     """V0.5 with a value model over prompt embeddings as the prior (`value_model.py`, learned by this process alone, so not under torchrun; the trainer
