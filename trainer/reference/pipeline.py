@@ -187,15 +187,17 @@ class Reference:
         self.report.update(part.report)
 
     def pool(self, train: list[QAExample]) -> list[QAExample]:
-        """The training prompts: all of them, or those Group Sampling keeps (all of them again if
-        it would keep none, with the reason in the log)."""
+        """The training prompts: all of them, or those Group Sampling keeps (not dropped, and not
+        never-solved without a GT trajectory; all of them again if it would keep none, with the
+        reason in the log)."""
         if self.partition is None:
             return train
         keep = self.partition.pool
         kept = [ex for ex in train if ex.uid in keep]
         if not kept:
             log.warning(
-                "group sampling dropped every training prompt (the reference solves them all); training on all of them"
+                "group sampling left no training prompt (the reference solves them all, or the never-solved ones "
+                "have no GT trajectory); training on all of them"
             )
             return train
         return kept
