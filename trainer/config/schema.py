@@ -521,6 +521,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_dict(apply_overrides(data, list(overrides or [])))
 
 
+# A secret's place in a written config: that one was set, never its value.
+TOKEN_NOT_WRITTEN = (
+    "# retriever.token was set and is not written here: on --resume give it again "
+    "(retriever.token=... or PVPO_RETRIEVER_TOKEN)\n"
+)
+
+
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML (what `--resume` reloads)."""
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """Write the resolved config as YAML (what `--resume` reloads), without the retriever's token:
+    a comment says that one was set."""
+    data = cfg.model_dump(mode="json")
+    had_token = data["retriever"].get("token") is not None
+    data["retriever"]["token"] = None
+    text = yaml.safe_dump(data, sort_keys=False)
+    Path(path).write_text((TOKEN_NOT_WRITTEN if had_token else "") + text)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from pvpo.atomic import atomic_write_dir, atomic_write_text
-from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.state.run_dir import RunDir, replaced_path
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ def save_checkpoint(
 
     final = atomic_write_dir(root / f"step_{step:06d}", write)
     atomic_write_text(root / LATEST, final.name)
+    # the run an --overwrite moved aside (resume.fresh_run_dir) goes once the new one can resume
+    shutil.rmtree(replaced_path(run_dir), ignore_errors=True)
     old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
     for p in old[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
