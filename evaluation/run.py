@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pvpo.atomic import append_jsonl, atomic_write_json, read_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
+from pvpo.envs.loaders import read_records
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol, answer_metrics, get_protocol
@@ -201,11 +202,9 @@ def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
 
 # ---- files ------------------------------------------------------------------------------------
 def read_items(path: str | Path) -> list[dict[str, Any]]:
-    """Items of a FlashRAG-format file: a JSON list (FlashRAG's intermediate_data.json) or jsonl."""
-    text = Path(path).read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        return list(json.loads(text))
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    """Items of a FlashRAG-format file: a JSON list (FlashRAG's intermediate_data.json) or jsonl
+    (errors name the file and line: `pvpo.envs.loaders.read_records`)."""
+    return [dict(r) for r in read_records(path)]
 
 
 def load_done(path: Path) -> list[dict[str, Any]]:

@@ -510,11 +510,25 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         raise ConfigError(_format_errors(e)) from None
 
 
+def _read_yaml(path: Path) -> Any:
+    """A YAML file's content; a syntax error or a non-UTF-8 byte is a ConfigError naming the file,
+    line and column."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: byte {e.start}: not UTF-8: re-save the config as UTF-8") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+        what = " ".join(str(x) for x in (getattr(e, "problem", None), getattr(e, "context", None)) if x) or str(e)
+        raise ConfigError(f"{path}: {where}: YAML syntax error ({what}): fix the file there") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (or the defaults when `path` is None) and apply overrides."""
     data: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text())
+        loaded = _read_yaml(Path(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}

@@ -78,6 +78,8 @@ def check_resume_config(run_dir: str | Path, cfg: TrainConfig) -> None:
                 f"{', '.join(sorted(SAFE_ON_RESUME))}), or train into a new --run-dir"
             )
     ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        log.warning("%s has no checkpoint yet: --resume starts it from step 0", run_dir)
     checkpoint_step = int(ckpt.name.removeprefix("step_")) if ckpt is not None else 0
     if checkpoint_step > cfg.run.steps:
         raise RunDirError(
