@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pvpo.envs.data import Paragraph, QAExample, unique_strings
+from pvpo.envs.retrieval import trim
 from pvpo.registry import Registry
 
 Record = Mapping[str, Any]
@@ -136,6 +137,30 @@ def read_records(path: str | Path) -> list[Record]:
         if not isinstance(rec, Mapping):
             raise DataFileError(f"{path}: {where}: expected a JSON object, got {type(rec).__name__}: fix that line")
     return [rec for _, rec in located]
+
+
+def bound_questions(examples: Sequence[QAExample], max_chars: int | None, source: object = "") -> list[QAExample]:
+    """`examples` with each question longer than `max_chars` cut at a word (`trim`), and one
+    warning counting them; nothing longer ever reaches a tokenizer."""
+    if max_chars is None:
+        return list(examples)
+    long = [i for i, e in enumerate(examples) if len(e.question) > max_chars]
+    if not long:
+        return list(examples)
+    out = list(examples)
+    for i in long:
+        out[i] = replace(out[i], question=trim(out[i].question, max_chars))
+    first = examples[long[0]]
+    log.warning(
+        "%s: %d of %d questions longer than %d characters were cut to it (first: %s, %d characters)",
+        source or "dataset",
+        len(long),
+        len(examples),
+        max_chars,
+        first.uid,
+        len(first.question),
+    )
+    return out
 
 
 def detect_format(record: Record) -> DatasetFormat:

@@ -211,7 +211,8 @@ def _run(
     overwrite: bool = False,
 ) -> None:
     from pvpo.envs.datasets import resolve_dataset, sample_subset
-    from pvpo.envs.loaders import load_dataset
+    from pvpo.envs.episode import MAX_QUESTION_CHARS
+    from pvpo.envs.loaders import bound_questions, load_dataset
     from pvpo.evaluation.judge import JudgeCache, judge_run
     from pvpo.evaluation.policies import token_policy
     from pvpo.evaluation.run import check_out_dir, run_eval
@@ -219,7 +220,11 @@ def _run(
 
     resolved = [resolve_dataset(d, split=split, data_dir=data_dir) for d in datasets]  # fail before loading a model
     check_out_dir(out, [ds.name for ds in resolved], overwrite=overwrite)
-    subsets = [sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed) for ds in resolved]
+    max_chars = MAX_QUESTION_CHARS  # the episode's prompt cuts at the same length
+    subsets = [
+        bound_questions(sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed), max_chars, ds.path)
+        for ds in resolved
+    ]
     for ds, examples in zip(resolved, subsets, strict=True):
         if not examples:
             raise ValueError(f"{ds.path} holds no questions: give a dataset with at least one")

@@ -189,3 +189,26 @@ def test_parquet_datasets_read_like_jsonl(tmp_path: Path) -> None:
         pa.Table.from_pylist([{"id": "1", "question": "q?", "golden_answers": ["a"]}]), tmp_path / "qa.parquet"
     )
     assert [(e.uid, e.golden_answers) for e in load_dataset(tmp_path / "qa.parquet")] == [("qa/1", ("a",))]
+
+
+def test_questions_longer_than_the_limit_are_cut_with_a_warning_counting_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pvpo.envs.episode import MAX_QUESTION_CHARS, EpisodeConfig
+    from pvpo.envs.loaders import bound_questions
+
+    path = tmp_path / "qa.jsonl"
+    huge = "why " * 250_000  # 1 MB
+    path.write_text(
+        json.dumps({"id": "1", "question": huge, "golden_answers": ["a"]})
+        + "\n"
+        + json.dumps({"id": "2", "question": "short?", "golden_answers": ["a"]})
+        + "\n"
+    )
+    with caplog.at_level("WARNING"):
+        examples = bound_questions(load_dataset(path), MAX_QUESTION_CHARS, path)
+    assert len(examples[0].question) <= MAX_QUESTION_CHARS and examples[1].question == "short?"
+    assert "1 of 2 questions longer than 4096 characters were cut" in caplog.text
+    # a question that reaches the env another way is cut in the prompt too
+    prompt = EpisodeConfig().prompt(QAExample("x/1", huge, ("a",)))
+    assert len(prompt) < MAX_QUESTION_CHARS + 1000

@@ -183,6 +183,12 @@ class RetrieverConfig(Section):
 class EnvConfig(Section):
     protocol: str = Field("search_r1", description="tag protocol: search_r1 | research (pvpo.reward)")
     max_obs_chars: int = Field(400, ge=16, description="character budget of one search result's passages")
+    max_question_chars: int = Field(
+        4096,
+        ge=16,
+        description="longer questions are cut to this many characters, with a warning counting them "
+        "(about 4 characters a token x 1024 prompt tokens)",
+    )
     prompt_template: str = Field(
         "default", description="a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)"
     )
