@@ -434,3 +434,72 @@ def test_run_eval_replaces_another_run_only_with_overwrite_and_restores_it_on_fa
         run_eval(_FailingPolicy(), examples, None, EvalSettings(), out, meta=meta, show_progress=False, overwrite=True)  # type: ignore[arg-type]
     assert (out / "predictions.jsonl").read_text() == '{"id": "x"}\n' and '"other"' in (out / "run.json").read_text()
     assert not (tmp_path / ".nq.pvpo-replaced").exists()
+
+
+def test_no_file_of_an_eval_run_holds_the_api_key_given(tmp_path: Path) -> None:
+    """Issue 23: secrets never written to disk. A stand-in OpenAI-compatible endpoint answers
+    every turn at once (no search) and records the bearer it was sent."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Chat(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.headers.get("Authorization", ""))
+            body = json.dumps(
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "<answer> a </answer>"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    out = tmp_path / "out"
+    try:
+        res = runner.invoke(
+            app,
+            [
+                "eval",
+                "--engine",
+                "openai",
+                "--base-url",
+                f"http://127.0.0.1:{server.server_port}/v1",
+                "--model-name",
+                "m",
+                "--api-key",
+                "sk-s3cret-key-123",
+                "--dataset",
+                str(data),
+                "--retriever-url",
+                "http://127.0.0.1:9",
+                "--out",
+                str(out),
+                "--quiet",
+            ],
+            env=ENV,
+        )
+    finally:
+        server.shutdown()
+    assert res.exit_code == 0 and "N=1): EM" in res.output, (res.output, res.exception)
+    assert seen and all(h == "Bearer sk-s3cret-key-123" for h in seen)
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if b"s3cret" in p.read_bytes()], "the key reached a file"
