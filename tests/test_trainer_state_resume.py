@@ -193,3 +193,12 @@ def test_the_written_config_says_a_token_was_set_but_not_its_value(tmp_path: Pat
     text = (tmp_path / "config.yaml").read_text()
     assert "s3cret-value" not in text and "retriever.token was set" in text
     assert load_config(tmp_path / "config.yaml").retriever.token is None
+
+
+def test_resume_of_a_run_without_a_checkpoint_says_it_starts_at_step_0(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _run_with_config(tmp_path)
+    with caplog.at_level("WARNING"):
+        check_resume_config(run, load_config(run / "config.yaml"))
+    assert "has no checkpoint yet: --resume starts it from step 0" in caplog.text
