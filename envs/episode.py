@@ -131,7 +131,9 @@ class Episode:
             self.queries.append(action.content)
             retrieved = [{"id": p.id, "title": p.title, "score": p.score} for p in passages or []]
             self.retrieved_ids.append([p.id for p in passages or []])
-            observation = cfg.tag_protocol.wrap_observation(format_passages(passages or [], cfg.max_obs_chars or OBS_CHARS_CAP))
+            observation = cfg.tag_protocol.wrap_observation(
+                format_passages(passages or [], cfg.max_obs_chars or OBS_CHARS_CAP)
+            )
             self.judged += observation
         else:
             observation = cfg.tag_protocol.correction_message()
