@@ -12,17 +12,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pvpo.envs.data import QAExample
-from pvpo.envs.retrieval import format_passages
+from pvpo.envs.retrieval import format_passages, trim
 from pvpo.retriever.types import Passage
 from pvpo.reward import SEARCH_R1, Action, ActionKind, RewardFn, TagProtocol, answer_metrics, get_protocol, get_reward
 
 DEFAULT_PROMPT = "{instruction} Question: {question}\n"
+# The longest question put in a prompt, in characters: about 4 characters a token (English BPE)
+# times 1024 prompt tokens. A 1 MB question once ran for 5+ minutes (1.6 GB) in `pvpo eval`
+# and a 10 MB one was OOM-killed at 23.5 GB; cut, it costs what any question costs.
+MAX_QUESTION_CHARS = 4 * 1024
+# An untrimmed search result (`max_obs_chars=None`, FlashRAG's eval) still stops here: 3 Wikipedia
+# passages of 100 words are ~2,000 characters; only a damaged corpus reaches this.
+OBS_CHARS_CAP = 32 * 1024
 
 
 @dataclass(frozen=True)
 class EpisodeConfig:
     """The rules of an episode. `max_turns` counts agent turns (a turn is one `step`);
-    `max_obs_chars` is the character budget of one search result's passages."""
+    `max_obs_chars` is the character budget of one search result's passages; `max_question_chars`
+    bounds the question put in the prompt (longer ones are cut at a word: `bound_questions` warns
+    when loading, the prompt cuts any that arrive another way)."""
 
     protocol: TagProtocol | str = SEARCH_R1
     reward: str = "pvpo"
@@ -31,6 +40,7 @@ class EpisodeConfig:
     topk: int = 3
     max_obs_chars: int | None = 2000
     prompt_template: str = DEFAULT_PROMPT
+    max_question_chars: int | None = MAX_QUESTION_CHARS
 
     def __post_init__(self) -> None:
         if isinstance(self.protocol, str):  # a protocol may be named, as in configs
@@ -52,7 +62,7 @@ class EpisodeConfig:
         """`prompt_template`: a name in `pvpo.envs.templates` (`default`, `search_r1`) or a format string."""
         from pvpo.envs.templates import render_prompt
 
-        return render_prompt(self.prompt_template, self.tag_protocol, example.question)
+        return render_prompt(self.prompt_template, self.tag_protocol, trim(example.question, self.max_question_chars))
 
 
 @dataclass
@@ -121,7 +131,9 @@ class Episode:
             self.queries.append(action.content)
             retrieved = [{"id": p.id, "title": p.title, "score": p.score} for p in passages or []]
             self.retrieved_ids.append([p.id for p in passages or []])
-            observation = cfg.tag_protocol.wrap_observation(format_passages(passages or [], cfg.max_obs_chars))
+            observation = cfg.tag_protocol.wrap_observation(
+                format_passages(passages or [], cfg.max_obs_chars or OBS_CHARS_CAP)
+            )
             self.judged += observation
         else:
             observation = cfg.tag_protocol.correction_message()

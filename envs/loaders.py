@@ -8,15 +8,18 @@ MuSiQue (json list or jsonl), raw HotpotQA (distractor json), raw 2WikiMultiHopQ
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pvpo.envs.data import Paragraph, QAExample, unique_strings
+from pvpo.envs.retrieval import trim
 from pvpo.registry import Registry
 
 Record = Mapping[str, Any]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,21 +56,111 @@ def available_datasets() -> list[str]:
 
 
 # ---- reading ------------------------------------------------------------------------------------
-def read_records(path: str | Path) -> list[Record]:
-    """Records of a json list, a single json object holding a list under `data`, or a jsonl file."""
-    text = Path(path).read_text(encoding="utf-8")
-    head = text.lstrip()[:1]
-    if head == "[":
-        data = json.loads(text)
-    else:
+class DataFileError(ValueError):
+    """A data file that cannot be read as asked; the message names the file, the line (or row)
+    and the fix."""
+
+
+def _decode(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataFileError(
+            f"{path}: line {line}: byte 0x{raw[e.start]:02x} is not UTF-8: re-save the file as UTF-8"
+        ) from None
+
+
+def _json_error(path: Path, e: json.JSONDecodeError, line: int | None = None) -> DataFileError:
+    where = f"line {line if line is not None else e.lineno}, column {e.colno}"
+    return DataFileError(f"{path}: {where}: malformed JSON ({e.msg}): fix that line, or remove it")
+
+
+def _read_parquet(path: Path) -> list[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataFileError(f"{path}: reading parquet needs pyarrow: pip install pyarrow, or give jsonl") from None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:  # pyarrow's errors (ArrowInvalid, OSError) name no row; the file is what we know
+        raise DataFileError(f"{path}: not a readable parquet file ({e}): give a parquet, jsonl or JSON file") from None
+    return [(f"row {i + 1}", r) for i, r in enumerate(rows)]
+
+
+def read_located(path: str | Path) -> list[tuple[str, Any]]:
+    """(where, record) of every record of a data file - a JSON list, a JSON object holding a list
+    under `data`, JSON lines, or parquet - where `where` is "line N" (jsonl) or "row N" (a list or
+    parquet). A bad file is a DataFileError naming it, the line or row, and the fix."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataFileError(f"{path} is a folder: give a data file (jsonl, JSON list or parquet)")
+    if path.suffix == ".parquet":
+        return _read_parquet(path)
+    text = _decode(path)
+    lines = text.splitlines()
+    first = next((ln for ln in lines if ln.strip()), "")
+    jsonl = False
+    if first.lstrip()[:1] == "{":
         try:
-            data = json.loads(text)
-            data = data.get("data", [data]) if isinstance(data, dict) else data
+            jsonl = isinstance(json.loads(first), dict)  # a whole object on the first line: JSON lines
         except json.JSONDecodeError:
-            data = [json.loads(line) for line in text.splitlines() if line.strip()]
-    if not isinstance(data, list) or not all(isinstance(r, Mapping) for r in data):
-        raise ValueError(f"{path}: expected a list of json objects")
-    return data
+            jsonl = len(lines) > 1 and first.strip() != "{"  # a bad first jsonl line, not a pretty-printed object
+    if jsonl:
+        out: list[tuple[str, Any]] = []
+        for n, line in enumerate(lines, 1):
+            if line.strip():
+                try:
+                    out.append((f"line {n}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise _json_error(path, e, n) from None
+        return out
+    if not text.strip():
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _json_error(path, e) from None
+    if isinstance(data, dict):
+        data = data.get("data", [data])
+    if not isinstance(data, list):
+        raise DataFileError(f"{path}: holds a JSON {type(data).__name__}: give a list of objects, or JSON lines")
+    return [(f"row {i + 1}", r) for i, r in enumerate(data)]
+
+
+def read_records(path: str | Path) -> list[Record]:
+    """Records of a data file (`read_located`), each a JSON object (DataFileError naming the
+    first line or row that is not)."""
+    located = read_located(path)
+    for where, rec in located:
+        if not isinstance(rec, Mapping):
+            raise DataFileError(f"{path}: {where}: expected a JSON object, got {type(rec).__name__}: fix that line")
+    return [rec for _, rec in located]
+
+
+def bound_questions(examples: Sequence[QAExample], max_chars: int | None, source: object = "") -> list[QAExample]:
+    """`examples` with each question longer than `max_chars` cut at a word (`trim`), and one
+    warning counting them; nothing longer ever reaches a tokenizer."""
+    if max_chars is None:
+        return list(examples)
+    long = [i for i, e in enumerate(examples) if len(e.question) > max_chars]
+    if not long:
+        return list(examples)
+    out = list(examples)
+    for i in long:
+        out[i] = replace(out[i], question=trim(out[i].question, max_chars))
+    first = examples[long[0]]
+    log.warning(
+        "%s: %d of %d questions longer than %d characters were cut to it (first: %s, %d characters)",
+        source or "dataset",
+        len(long),
+        len(examples),
+        max_chars,
+        first.uid,
+        len(first.question),
+    )
+    return out
 
 
 def detect_format(record: Record) -> DatasetFormat:
@@ -92,14 +185,40 @@ def dataset_name_for(path: str | Path) -> str:
 
 
 def iter_examples(path: str | Path, *, name: str | None = None, format: str | None = None) -> Iterator[QAExample]:
-    """QAExamples of one file, in file order; the format is detected from the first record unless given."""
-    records = read_records(path)
-    if not records:
+    """QAExamples of one file, in file order; the format is detected from the first record unless
+    given. A record that cannot be parsed or has an empty question is a DataFileError naming its
+    line; records without golden answers are skipped with one warning that counts them."""
+    located = read_located(path)
+    for where, rec in located:
+        if not isinstance(rec, Mapping):
+            raise DataFileError(f"{path}: {where}: expected a JSON object, got {type(rec).__name__}: fix that line")
+    if not located:
         return
-    fmt = FORMATS.get(format) if format else detect_format(records[0])
+    try:
+        fmt = FORMATS.get(format) if format else detect_format(located[0][1])
+    except ValueError as e:
+        raise DataFileError(f"{path}: {located[0][0]}: {e}") from None
     prefix = name or dataset_name_for(path)
-    for i, record in enumerate(records):
-        yield fmt.parse(record, prefix, i)
+    skipped: list[str] = []
+    for i, (where, record) in enumerate(located):
+        try:
+            example = fmt.parse(record, prefix, i)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataFileError(f"{path}: {where}: not a {fmt.name} record ({type(e).__name__}: {e}): fix it") from None
+        if not example.question.strip():
+            raise DataFileError(f"{path}: {where}: the question is empty: fill it in or remove the line")
+        if not example.golden_answers:
+            skipped.append(where)
+            continue
+        yield example
+    if skipped:
+        log.warning(
+            "%s: skipped %d of %d records without golden answers (first at %s); they are not evaluated nor counted",
+            path,
+            len(skipped),
+            len(located),
+            skipped[0],
+        )
 
 
 def load_dataset(
@@ -119,6 +238,8 @@ def load_dataset(
         if not Path(source).exists():
             raise FileNotFoundError(f"{source} is neither a file nor a registered dataset ({available_datasets()})")
         examples = list(iter_examples(source, name=name, format=format))
+        if not examples:
+            raise DataFileError(f"{source} holds no questions with golden answers: give a dataset with at least one")
     else:
         examples = [QAExample.coerce(e) for e in source]
     if limit is not None:

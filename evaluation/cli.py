@@ -121,6 +121,14 @@ def eval_cmd(
     judge_api: Annotated[str, typer.Option("--judge-api", help="chat | completions")] = "chat",
     label: Annotated[str | None, typer.Option(help="Method name in report tables (default: the model's name)")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Write into an --out holding other files (kept), replacing a dataset's folder that holds "
+            "another run (kept until the new run's first answers)",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Full tracebacks")] = False,
 ) -> None:
     """Evaluate a policy on one or more datasets: `pvpo eval --model PATH --dataset nq --retriever-url URL --out DIR`."""
@@ -174,6 +182,7 @@ def eval_cmd(
         judge=_judge(judge_base_url, judge_model, judge_api_key, judge_api, concurrency) if judge_base_url else None,  # type: ignore[arg-type]
         label=label,
         quiet=quiet,
+        overwrite=overwrite,
     )
 
 
@@ -199,15 +208,26 @@ def _run(
     judge: Any,
     label: str | None,
     quiet: bool,
+    overwrite: bool = False,
 ) -> None:
     from pvpo.envs.datasets import resolve_dataset, sample_subset
-    from pvpo.envs.loaders import load_dataset
+    from pvpo.envs.episode import MAX_QUESTION_CHARS
+    from pvpo.envs.loaders import bound_questions, load_dataset
     from pvpo.evaluation.judge import JudgeCache, judge_run
     from pvpo.evaluation.policies import token_policy
-    from pvpo.evaluation.run import run_eval
+    from pvpo.evaluation.run import check_out_dir, run_eval
     from pvpo.retriever.client import RetrieverClient
 
     resolved = [resolve_dataset(d, split=split, data_dir=data_dir) for d in datasets]  # fail before loading a model
+    check_out_dir(out, [ds.name for ds in resolved], overwrite=overwrite)
+    max_chars = MAX_QUESTION_CHARS  # the episode's prompt cuts at the same length
+    subsets = [
+        bound_questions(sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed), max_chars, ds.path)
+        for ds in resolved
+    ]
+    for ds, examples in zip(resolved, subsets, strict=True):
+        if not examples:
+            raise ValueError(f"{ds.path} holds no questions: give a dataset with at least one")
     if engine == "openai":
         from pvpo.evaluation.policies import OpenAIPolicy
         from pvpo.trainer.rollout.openai_client import OpenAIClient
@@ -223,8 +243,7 @@ def _run(
         model_id = str(Path(model).resolve())
     name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
     with RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher:
-        for ds in resolved:
-            examples = sample_subset(load_dataset(ds.path, name=ds.name), limit, sample_seed)
+        for ds, examples in zip(resolved, subsets, strict=True):
             meta = {
                 "label": name,
                 "dataset": ds.name,
@@ -236,7 +255,9 @@ def _run(
                 "engine": engine if engine != "openai" else f"openai-{api}",
             }
             run_dir = out / ds.name
-            m = run_eval(policy, examples, searcher, settings, run_dir, meta=meta, show_progress=not quiet)
+            m = run_eval(
+                policy, examples, searcher, settings, run_dir, meta=meta, show_progress=not quiet, overwrite=overwrite
+            )
             line = f"{ds.name} ({ds.split}, N={m['n']}): EM {m['em']:.4f} (s.e. {m['em_se']:.4f})  F1 {m['f1']:.4f}  ACC {m['acc']:.4f}"
             if judge is not None:
                 judge.cache = JudgeCache(None)  # each run keeps its own cache file

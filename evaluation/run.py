@@ -17,6 +17,8 @@ uninterrupted one (a torn last line is dropped and redone).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pvpo.atomic import append_jsonl, atomic_write_json, read_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
+from pvpo.envs.loaders import read_records
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol, answer_metrics, get_protocol
@@ -199,11 +202,9 @@ def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
 
 # ---- files ------------------------------------------------------------------------------------
 def read_items(path: str | Path) -> list[dict[str, Any]]:
-    """Items of a FlashRAG-format file: a JSON list (FlashRAG's intermediate_data.json) or jsonl."""
-    text = Path(path).read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        return list(json.loads(text))
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    """Items of a FlashRAG-format file: a JSON list (FlashRAG's intermediate_data.json) or jsonl
+    (errors name the file and line: `pvpo.envs.loaders.read_records`)."""
+    return [dict(r) for r in read_records(path)]
 
 
 def load_done(path: Path) -> list[dict[str, Any]]:
@@ -250,21 +251,63 @@ def summarize_items(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-# ---- the run ---------------------------------------------------------------------------------------
-def _check_same_run(out_dir: Path, run: Mapping[str, Any]) -> None:
+# ---- the output folder -----------------------------------------------------------------------------
+_SAME_RUN_KEYS = ("dataset", "split", "source", "limit", "sample_seed", "model", "engine", "settings")
+
+
+def _is_run_folder(path: Path) -> bool:
+    return (path / RUN).is_file()
+
+
+def _held(path: Path) -> bool:
+    return path.is_dir() and any(path.iterdir())
+
+
+def check_out_dir(out: str | Path, datasets: Sequence[str], *, overwrite: bool) -> None:
+    """Refuse (EvalError naming some files) an `--out` holding anything but evaluation runs of
+    ours - a user's files, or a dataset's folder that is not a run - unless `overwrite`, before
+    anything is loaded or written. `overwrite` never deletes a user's file beside the runs; a
+    dataset's folder it replaces is kept until the new run's first answers (`run_eval`)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise EvalError(f"--out {out} is a file: give a folder")
+    if overwrite or not out.is_dir():
+        return
+    wanted = set(datasets)
+    foreign = sorted(
+        p.name for p in out.iterdir() if not (p.is_dir() and (_is_run_folder(p) or (p.name in wanted and not _held(p))))
+    )
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise EvalError(
+            f"--out {out} holds files that are not evaluation runs ({shown}): give a new or empty folder, "
+            "or --overwrite to write into it anyway (those files are kept)"
+        )
+
+
+def _other_run(out_dir: Path, run: Mapping[str, Any]) -> str | None:
+    """Why `out_dir` cannot be resumed as `run` (a differing setting, or files that are no run),
+    or None when it can (new, empty, or the same run)."""
+    if not _held(out_dir):
+        return None
     path = out_dir / RUN
     if not path.exists():
-        write_json(path, dict(run))
-        return
+        names = sorted(p.name for p in out_dir.iterdir())
+        return f"files that are not an evaluation run ({', '.join(names[:3])})"
     before = json.loads(path.read_text())
-    keys = ("dataset", "split", "source", "limit", "sample_seed", "model", "engine", "settings")
-    diff = [k for k in keys if before.get(k) != run.get(k)]
-    if diff:
-        k = diff[0]
-        raise EvalError(
-            f"{out_dir} holds a run with other settings ({k}: {before.get(k)!r} there, {run.get(k)!r} now); "
-            "use another --out or delete it"
-        )
+    diff = [k for k in _SAME_RUN_KEYS if before.get(k) != run.get(k)]
+    return (
+        f"a run with other settings ({diff[0]}: {before.get(diff[0])!r} there, {run.get(diff[0])!r} now)"
+        if diff
+        else None
+    )
+
+
+def _aside(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.pvpo-replaced"
+
+
+# ---- the run ---------------------------------------------------------------------------------------
 
 
 def run_eval(
@@ -276,14 +319,54 @@ def run_eval(
     *,
     meta: Mapping[str, Any],
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Answer `examples` with `policy`, appending FlashRAG items to `out_dir/predictions.jsonl`
     (skipping the ids already there), then write and return `metrics.json`'s content. `meta`
-    (dataset, split, source, limit, sample_seed, model, engine) is recorded with the settings."""
+    (dataset, split, source, limit, sample_seed, model, engine) is recorded with the settings.
+    A folder holding another run or other files is refused (EvalError) unless `overwrite`; then
+    it is moved aside, deleted once the first answers are written, and moved back if the run
+    fails before."""
+    if not examples:
+        raise EvalError(f"dataset {meta.get('dataset', '')!r} has no questions to evaluate ({meta.get('source', '')})")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     run = {**dict(meta), "n": len(examples), "settings": asdict(settings)}
-    _check_same_run(out, run)
+    other = _other_run(out, run)
+    if other is not None and not overwrite:
+        raise EvalError(f"{out} holds {other}: use another --out, or --overwrite to replace it")
+    if other is None:
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / RUN).exists():
+            write_json(out / RUN, dict(run))
+        return _answer(policy, examples, searcher, settings, out, run=run, show_progress=show_progress)
+    aside = _aside(out)
+    if aside.exists():
+        raise EvalError(f"{aside} holds a run an earlier --overwrite replaced: delete it or move it back to {out}")
+    os.replace(out, aside)
+    out.mkdir()
+    write_json(out / RUN, dict(run))
+    try:
+        return _answer(policy, examples, searcher, settings, out, run=run, show_progress=show_progress, aside=aside)
+    except BaseException:
+        if aside.exists():  # no answer written yet: the old folder comes back as it was
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(aside, out)
+        raise
+
+
+def _answer(
+    policy: EvalPolicy,
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    settings: EvalSettings,
+    out: Path,
+    *,
+    run: Mapping[str, Any],
+    show_progress: bool,
+    aside: Path | None = None,
+) -> dict[str, Any]:
+    """`run_eval`'s loop; `aside` (a replaced folder) is deleted once the first answers are written."""
+    meta = run
     episode = settings.episode()
     pred_path = out / PREDICTIONS
     done = {str(it["id"]) for it in load_done(pred_path)}
@@ -306,6 +389,8 @@ def run_eval(
                 continue
             outcomes = policy.rollout(todo, searcher, episode, settings, seed=settings.seed + start)
             append_jsonl(pred_path, [prediction_item(ex, o) for ex, o in zip(todo, outcomes, strict=True)])
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
             bar.update(len(todo))
     finally:
         bar.close()

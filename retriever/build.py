@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pvpo.retriever.corpus import CorpusStore, corpus_layout, iter_corpus, write_jsonl
+from pvpo.retriever.corpus import CorpusCheck, CorpusStore, corpus_layout, iter_corpus, write_jsonl
 from pvpo.retriever.index import (
     OFFSETS_FILE,
     make_faiss_index,
@@ -44,9 +44,13 @@ def prepare_corpus(corpus: str | Path, out_dir: Path) -> CorpusStore:
     if not (target.exists() and stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp):
         tmp = out_dir / (CORPUS_FILE + ".tmp")
         try:
-            n = write_jsonl(iter_corpus(corpus), tmp)
+            check = CorpusCheck(corpus)
+            n = write_jsonl(check(iter_corpus(corpus)), tmp)
             if n == 0:
                 raise ValueError(f"corpus {corpus} has no passages")
+            warning = check.report(tmp)  # duplicate ids refused here, before anything is encoded
+            if warning:
+                log.warning(warning)
         except BaseException:
             tmp.unlink(missing_ok=True)  # never a partial corpus file
             raise

@@ -106,6 +106,65 @@ def iter_corpus(path: str | Path) -> Iterator[tuple[str, str]]:
             row += 1
 
 
+class CorpusCheck:
+    """Passes (id, contents) pairs through, counting empty passages and remembering a 64-bit hash
+    of each id, so duplicate ids can be found without holding millions of strings (8 bytes a
+    passage; a hash collision is ruled out by `duplicates` comparing the ids themselves)."""
+
+    def __init__(self, source: str | Path) -> None:
+        self.source = source
+        self.n = 0
+        self.empty = 0
+        self.first_empty: str | None = None
+        self._hashes: list[int] = []
+
+    def __call__(self, passages: Iterator[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+        for pid, contents in passages:
+            if not contents.split("\n", 1)[-1].strip():  # no text (a title line alone counts as none)
+                self.empty += 1
+                self.first_empty = self.first_empty or pid
+            self._hashes.append(hash(pid))
+            self.n += 1
+            yield pid, contents
+
+    def duplicate_hashes(self) -> set[int]:
+        """Hashes that more than one passage's id has."""
+        h = np.asarray(self._hashes, dtype=np.int64)
+        values, counts = np.unique(h, return_counts=True)
+        return set(values[counts > 1].tolist())
+
+    def duplicates(self, written: str | Path) -> dict[str, list[int]]:
+        """{id: [row, ...]} of the ids more than one passage of `written` (the jsonl the passages
+        went to) has; rows from 1."""
+        dup = self.duplicate_hashes()
+        if not dup:
+            return {}
+        rows: dict[str, list[int]] = {}
+        with Path(written).open(encoding="utf-8") as f:
+            for row, line in enumerate(f, 1):
+                pid = str(json.loads(line)["id"])
+                if hash(pid) in dup:
+                    rows.setdefault(pid, []).append(row)
+        return {pid: r for pid, r in rows.items() if len(r) > 1}
+
+    def report(self, written: str | Path) -> str | None:
+        """Raise ValueError naming the duplicate ids (the corpus file and rows); a warning line
+        counting empty passages, or None."""
+        dups = self.duplicates(written)
+        if dups:
+            pid, rows = next(iter(dups.items()))
+            raise ValueError(
+                f"corpus {self.source}: {len(dups)} passage ids appear more than once (e.g. {pid!r} at passages "
+                f"{', '.join(map(str, rows[:5]))}): give each passage its own id"
+            )
+        if self.empty:
+            return (
+                f"corpus {self.source}: {self.empty} of {self.n} passages have no text (first: id {self.first_empty!r}); "
+                "they are indexed but match nothing useful"
+            )
+        return None
+
+
 def write_jsonl(passages: Iterator[tuple[str, str]], out: str | Path) -> int:
     """Writes passages as `{"id", "contents"}` JSON lines; returns how many."""
     n = 0

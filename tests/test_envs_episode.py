@@ -32,3 +32,14 @@ def test_an_episode_without_an_answer_predicts_nothing_rather_than_the_correctio
     ep.finish_step()
     end = ep.end("still no tags")
     assert end.info["prediction"] is None and end.reward == 0.0
+
+
+def test_an_untrimmed_search_result_stops_at_the_cap() -> None:
+    from pvpo.envs.episode import OBS_CHARS_CAP
+    from pvpo.retriever.types import Passage
+
+    cfg = EpisodeConfig(max_obs_chars=None)
+    ep = Episode(EX, cfg, cfg.reward_fn())
+    ep.begin_step("<search> Zaro </search>")
+    result = ep.finish_step([Passage("1", '"Zaro"\n' + "word " * 1_000_000)])  # a 5 MB passage
+    assert OBS_CHARS_CAP < len(result.observation) < OBS_CHARS_CAP + 100

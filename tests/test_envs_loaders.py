@@ -10,6 +10,7 @@ from conftest import shared_data
 from typer.testing import CliRunner
 
 from pvpo.envs import QAExample, SyntheticWorld, corpus_from_examples, detect_format, load_dataset, read_corpus
+from pvpo.envs.loaders import DataFileError
 from pvpo.retriever.types import split_contents
 
 
@@ -123,3 +124,91 @@ def test_synthetic_command_writes_files_that_load_back_with_the_same_uids(tmp_pa
     assert world.oracle_trajectory(loaded[-1]) == world.oracle_trajectory(world.questions("test")[-1])
     assert [p.contents for p in read_corpus(tmp_path / "corpus.jsonl")] == [p.contents for p in world.passages]
     assert len(corpus_from_examples(world.questions("train"))) > 0
+
+
+# ---- bad data files: one error naming the file, the line and the fix (issue 32) -------------------
+_ROW = '{"id": "%d", "question": "q%d?", "golden_answers": ["a"]}'
+
+
+def test_malformed_json_on_line_2_of_a_jsonl_dataset_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(_ROW % (1, 1) + '\n{"id": "2", "question": "unterminated\n')
+    with pytest.raises(DataFileError, match=r"qa.jsonl: line 2, column \d+: malformed JSON"):
+        load_dataset(path)
+
+
+def test_malformed_json_list_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "qa.json"
+    path.write_text("[\n" + _ROW % (1, 1) + ",\n{oops}\n]\n")
+    with pytest.raises(DataFileError, match=r"qa.json: line 3, column 2: malformed JSON"):
+        load_dataset(path)
+
+
+def test_a_non_utf8_dataset_names_the_file_the_line_and_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_bytes((_ROW % (1, 1) + "\n").encode() + b'{"question": "\xff"}\n')
+    with pytest.raises(DataFileError, match=r"qa.jsonl: line 2: byte 0xff is not UTF-8: re-save the file as UTF-8"):
+        load_dataset(path)
+
+
+def test_an_empty_dataset_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(DataFileError, match="empty.jsonl holds no questions"):
+        load_dataset(path)
+
+
+def test_rows_without_golden_answers_are_skipped_with_a_counting_warning_and_not_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(
+        "\n".join(
+            [_ROW % (1, 1), '{"id": "2", "question": "q2?", "golden_answers": []}', '{"id": "3", "question": "q3?"}']
+        )
+        + "\n"
+    )
+    with caplog.at_level("WARNING"):
+        examples = load_dataset(path, format="flashrag")
+    assert [e.uid for e in examples] == ["qa/1"]
+    assert "skipped 2 of 3 records without golden answers (first at line 2)" in caplog.text
+
+
+def test_a_record_that_is_not_an_object_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(_ROW % (1, 1) + "\n[1, 2]\n")
+    with pytest.raises(DataFileError, match="qa.jsonl: line 2: expected a JSON object, got list"):
+        load_dataset(path)
+
+
+def test_parquet_datasets_read_like_jsonl(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(
+        pa.Table.from_pylist([{"id": "1", "question": "q?", "golden_answers": ["a"]}]), tmp_path / "qa.parquet"
+    )
+    assert [(e.uid, e.golden_answers) for e in load_dataset(tmp_path / "qa.parquet")] == [("qa/1", ("a",))]
+
+
+def test_questions_longer_than_the_limit_are_cut_with_a_warning_counting_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from pvpo.envs.episode import MAX_QUESTION_CHARS, EpisodeConfig
+    from pvpo.envs.loaders import bound_questions
+
+    path = tmp_path / "qa.jsonl"
+    huge = "why " * 250_000  # 1 MB
+    path.write_text(
+        json.dumps({"id": "1", "question": huge, "golden_answers": ["a"]})
+        + "\n"
+        + json.dumps({"id": "2", "question": "short?", "golden_answers": ["a"]})
+        + "\n"
+    )
+    with caplog.at_level("WARNING"):
+        examples = bound_questions(load_dataset(path), MAX_QUESTION_CHARS, path)
+    assert len(examples[0].question) <= MAX_QUESTION_CHARS and examples[1].question == "short?"
+    assert "1 of 2 questions longer than 4096 characters were cut" in caplog.text
+    # a question that reaches the env another way is cut in the prompt too
+    prompt = EpisodeConfig().prompt(QAExample("x/1", huge, ("a",)))
+    assert len(prompt) < MAX_QUESTION_CHARS + 1000

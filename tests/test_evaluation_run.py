@@ -376,3 +376,130 @@ def test_eval_sends_the_retriever_token_and_a_missing_one_fails_in_one_line(
     assert refused.exit_code == 2, refused.output
     assert "refused the request (401)" in refused.output and "PVPO_RETRIEVER_TOKEN" in refused.output
     assert "Traceback" not in refused.output
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if b"s3cret" in p.read_bytes()], "the token reached a file"
+
+
+# ---- the output folder and bad datasets (issues 23 and 32) -------------------------------------------
+def _bogus_eval(tmp_path: Path, data: Path, out: Path, *extra: str):
+    """`pvpo eval` with a model and retriever that do not exist: anything refused here is refused
+    before either is reached."""
+    args = ["eval", "--model", str(tmp_path / "no-model"), "--dataset", str(data)]
+    return runner.invoke(app, [*args, "--retriever-url", "http://127.0.0.1:9", "--out", str(out), *extra], env=ENV)
+
+
+def test_eval_refuses_an_out_holding_a_users_file_and_keeps_it(tmp_path: Path) -> None:
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("my notes")
+    res = _bogus_eval(tmp_path, data, out)
+    assert res.exit_code == 2 and "notes.txt" in res.output and "--overwrite" in res.output, res.output
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "my notes"
+    (out / "notes.txt").unlink()
+    (out / "qa").mkdir()
+    (out / "qa" / "metrics.json").write_text("{}")  # a dataset's folder that is no run of ours
+    res = _bogus_eval(tmp_path, data, out)
+    assert res.exit_code == 2 and "qa" in res.output, res.output
+    assert (out / "qa" / "metrics.json").read_text() == "{}"
+
+
+def test_eval_refuses_an_empty_dataset_before_loading_a_model(tmp_path: Path) -> None:
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    res = _bogus_eval(tmp_path, data, tmp_path / "out")
+    assert res.exit_code == 2 and "empty.jsonl" in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "out").exists()
+
+
+class _FailingPolicy:
+    def rollout(self, *args: object, **kwargs: object) -> list[object]:
+        raise RuntimeError("the model went away")
+
+
+def test_run_eval_replaces_another_run_only_with_overwrite_and_restores_it_on_failure(tmp_path: Path) -> None:
+    from pvpo.envs.data import QAExample
+    from pvpo.evaluation.run import run_eval
+
+    out = tmp_path / "nq"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"dataset": "nq", "model": "other"}))
+    (out / "predictions.jsonl").write_text('{"id": "x"}\n')
+    examples = [QAExample("nq/1", "q?", ("a",))]
+    meta = {"dataset": "nq", "model": "this"}
+    with pytest.raises(EvalError, match="other settings.*--overwrite"):
+        run_eval(_FailingPolicy(), examples, None, EvalSettings(), out, meta=meta, show_progress=False)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="went away"):
+        run_eval(_FailingPolicy(), examples, None, EvalSettings(), out, meta=meta, show_progress=False, overwrite=True)  # type: ignore[arg-type]
+    assert (out / "predictions.jsonl").read_text() == '{"id": "x"}\n' and '"other"' in (out / "run.json").read_text()
+    assert not (tmp_path / ".nq.pvpo-replaced").exists()
+
+
+def test_no_file_of_an_eval_run_holds_the_api_key_given(tmp_path: Path) -> None:
+    """Issue 23: secrets never written to disk. A stand-in OpenAI-compatible endpoint answers
+    every turn at once (no search) and records the bearer it was sent."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Chat(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            seen.append(self.headers.get("Authorization", ""))
+            body = json.dumps(
+                {
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "<answer> a </answer>"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"]}\n')
+    out = tmp_path / "out"
+    try:
+        res = runner.invoke(
+            app,
+            [
+                "eval",
+                "--engine",
+                "openai",
+                "--base-url",
+                f"http://127.0.0.1:{server.server_port}/v1",
+                "--model-name",
+                "m",
+                "--api-key",
+                "sk-s3cret-key-123",
+                "--dataset",
+                str(data),
+                "--retriever-url",
+                "http://127.0.0.1:9",
+                "--out",
+                str(out),
+                "--quiet",
+            ],
+            env=ENV,
+        )
+    finally:
+        server.shutdown()
+    assert res.exit_code == 0 and "N=1): EM" in res.output, (res.output, res.exception)
+    assert seen and all(h == "Bearer sk-s3cret-key-123" for h in seen)
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert written and not [p for p in written if b"s3cret" in p.read_bytes()], "the key reached a file"

@@ -199,3 +199,29 @@ def test_one_codec_builds_and_reads_a_passages_contents() -> None:
     p = Passage("1", next(iter(built)))
     assert (p.title, p.text) == ("Zola", "Émile Zola.")
     assert format_passages([p]) == "Doc 1(Title: Zola) Émile Zola."
+
+
+# ---- duplicate ids and empty passages (issue 32) ---------------------------------------------------
+def test_a_corpus_with_duplicate_ids_is_refused_naming_the_id_and_its_passages(tmp_path: Path) -> None:
+    from pvpo.retriever.build import prepare_corpus
+
+    src = tmp_path / "c.jsonl"
+    rows = [{"id": "a", "contents": "one"}, {"id": "b", "contents": "two"}, {"id": "a", "contents": "three"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "idx"
+    out.mkdir()
+    with pytest.raises(ValueError, match=r"c.jsonl: 1 passage ids appear more than once \(e.g. 'a' at passages 1, 3\)"):
+        prepare_corpus(src, out)
+    assert list(out.iterdir()) == []  # nothing half-written
+
+
+def test_empty_passages_are_counted_in_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from pvpo.retriever.build import prepare_corpus
+
+    src = tmp_path / "c.jsonl"
+    rows = [{"id": "a", "contents": "one"}, {"id": "b", "contents": "  "}, {"id": "c", "title": "T", "text": ""}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level("WARNING"):
+        store = prepare_corpus(src, tmp_path)
+    assert len(store) == 3
+    assert "2 of 3 passages have no text (first: id 'b')" in caplog.text

@@ -58,3 +58,31 @@ def test_the_algorithm_benchmark_reports_both_cost_measures():
     assert "the all-in cost" in all_in and "EM 0.200" in all_in and "not reproduced" in all_in  # 900 > 400
     table = bench.table(res)
     assert "cost, paper's Fig. 4 (train tool calls)" in table and "| 900 | 390 |" in table
+
+
+def test_a_yaml_syntax_error_is_one_line_with_the_file_line_and_column_rc_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run:\n  steps: 3\nrollout: {n: 4\n")
+    res = CliRunner().invoke(app, ["train", "--config", str(bad), "--run-dir", str(tmp_path / "run")])
+    assert res.exit_code == 2 and "Traceback" not in res.output and res.output.count("\n") <= 2, res.output
+    assert f"{bad}: line 4, column 1: YAML syntax error" in res.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_training_dataset_without_questions_is_refused_rc_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = CliRunner().invoke(
+        app, ["train", "--run-dir", str(tmp_path / "run"), f"data.source={empty}", f"data.corpus={empty}"]
+    )
+    assert res.exit_code == 2 and "empty.jsonl holds no questions" in res.output and "Traceback" not in res.output, (
+        res.output
+    )

@@ -177,3 +177,35 @@ def test_shortened_demo_learns_held_out_em_rises_and_train_reward_beats_the_anch
     first = rows[0]
     assert first["gs/gt_frac"] > 0.5 and first["gt/generated"] > 0 and 0 < first["gt/fraction"] < 1
     assert rows[-1]["cost/cum_rollouts"] > rows[0]["cost/cum_anchor_rollouts"] > 0
+
+
+def test_demo_refuses_a_run_dir_holding_a_users_file_and_keeps_it(tmp_path):
+    """Issue 23: `pvpo demo --run-dir D` deleted D with the user's files in it."""
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+
+    run_dir = tmp_path / "demo"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("my notes")
+    res = CliRunner().invoke(app, ["demo", "--run-dir", str(run_dir)])
+    assert res.exit_code == 2 and "notes.txt" in res.output and "--overwrite" in res.output, res.output
+    assert "Traceback" not in res.output and res.output.count("\n") <= 3
+    # --overwrite with an input that cannot be read: refused before the folder is touched
+    res = CliRunner().invoke(
+        app, ["demo", "--run-dir", str(run_dir), "--overwrite", f"data.source={tmp_path / 'missing.jsonl'}"]
+    )
+    assert res.exit_code == 2 and "missing.jsonl" in res.output, res.output
+    assert [p.name for p in run_dir.iterdir()] == ["notes.txt"] and (run_dir / "notes.txt").read_text() == "my notes"
+    assert not (tmp_path / ".demo.pvpo-replaced").exists()
+
+
+def test_only_what_a_run_writes_counts_as_an_earlier_run_a_fresh_demo_may_replace(tmp_path):
+    from pvpo.trainer.state.run_dir import foreign_entries
+
+    for name in ("config.yaml", "metrics.jsonl", "summary.md", ".metrics.jsonl.abc123.tmp"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "checkpoints").mkdir()
+    assert foreign_entries(tmp_path) == []
+    (tmp_path / "index.html").write_text("mine")
+    assert foreign_entries(tmp_path) == ["index.html"]

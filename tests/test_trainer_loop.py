@@ -196,6 +196,8 @@ def test_smoke_config_trains_on_cpu_against_a_loopback_retriever(tmp_path):
     assert all(v is not None and math.isfinite(v) for r in rows for v in r.values())
     assert wall < 120, f"smoke run took {wall:.0f}s"
     assert (tmp_path / "smoke" / "checkpoints" / "latest").exists()
+    # the update path runs (issue 32: with reward 0 everywhere it never did): GT injection on
+    assert max(r["grad_norm"] for r in rows) > 0 and rows[0]["gs/gt_frac"] > 0
 
 
 class CountingSearcher(OverlapSearcher):

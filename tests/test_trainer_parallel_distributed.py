@@ -27,6 +27,7 @@ SMOKE = str(REPO / "configs" / "smoke.yaml")
 # mini-batches the two runs would update on differently composed mini-batches. Rollout batches of
 # one group, so each group's sampling seed is the same in both runs (Trainer.rollout's offset).
 OVERRIDES = [
+    "algorithm.group_sampling.enabled=false",  # as measured, before smoke.yaml turned GT injection on
     "run.tensorboard=false",
     "rollout.batch_size=2",
     "optim.mini_batches=1",

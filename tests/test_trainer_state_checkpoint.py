@@ -151,3 +151,46 @@ def test_metrics_logger_resumes_over_a_torn_tail_and_appends_after_it(tmp_path: 
     logger.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["x"] == 3.0
+
+
+# ---- damaged checkpoints on `pvpo train --resume`: one line, rc 2, the file and what to do (issue 32) ----
+def _resume_cli(run: Path) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+    from pvpo.trainer.config.schema import dump_config, load_config
+
+    dump_config(load_config(None, ["run.steps=5"]), run / "config.yaml")
+    res = CliRunner().invoke(app, ["train", "--run-dir", str(run), "--resume"])
+    assert "Traceback" not in res.output and res.output.count("\n") <= 3, res.output
+    return res.exit_code, res.output
+
+
+def test_resume_with_latest_naming_a_step_that_is_gone_says_which_to_resume_from(tmp_path: Path) -> None:
+    _save(tmp_path, 1)
+    _save(tmp_path, 2)
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints" / "step_000002")
+    rc, out = _resume_cli(tmp_path)
+    assert rc == 2 and "latest names step_000002, which is gone" in out, out
+    assert "write `step_000001` into" in out
+
+
+def test_resume_with_a_truncated_trainer_state_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    _save(tmp_path, 1)
+    _save(tmp_path, 2)
+    state = tmp_path / "checkpoints" / "step_000002" / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    rc, out = _resume_cli(tmp_path)
+    assert rc == 2 and f"{state} is damaged" in out and "step_000001" in out, out
+    with pytest.raises(CheckpointError, match="damaged"):
+        load_trainer_state(state.parent)
+
+
+def test_resume_with_latest_outside_the_run_is_one_line_rc_2(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _save(run, 1)
+    (run / "checkpoints" / "latest").write_text("../../elsewhere")
+    rc, out = _resume_cli(run)
+    assert rc == 2 and "latest names '../../elsewhere'" in out and "step_000001" in out, out

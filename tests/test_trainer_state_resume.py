@@ -5,6 +5,7 @@ overwrite it."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from typer.testing import CliRunner
 
 from pvpo.trainer.config.schema import dump_config, load_config
 from pvpo.trainer.state.checkpoint import save_checkpoint
-from pvpo.trainer.state.resume import RunDirError, check_resume_config, prepare_fresh, resume_config
+from pvpo.trainer.state.resume import RunDirError, check_resume_config, fresh_run_dir, resume_config
+from pvpo.trainer.state.run_dir import replaced_path
 
 
 def _run_with_config(tmp_path: Path, *overrides: str) -> Path:
@@ -63,14 +65,57 @@ def test_resume_without_a_saved_config_needs_one(tmp_path: Path) -> None:
         resume_config(tmp_path, [])
 
 
-def test_a_fresh_run_refuses_a_non_empty_run_dir_and_overwrite_clears_it(tmp_path: Path) -> None:
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(RunDirError, match="--resume .* --overwrite"):
-        prepare_fresh(tmp_path)
-    prepare_fresh(tmp_path, overwrite=True)
-    assert list(tmp_path.iterdir()) == []
-    prepare_fresh(tmp_path / "absent")  # nothing there: nothing to refuse
+def test_a_fresh_run_refuses_a_non_empty_run_dir_and_overwrite_moves_it_aside_until_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match="--resume .* --overwrite"), fresh_run_dir(run):
+        pass
+    assert (run / "notes.txt").read_text() == "mine"
+    # the new run fails before its first checkpoint: the old one comes back as it was
+    with pytest.raises(ValueError, match="bad data"), fresh_run_dir(run, overwrite=True):
+        assert not (run / "notes.txt").exists() and replaced_path(run).is_dir()
+        (run / "config.yaml").write_text("new")
+        raise ValueError("bad data")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "notes.txt"]
+    assert not replaced_path(run).exists()
+    # it reaches a checkpoint: the old one is deleted then, not before
+    with fresh_run_dir(run, overwrite=True):
+        assert replaced_path(run).is_dir()
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "latest").write_text("step_000001")
+        shutil.rmtree(replaced_path(run))  # what save_checkpoint does
+    assert not replaced_path(run).exists() and not (run / "notes.txt").exists()
+    with fresh_run_dir(tmp_path / "absent"):  # nothing there: nothing to refuse
+        pass
+
+
+def test_overwrite_refuses_a_run_dir_holding_an_input_of_the_new_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "data.jsonl").write_text("{}\n")
+    with (
+        pytest.raises(RunDirError, match="data.jsonl is inside"),
+        fresh_run_dir(run, overwrite=True, inputs=[run / "data.jsonl"]),
+    ):
+        pass
+    assert (run / "data.jsonl").exists() and not replaced_path(run).exists()
+
+
+def test_save_checkpoint_deletes_the_run_overwrite_moved_aside(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    replaced_path(run).mkdir()
+    model = torch.nn.Linear(2, 2)
+
+    class _Saves:
+        def save_pretrained(self, path: Path) -> None:
+            Path(path).mkdir(parents=True, exist_ok=True)
+
+    save_checkpoint(run, 1, model=_Saves(), tokenizer=_Saves(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert not replaced_path(run).exists() and (run / "checkpoints" / "latest").read_text() == "step_000001"
 
 
 def test_cli_refuses_a_conflicting_resume_and_an_occupied_run_dir_with_exit_2(tmp_path: Path) -> None:
@@ -103,3 +148,57 @@ def test_a_finished_run_resumes_with_its_own_config_for_more_steps(tmp_path: Pat
     assert [m["step"] for m in result.metrics] == [1, 2]
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert "steps: 2" in (run / "config.yaml").read_text()
+
+
+def _user_run(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    files = {"notes.txt": "my notes", "metrics.jsonl": '{"step": 1}\n', "checkpoints/latest": "step_000001"}
+    for name, text in files.items():
+        (run / name).write_text(text)
+    return run, files
+
+
+def test_cli_overwrite_with_a_bad_data_source_keeps_every_file_of_the_run(tmp_path: Path) -> None:
+    """Issue 32: `pvpo train --overwrite` with a bad `data.source` emptied the run folder, then
+    refused the value."""
+    from pvpo.cli import app
+
+    run, files = _user_run(tmp_path)
+    res = CliRunner().invoke(
+        app, ["train", "--run-dir", str(run), "--overwrite", *TINY, f"data.source={tmp_path / 'missing.jsonl'}"]
+    )
+    assert res.exit_code == 2 and "missing.jsonl" in res.output and "Traceback" not in res.output, res.output
+    assert {n: (run / n).read_text() for n in files} == files
+    assert not replaced_path(run).exists()
+
+
+def test_overwrite_replaces_the_run_once_the_new_one_has_a_checkpoint_and_no_file_holds_the_token(
+    tmp_path: Path,
+) -> None:
+    from pvpo.trainer.loop import train
+
+    run, _ = _user_run(tmp_path)
+    cfg = load_config(None, TINY + ["run.steps=1", "retriever.token=s3cret-run-token"])
+    train(cfg, run, overwrite=True, searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    assert not (run / "notes.txt").exists() and not replaced_path(run).exists()
+    assert (run / "checkpoints" / "latest").read_text() == "step_000001" and (run / "config.yaml").exists()
+    written = [p for p in run.rglob("*") if p.is_file()]
+    assert len(written) > 5 and not [p for p in written if b"s3cret-run-token" in p.read_bytes()]
+
+
+def test_the_written_config_says_a_token_was_set_but_not_its_value(tmp_path: Path) -> None:
+    cfg = load_config(None, ["retriever.token=s3cret-value"])
+    dump_config(cfg, tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text()
+    assert "s3cret-value" not in text and "retriever.token was set" in text
+    assert load_config(tmp_path / "config.yaml").retriever.token is None
+
+
+def test_resume_of_a_run_without_a_checkpoint_says_it_starts_at_step_0(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = _run_with_config(tmp_path)
+    with caplog.at_level("WARNING"):
+        check_resume_config(run, load_config(run / "config.yaml"))
+    assert "has no checkpoint yet: --resume starts it from step 0" in caplog.text

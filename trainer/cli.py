@@ -43,7 +43,11 @@ def train_cmd(
         ),
     ] = False,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="delete what the run dir holds and start over")
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="replace what the run dir holds: checked first, kept until the new run's first checkpoint",
+        ),
     ] = False,
     nproc: Annotated[
         int,
@@ -96,13 +100,20 @@ def demo_cmd(
     ] = Path("demo"),
     run_dir: Annotated[Path, typer.Option("--run-dir", help="output folder")] = Path("runs/demo"),
     fresh: Annotated[bool, typer.Option("--fresh/--resume", help="start over, or continue a previous demo run")] = True,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="replace a --run-dir that holds files a run does not write (kept until the new run's first checkpoint)",
+        ),
+    ] = False,
 ) -> None:
     """End to end on CPU: synthetic world, MiniLM index served on loopback, tiny policy, warm start,
     PVPO training, held-out accuracy before/after, metrics + reward-curve plot + summary table."""
     from pvpo.trainer.demo import run_demo
 
     cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
-    summary = run_demo(cfg, run_dir, fresh=fresh)
+    summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite)
     typer.echo(summary)
 
 

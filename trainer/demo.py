@@ -8,9 +8,9 @@ held-out accuracy, trains with PVPO, measures again, and writes `metrics.jsonl`,
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +20,8 @@ from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.loop import Trainer, TrainResult
 from pvpo.trainer.setup import load_data, retriever_session
-from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
+from pvpo.trainer.state.run_dir import RunDir, foreign_entries
 
 
 def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:
@@ -233,11 +234,39 @@ def _load() -> str:
         return "n/a"
 
 
-def run_demo(cfg: TrainConfig, run_dir: str | Path, *, fresh: bool = True, show_progress: bool = True) -> str:
-    """Run the demo into `run_dir`; returns the summary table (also written to summary.md)."""
+def _replace_demo(
+    run_dir: Path, *, fresh: bool, overwrite: bool, cfg: TrainConfig
+) -> contextlib.AbstractContextManager[None]:
+    """A fresh demo replaces an earlier run in `run_dir` (kept until the new run's first
+    checkpoint); a folder holding anything a run does not write is refused unless `overwrite`."""
+    if not fresh:
+        return contextlib.nullcontext()
+    foreign = foreign_entries(run_dir)
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise RunDirError(
+            f"--run-dir {run_dir} holds files a demo run does not write ({shown}): give a new or empty folder, "
+            "or --overwrite to replace its contents (kept until the new run's first checkpoint)"
+        )
+    return fresh_run_dir(run_dir, overwrite=True, inputs=run_inputs(cfg))
+
+
+def run_demo(
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    fresh: bool = True,
+    overwrite: bool = False,
+    show_progress: bool = True,
+) -> str:
+    """Run the demo into `run_dir`; returns the summary table (also written to summary.md).
+    `fresh` replaces an earlier demo run there; a folder holding a user's files needs `overwrite`."""
     run_dir = Path(run_dir)
-    if fresh and run_dir.exists():
-        shutil.rmtree(run_dir)
+    with _replace_demo(run_dir, fresh=fresh, overwrite=overwrite, cfg=cfg):
+        return _run_demo(cfg, run_dir, fresh=fresh, show_progress=show_progress)
+
+
+def _run_demo(cfg: TrainConfig, run_dir: Path, *, fresh: bool, show_progress: bool) -> str:
     run_dir.mkdir(parents=True, exist_ok=True)
     load_start, t0 = _load(), time.perf_counter()
     timings: dict[str, float] = {}

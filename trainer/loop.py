@@ -61,7 +61,7 @@ from pvpo.trainer.state.checkpoint import (
 )
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
-from pvpo.trainer.state.resume import check_resume_config, prepare_fresh
+from pvpo.trainer.state.resume import check_resume_config, fresh_run_dir, run_inputs
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -431,8 +431,8 @@ def train(
             with ddp.main_first():  # rank 0 checks the run dir, writes the corpus and builds the index
                 if resume:
                     check_resume_config(run_dir, cfg)
-                elif ddp.is_main():
-                    prepare_fresh(run_dir, overwrite=overwrite)
+                elif ddp.is_main():  # an old run is moved aside, and back if this fails before a checkpoint
+                    stack.enter_context(fresh_run_dir(run_dir, overwrite=overwrite, inputs=run_inputs(cfg)))
                 run_dir.mkdir(parents=True, exist_ok=True)
                 data = load_data(cfg, run_dir)
                 s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))

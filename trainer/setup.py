@@ -58,6 +58,7 @@ def episode_config(cfg: TrainConfig) -> EpisodeConfig:
         topk=cfg.retriever.topk,
         max_obs_chars=cfg.env.max_obs_chars,
         prompt_template=cfg.env.prompt_template,
+        max_question_chars=cfg.env.max_question_chars,
     )
 
 
@@ -107,7 +108,7 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
     `run_dir` when synthetic). Splits follow `cfg.data`: shuffled with `shuffle_seed`, the first
     `max_train_examples` are the RL prompts, and `warm_start_examples` further questions (sharing
     none with the RL prompts) are the warm start's; without it `warm_start` is the RL prompts."""
-    from pvpo.envs.loaders import load_dataset
+    from pvpo.envs.loaders import bound_questions, load_dataset
 
     d = cfg.data
     if d.source == "synthetic":
@@ -136,8 +137,9 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         )
     else:
         world = None
-        train = load_dataset(d.source)
-        evals = load_dataset(d.eval_source) if d.eval_source else []
+        limit = cfg.env.max_question_chars
+        train = bound_questions(load_dataset(d.source), limit, d.source)
+        evals = bound_questions(load_dataset(d.eval_source), limit, d.eval_source) if d.eval_source else []
         corpus_path = Path(d.corpus) if d.corpus else None
         texts = [q.question for q in train]
         rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0], []

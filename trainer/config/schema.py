@@ -183,6 +183,12 @@ class RetrieverConfig(Section):
 class EnvConfig(Section):
     protocol: str = Field("search_r1", description="tag protocol: search_r1 | research (pvpo.reward)")
     max_obs_chars: int = Field(400, ge=16, description="character budget of one search result's passages")
+    max_question_chars: int = Field(
+        4096,
+        ge=16,
+        description="longer questions are cut to this many characters, with a warning counting them "
+        "(about 4 characters a token x 1024 prompt tokens)",
+    )
     prompt_template: str = Field(
         "default", description="a name in pvpo.envs.templates: default | search_r1 (Search-R1's exact prompt)"
     )
@@ -514,17 +520,43 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         raise ConfigError(_format_errors(e)) from None
 
 
+def _read_yaml(path: Path) -> Any:
+    """A YAML file's content; a syntax error or a non-UTF-8 byte is a ConfigError naming the file,
+    line and column."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: byte {e.start}: not UTF-8: re-save the config as UTF-8") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+        what = " ".join(str(x) for x in (getattr(e, "problem", None), getattr(e, "context", None)) if x) or str(e)
+        raise ConfigError(f"{path}: {where}: YAML syntax error ({what}): fix the file there") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read a YAML config (or the defaults when `path` is None) and apply overrides."""
     data: dict[str, Any] = {}
     if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text())
+        loaded = _read_yaml(Path(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}
     return config_from_dict(apply_overrides(data, list(overrides or [])))
 
 
+# A secret's place in a written config: that one was set, never its value.
+TOKEN_NOT_WRITTEN = (
+    "# retriever.token was set and is not written here: on --resume give it again "
+    "(retriever.token=... or PVPO_RETRIEVER_TOKEN)\n"
+)
+
+
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML (what `--resume` reloads)."""
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """Write the resolved config as YAML (what `--resume` reloads), without the retriever's token:
+    a comment says that one was set."""
+    data = cfg.model_dump(mode="json")
+    had_token = data["retriever"].get("token") is not None
+    data["retriever"]["token"] = None
+    text = yaml.safe_dump(data, sort_keys=False)
+    Path(path).write_text((TOKEN_NOT_WRITTEN if had_token else "") + text)

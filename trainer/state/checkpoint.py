@@ -18,6 +18,7 @@ import pickle
 import random
 import re
 import shutil
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,16 @@ import numpy as np
 import torch
 
 from pvpo.atomic import atomic_write_dir, atomic_write_text
-from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.state.run_dir import RunDir, replaced_path
 
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"step_[0-9]{6,}")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be trusted or read; the message names the file and the value."""
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted or read; the message names the file, the value and
+    what to do (a ValueError: `pvpo`'s one-line error, rc 2)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -94,6 +96,8 @@ def save_checkpoint(
 
     final = atomic_write_dir(root / f"step_{step:06d}", write)
     atomic_write_text(root / LATEST, final.name)
+    # the run an --overwrite moved aside (resume.fresh_run_dir) goes once the new one can resume
+    shutil.rmtree(replaced_path(run_dir), ignore_errors=True)
     old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
     for p in old[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
@@ -123,13 +127,33 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     marker = root / LATEST
     if not marker.exists():
         return None
-    name = marker.read_text().strip()
+    name = marker.read_text(encoding="utf-8", errors="replace").strip()
     path = root / name
     if not _STEP_DIR.fullmatch(name) or path.resolve().parent != root.resolve():
         raise CheckpointError(
-            f"{marker} names {name!r}: expected a step_NNNNNN directory inside {root}, refusing to load it"
+            f"{marker} names {name!r}: expected a step_NNNNNN directory inside {root}, refusing to load it; "
+            + _what_to_do(root, marker)
         )
-    return path if (path / TRAINER_STATE).exists() else None
+    state = path / TRAINER_STATE
+    if not state.is_file():
+        raise CheckpointError(
+            f"{marker} names {name}, which is gone or incomplete ({state} missing); " + _what_to_do(root, marker)
+        )
+    if not zipfile.is_zipfile(state):  # torch.save writes a zip: a cut file has no central directory
+        raise CheckpointError(f"{state} is damaged (truncated?); " + _what_to_do(root, marker, but=name))
+    return path
+
+
+def _what_to_do(root: Path, marker: Path, *, but: str = "") -> str:
+    """How to go on from a bad `latest`: resume from another complete checkpoint, or start over."""
+    others = sorted(
+        p.name
+        for p in root.glob("step_*")
+        if p.is_dir() and _STEP_DIR.fullmatch(p.name) and p.name != but and zipfile.is_zipfile(p / TRAINER_STATE)
+    )
+    if others:
+        return f"to resume from {others[-1]}, write `{others[-1]}` into {marker} (complete checkpoints: {', '.join(others)})"
+    return "no complete checkpoint is left: start over with --overwrite"
 
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
@@ -141,6 +165,10 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
     try:
         with torch.serialization.safe_globals(_numpy_array_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError) as e:  # a damaged zip or a cut pickle
+        raise CheckpointError(
+            f"{path} is damaged ({e}); delete {path.parent} and resume from an earlier checkpoint"
+        ) from None
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{path} holds more than tensors and plain values, refusing to unpickle it: {e}"

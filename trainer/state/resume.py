@@ -4,13 +4,19 @@ with, changing only the keys that cannot change what the next step computes."""
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pvpo.trainer.config.schema import ConfigError, TrainConfig, load_config
-from pvpo.trainer.state.checkpoint import latest_checkpoint
-from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.state.checkpoint import LATEST, latest_checkpoint
+from pvpo.trainer.state.run_dir import RunDir, replaced_path
+
+log = logging.getLogger(__name__)
 
 # Keys a resume may change: how long to train, how often to checkpoint / evaluate / log, how many
 # CPU threads, and how to reach the retriever (it may have moved or restarted). Everything else
@@ -72,6 +78,8 @@ def check_resume_config(run_dir: str | Path, cfg: TrainConfig) -> None:
                 f"{', '.join(sorted(SAFE_ON_RESUME))}), or train into a new --run-dir"
             )
     ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        log.warning("%s has no checkpoint yet: --resume starts it from step 0", run_dir)
     checkpoint_step = int(ckpt.name.removeprefix("step_")) if ckpt is not None else 0
     if checkpoint_step > cfg.run.steps:
         raise RunDirError(
@@ -92,20 +100,73 @@ def resume_config(run_dir: str | Path, overrides: list[str], config: str | Path 
     return cfg
 
 
-def prepare_fresh(run_dir: str | Path, *, overwrite: bool = False) -> None:
-    """Make `run_dir` ready for a new run: refuse one that holds files (RunDirError naming them
-    and the two ways on), or, with `overwrite`, delete what is in it."""
+def run_inputs(cfg: TrainConfig) -> list[str | None]:
+    """The paths a run reads (data, corpus, index, model), where the config names one."""
+    data = cfg.data
+    sources = [data.source if data.source != "synthetic" else None, data.eval_source, data.corpus]
+    return [*sources, cfg.retriever.index_dir, cfg.model.path, cfg.algorithm.gt.model.path]
+
+
+def _refuse_inside(run_dir: Path, paths: Sequence[str | Path | None]) -> None:
+    """Refuse to move `run_dir` aside when the new run reads something inside it, or the current
+    folder is in it."""
+    root = run_dir.resolve()
+    if Path.cwd().resolve().is_relative_to(root):
+        raise RunDirError(
+            f"--overwrite would move {run_dir} aside while it holds the current folder: cd elsewhere first"
+        )
+    for p in paths:
+        if p is not None and Path(p).resolve().is_relative_to(root):
+            raise RunDirError(
+                f"{p} is inside {run_dir}, which --overwrite replaces: move it out or train into another --run-dir"
+            )
+
+
+@contextmanager
+def fresh_run_dir(
+    run_dir: str | Path, *, overwrite: bool = False, inputs: Sequence[str | Path | None] = ()
+) -> Iterator[None]:
+    """Make `run_dir` ready for a new run for the duration of the block. A folder that holds files
+    is refused (RunDirError naming them and the two ways on) unless `overwrite`; then it is moved
+    aside to `replaced_path(run_dir)`, deleted by the new run's first checkpoint
+    (`checkpoint.save_checkpoint`), and moved back if the block fails before one is written - so a
+    bad config, dataset, index or model never costs the old run. `inputs`: paths the new run reads,
+    refused when inside the folder being replaced."""
     run_dir = Path(run_dir)
-    if not run_dir.exists():
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        yield
         return
     held = sorted(p.name for p in run_dir.iterdir())
-    if not held:
-        return
     if not overwrite:
         shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
         raise RunDirError(
-            f"{run_dir} already holds a run ({shown}): pass --resume to continue it, "
-            f"or --overwrite to delete it and start over"
+            f"{run_dir} already holds a run ({shown}): pass --resume to continue it, or --overwrite to "
+            "replace it (it is kept until the new run's first checkpoint)"
         )
-    for p in run_dir.iterdir():
-        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    aside = replaced_path(run_dir)
+    if aside.exists():
+        raise RunDirError(
+            f"{aside} holds a run an earlier --overwrite replaced before its first checkpoint: "
+            f"delete it, or move it back to {run_dir}, then run again"
+        )
+    _refuse_inside(run_dir, inputs)
+    os.replace(run_dir, aside)
+    run_dir.mkdir()
+    try:
+        yield
+    except BaseException:
+        if aside.exists() and not (RunDir(run_dir).checkpoints / LATEST).exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+            os.replace(aside, run_dir)
+            log.warning("the new run failed before its first checkpoint: %s is back as it was", run_dir)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def prepare_fresh(run_dir: str | Path, *, overwrite: bool = False) -> None:
+    """Refuse a `run_dir` that holds files unless `overwrite` (RunDirError); the replacing itself
+    is `fresh_run_dir`'s, around the run."""
+    run_dir = Path(run_dir)
+    if not overwrite and run_dir.exists() and any(run_dir.iterdir()):
+        with fresh_run_dir(run_dir):
+            pass

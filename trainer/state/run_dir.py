@@ -4,6 +4,47 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# What a run writes at its top level (RunDir's names below); anything else is a user's file.
+RUN_ENTRIES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "tb",
+    "checkpoints",
+    "initial_policy",
+    "warm_start.json",
+    "anchor.json",
+    "group_sampling.json",
+    "gt_cache.json",
+    "value_model.json",
+    "corpus.jsonl",
+    "index",
+    "curves.png",
+    "summary.md",
+    "ranks",
+)
+
+
+def foreign_entries(root: str | Path) -> list[str]:
+    """Names in `root` that no run writes (a user's files), sorted; a killed atomic write's
+    `.name.*.tmp` / `name.tmp` counts as the run's."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if not _is_run_entry(p.name))
+
+
+def _is_run_entry(name: str) -> bool:
+    return any(
+        name in (entry, f"{entry}.tmp") or (name.startswith(f".{entry}.") and name.endswith(".tmp"))
+        for entry in RUN_ENTRIES
+    )
+
+
+def replaced_path(root: str | Path) -> Path:
+    """Where `--overwrite` keeps the run it replaces until the new run's first checkpoint."""
+    root = Path(root)
+    return root.parent / f".{root.name}.pvpo-replaced"
+
 
 class RunDir:
     """The files of a run under `root`. The state files (anchor, Group Sampling partition, GT
