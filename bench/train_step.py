@@ -224,7 +224,7 @@ def main() -> None:
         return
     ref = place_reference_model(ref_base, where).eval()
     max_tokens = args.max_tokens_per_micro_batch or default_max_tokens(
-        ref, where.device, checkpointing=args.gradient_checkpointing
+        ref, where.device, checkpointing=args.gradient_checkpointing, seq_len=batch.input_ids.shape[1]
     )
     cfg = load_config(
         None,

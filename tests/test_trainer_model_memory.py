@@ -13,8 +13,15 @@ from pvpo.trainer.model.device import PhaseMemory
 from pvpo.trainer.model.memory import MemoryBudgetError, ModelShape, check_fits, default_max_tokens
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, response_logits
 
-# SmolLM2-135M-Instruct's published shape, built small-vocabulary-free (config only: no weights needed)
-SMOL = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30)
+# SmolLM2-135M-Instruct's shape (a config only: no weights are built)
+SMOL = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+)
 
 
 class _Shaped(torch.nn.Module):
@@ -23,28 +30,34 @@ class _Shaped(torch.nn.Module):
         self.config = Qwen2Config(**cfg)
 
 
-def test_default_budget_follows_the_model_and_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_budget_follows_the_model_the_row_length_and_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _Shaped(**SMOL)
-    per = ModelShape.of(model).bytes_per_token(checkpointing=False)  # type: ignore[union-attr]
-    assert 1.0 < per / 2**20 < 1.5  # ~1.1 MiB a token for SmolLM2 (measured 0.6: a 2x safety margin)
+    shape = ModelShape.of(model)
+    assert shape is not None and shape.heads == 9
+    per = shape.bytes_per_token(checkpointing=False, seq_len=1024)
+    # 1.1 MiB of layer activations + logits and 2.1 MiB of attention probabilities a token at T = 1,024
+    assert 3.0 < per / 2**20 < 3.5
+    cpu = torch.device("cpu")
     monkeypatch.setattr(memory, "available_bytes", lambda d: 8 * 2**30)
-    plain = default_max_tokens(model, torch.device("cpu"), checkpointing=False)
-    ckpt = default_max_tokens(model, torch.device("cpu"), checkpointing=True)
-    assert plain == int(0.3 * 8 * 2**30 // per) // 256 * 256 == 2048
-    assert ckpt is not None and ckpt >= 2 * plain  # checkpointing keeps under half the activations a token
+    plain = default_max_tokens(model, cpu, checkpointing=False, seq_len=1024)
+    assert plain == int(0.3 * 8 * 2**30 // per) // 256 * 256 == 512
+    short = default_max_tokens(model, cpu, checkpointing=False, seq_len=128)
+    assert short is not None and short > 2 * plain  # shorter rows: less attention a token
+    ckpt = default_max_tokens(model, cpu, checkpointing=True, seq_len=1024)
+    assert ckpt is not None and ckpt >= 4 * plain  # checkpointing keeps one layer's activations
     monkeypatch.setattr(memory, "available_bytes", lambda d: 64 * 2**30)
-    assert default_max_tokens(model, torch.device("cpu"), checkpointing=False) == int(4 * 2**30 // per) // 256 * 256
+    assert default_max_tokens(model, cpu, checkpointing=False, seq_len=1024) == int(4 * 2**30 // per) // 256 * 256
     monkeypatch.setattr(memory, "available_bytes", lambda d: 2**20)
-    assert default_max_tokens(model, torch.device("cpu"), checkpointing=False) == 256  # floor
-    assert default_max_tokens(torch.nn.Linear(2, 2), torch.device("cpu"), checkpointing=False) is None
+    assert default_max_tokens(model, cpu, checkpointing=False, seq_len=1024) == 256  # floor
+    assert default_max_tokens(torch.nn.Linear(2, 2), cpu, checkpointing=False, seq_len=1024) is None
 
 
 def test_a_micro_batch_that_cannot_fit_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     model = _Shaped(**SMOL)
     monkeypatch.setattr(memory, "available_bytes", lambda d: 2 * 2**30)
-    check_fits(model, torch.device("cpu"), 2048, checkpointing=False)  # ~2.4 GiB estimated: half fits
+    check_fits(model, torch.device("cpu"), 1024, checkpointing=False, seq_len=1024)  # ~3.3 GiB estimated: half fits
     with pytest.raises(MemoryBudgetError) as err:
-        check_fits(model, torch.device("cpu"), 32 * 1024, checkpointing=False)
+        check_fits(model, torch.device("cpu"), 32 * 1024, checkpointing=False, seq_len=1024)
     msg = str(err.value)
     assert "\n" not in msg and "32768 padded tokens" in msg and "2.0 GiB free" in msg
     assert "fix: lower optim.max_tokens_per_micro_batch" in msg and "model.gradient_checkpointing=true" in msg

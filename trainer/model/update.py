@@ -173,7 +173,7 @@ def policy_update(
     ckpt = bool(getattr(model, flag, False))
     max_tokens = optim.max_tokens_per_micro_batch
     if max_tokens is None and optim.grad_accum == 1:  # a token budget by default, from the model and the machine
-        max_tokens = default_max_tokens(model, device, checkpointing=ckpt)
+        max_tokens = default_max_tokens(model, device, checkpointing=ckpt, seq_len=batch.input_ids.shape[1])
     ref_lp = (
         batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens)
         if ref_model is not None and optim.kl_coef > 0
@@ -194,7 +194,8 @@ def policy_update(
             micros = micro_batches(
                 batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum
             )
-            check_fits(model, device, max(mb.batch.input_ids.numel() for mb in micros), checkpointing=ckpt)
+            big = max(micros, key=lambda mb: mb.batch.input_ids.numel()).batch.input_ids
+            check_fits(model, device, big.numel(), checkpointing=ckpt, seq_len=big.shape[1])
 
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r
