@@ -12,7 +12,7 @@ one micro-batch's forward + backward + AdamW step, peak RSS above the warm model
 estimated; 0.55 GiB for 2 x 512 with checkpointing. The estimate errs on the safe side (~1.5-2x),
 which the default budget relies on and the fit check allows for (it refuses only what even half
 the estimate cannot fit). Rejected: a budget in padded tokens alone, which let 3 rows of 1,024 tokens
-into one micro-batch and peaked at 12 GiB RSS (the attention term grows with the row length).
+into one micro-batch and peaked at 11.7 GiB RSS (the attention term grows with the row length).
 """
 
 from __future__ import annotations
