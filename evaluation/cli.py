@@ -34,7 +34,8 @@ def eval_cmd(
     model: Annotated[
         str | None,
         typer.Option(
-            "--model", help="Local HF model folder (engines hf, vllm); with --engine openai, only the run's label"
+            "--model",
+            help="Local HF model folder, catalog name (`pvpo models list`) or *.gguf file (engines hf, vllm); with --engine openai, only the run's label",
         ),
     ] = None,
     dataset: Annotated[

@@ -26,6 +26,7 @@ from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.envs.vector import info_at
 from pvpo.evaluation.run import EvalError, EvalSettings, Outcome, search_queries
+from pvpo.model_catalog import resolve_model_path
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind, TagProtocol
 from pvpo.trainer.rollout.openai_client import APIS, OpenAIClient, TurnResult, restore_stop
@@ -85,6 +86,7 @@ def token_policy(
 
     from pvpo.trainer.rollout.engine import build_engine
 
+    model = resolve_model_path(str(model))  # a catalog name or *.gguf file: its converted folder
     if not Path(model).exists():
         raise EvalError(f"--model {model}: no such folder (a local HF model directory)")
     if engine not in ("hf", "vllm"):

@@ -41,6 +41,7 @@ _COMPONENT_CLIS = (
     "pvpo.trainer.cli",
     "pvpo.trainer.config.cli",
     "pvpo.evaluation.cli",
+    "pvpo.models_cli",
 )
 
 for _name in _COMPONENT_CLIS:

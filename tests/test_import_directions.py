@@ -30,6 +30,7 @@ ROOT_UTILITIES = {
     "pvpo.atomic",
     "pvpo.stats",
     "pvpo.lazy_exports",
+    "pvpo.model_catalog",
 }
 
 

@@ -277,3 +277,32 @@ def test_entropy_is_that_of_the_sampling_distribution_softmax_of_logits_over_tem
     for t in (0.5, 0.7, 1.0):
         want = torch.distributions.Categorical(logits=logits / t).entropy()
         assert torch.allclose(entropy_from_logits(logits, t), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_logprobs_and_entropy_equal_unchunked_values_and_gradients(monkeypatch, temperature):
+    """The default chunking (CHUNK_ELEMENTS shrunk so a small vocabulary still takes 5 chunks) and
+    its checkpointed backward give the full log-softmax's values and gradients."""
+    from pvpo.trainer.algorithms import losses
+
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 2 * 3 * 17)  # batch 2 x vocab 17: 3 positions a chunk
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(2, 13, 17, generator=g, dtype=torch.float64) * 3
+    ids = torch.randint(0, 17, (2, 13), generator=g)
+    w = torch.randn(2, 13, generator=g, dtype=torch.float64)
+    assert len(losses._chunks(base.shape, None)) == 5
+
+    def full(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.log_softmax(x / temperature, -1)
+        return logp.gather(-1, ids.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+    a = base.clone().requires_grad_(True)
+    b = base.clone().requires_grad_(True)
+    lp_ref, ent_ref = full(a)
+    ((lp_ref * w).sum() + (ent_ref * w).sum()).backward()
+    lp = token_logprobs(b, ids, temperature)
+    ent = entropy_from_logits(b, temperature)
+    ((lp.double() * w).sum() + (ent.double() * w).sum()).backward()
+    torch.testing.assert_close(lp.double(), lp_ref.float().double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), ent_ref.float().double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-5)

@@ -181,41 +181,77 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
 # Log-probs and entropy from logits
 
 
-def _chunks(t: int, chunk_size: int) -> range:
+# elements of one chunk's float32 [b, t, V] slice: 2^25 floats = 128 MiB, whatever the vocabulary
+CHUNK_ELEMENTS = 1 << 25
+
+
+def _chunks(shape: torch.Size, chunk_size: int | None) -> list[slice]:
+    """Slices along dim 1 of `chunk_size` positions each (default: as many as fit CHUNK_ELEMENTS
+    over the batch and vocabulary)."""
+    if chunk_size is None:
+        chunk_size = max(1, CHUNK_ELEMENTS // max(1, shape[0] * shape[-1]))
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    return range(0, t, chunk_size)
+    return [slice(s, s + chunk_size) for s in range(0, shape[1], chunk_size)]
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`logits / temperature` in float32 (float32 logits at temperature 1 as they are: a view)."""
+    z = logits.float()
+    return z if temperature == 1.0 else z / temperature
+
+
+def _per_chunk(fn: Callable[[torch.Tensor], torch.Tensor], chunk: torch.Tensor) -> torch.Tensor:
+    """`fn(chunk)`, through activation checkpointing when it builds a graph: the backward keeps only
+    the chunk's logits (a view of the model's), not its float32 / softmax intermediates, so a
+    chunked pass holds one chunk's `[b, t, V]` temporaries at a time in the backward too."""
+    if torch.is_grad_enabled() and chunk.requires_grad:
+        from torch.utils.checkpoint import checkpoint
+
+        out = checkpoint(fn, chunk, use_reentrant=False)
+        assert isinstance(out, torch.Tensor)
+        return out
+    return fn(chunk)
 
 
 def token_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, *, chunk_size: int = 1024
+    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, *, chunk_size: int | None = None
 ) -> torch.Tensor:
     """Log-probability `[B, T]` (float32) of `token_ids [B, T]` under `logits [B, T, V] / temperature`,
-    the distribution the sampler drew from. Computed as `logit[id] - logsumexp(logits)` in float32,
-    `chunk_size` positions at a time, so no full `[B, T, V]` float32 log-softmax is held at once."""
+    the distribution the sampler drew from: `logit[id] - logsumexp(logits)` in float32, a chunk of
+    positions at a time (see `_chunks`, `_per_chunk`), so no `[B, T, V]` float32 log-softmax is
+    ever held, in the forward or the backward (a selective log-softmax)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if logits.shape[:-1] != token_ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match token_ids {tuple(token_ids.shape)}")
     out = []
-    for s in _chunks(logits.shape[1], chunk_size):
-        z = logits[:, s : s + chunk_size].float() / temperature
-        picked = z.gather(-1, token_ids[:, s : s + chunk_size].long().unsqueeze(-1)).squeeze(-1)
-        out.append(picked - torch.logsumexp(z, dim=-1))
+    for sl in _chunks(logits.shape, chunk_size):
+        ids = token_ids[:, sl].long().unsqueeze(-1)
+
+        def lp(x: torch.Tensor, ids: torch.Tensor = ids) -> torch.Tensor:
+            z = _scaled(x, temperature)
+            return z.gather(-1, ids).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+        out.append(_per_chunk(lp, logits[:, sl]))
     return torch.cat(out, dim=1) if out else logits.new_zeros(token_ids.shape, dtype=torch.float32)
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0, *, chunk_size: int = 1024) -> torch.Tensor:
+def _entropy(z: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+
+
+def entropy_from_logits(
+    logits: torch.Tensor, temperature: float = 1.0, *, chunk_size: int | None = None
+) -> torch.Tensor:
     """Entropy `[B, T]` (float32) of softmax(logits [B, T, V] / temperature), the distribution the
-    sampler drew from: `logsumexp(z) - sum(softmax(z) * z)`, in float32, `chunk_size` positions at
-    a time."""
+    sampler drew from: `logsumexp(z) - sum(softmax(z) * z)`, in float32, a chunk of positions at
+    a time (as `token_logprobs`)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     out = []
-    for s in _chunks(logits.shape[1], chunk_size):
-        z = logits[:, s : s + chunk_size].float() / temperature
-        p = torch.softmax(z, dim=-1)
-        out.append(torch.logsumexp(z, dim=-1) - (p * z).sum(dim=-1))
+    for sl in _chunks(logits.shape, chunk_size):
+        out.append(_per_chunk(lambda x: _entropy(_scaled(x, temperature)), logits[:, sl]))
     return torch.cat(out, dim=1) if out else logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
 
 

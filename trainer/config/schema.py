@@ -73,7 +73,8 @@ class LoRAConfig(Section):
 
 class ModelConfig(Section):
     path: str | None = Field(
-        None, description="a Hugging Face causal LM (local dir or hub id); null = build the tiny policy"
+        None,
+        description="a Hugging Face causal LM (local dir or hub id), a catalog name (`pvpo models list`, e.g. smollm2-135m-instruct) or a *.gguf file; null = build the tiny policy",
     )
     chat_template: bool = Field(False, description="wrap each prompt as a user turn with the tokenizer's chat template")
     tiny: TinyModelConfig = TinyModelConfig()
@@ -316,7 +317,9 @@ class GTModelConfig(Section):
     """The `model` GT source: PVPO's larger model. A local HF path runs through our engines
     (token-exact; its tokenizer must be the policy's), or an OpenAI-compatible chat endpoint."""
 
-    path: str | None = Field(None, description="local HF causal LM folder (same tokenizer as the policy)")
+    path: str | None = Field(
+        None, description="local HF causal LM folder, catalog name or *.gguf file (same tokenizer as the policy)"
+    )
     engine: str = Field("hf", description="rollout engine for `path`: hf | vllm")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1")
     model: str | None = Field(None, description="model name at `base_url`")
@@ -407,7 +410,7 @@ class OptimConfig(Section):
     max_tokens_per_micro_batch: int | None = Field(
         None,
         ge=16,
-        description="pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest row), longest rows first; null = grad_accum micro-batches by row count",
+        description="pack each mini-batch into micro-batches of at most this many padded tokens (rows x longest row), longest rows first; null = derived from the model's shape and the free memory (trainer/model/memory.py), or grad_accum micro-batches by row count when grad_accum > 1",
     )
     grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this; null = no clipping")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clipped below 1 - clip_low")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from pvpo.trainer.config.schema import check_attn_implementation, check_device_name
+from pvpo.trainer.model.memory import peak_rss_gib, reset_peak_rss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -127,18 +128,36 @@ def place_reference_model(model: torch.nn.Module, where: Placement) -> torch.nn.
 
 @dataclass
 class PhaseMemory:
-    """Peak accelerator memory of each phase of a step (`mem/<phase>_peak_gib`, from
-    `torch.cuda.max_memory_allocated` reset at each phase's start) and the device's memory in use
-    when the phase ends (`mem/<phase>_device_used_gib`); empty on CPU."""
+    """Peak memory of each phase of a step: the process's peak resident memory
+    (`mem/<phase>_peak_rss_gib`, Linux VmHWM reset at the phase's start; on every device), and on
+    CUDA the peak accelerator memory (`mem/<phase>_peak_gib`, `torch.cuda.max_memory_allocated`
+    reset at the phase's start) and the device's memory in use when the phase ends
+    (`mem/<phase>_device_used_gib`)."""
 
     device: torch.device
     peaks: dict[str, float] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        if self.device.type != "cuda":
+        with self._host(name):
+            if self.device.type != "cuda":
+                yield
+                return
+            with self._cuda(name):
+                yield
+
+    @contextlib.contextmanager
+    def _host(self, name: str) -> Iterator[None]:
+        ok = reset_peak_rss()
+        try:
             yield
-            return
+        finally:
+            peak = peak_rss_gib() if ok else None
+            if peak is not None:
+                self.peaks[f"mem/{name}_peak_rss_gib"] = peak
+
+    @contextlib.contextmanager
+    def _cuda(self, name: str) -> Iterator[None]:
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         try:

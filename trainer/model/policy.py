@@ -94,10 +94,14 @@ def build_tiny_policy(texts: Iterable[str], cfg: TinyModelConfig, *, tags: Itera
 
 
 def load_policy(path: str | Path, *, dtype: str = "float32") -> Policy:
-    """A causal LM and its tokenizer from a local directory or hub id (left padding, pad set)."""
+    """A causal LM and its tokenizer from a local directory, hub id, catalog name or `*.gguf` file
+    (`pvpo.model_catalog.resolve_model_path`), with left padding and a pad token."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pvpo.model_catalog import resolve_model_path
+
+    path = resolve_model_path(str(path))
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

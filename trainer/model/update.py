@@ -22,8 +22,9 @@ import torch
 
 from pvpo.trainer.algorithms.advantages import broadcast_to_tokens
 from pvpo.trainer.algorithms.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
-from pvpo.trainer.algorithms.losses import LossConfig, entropy_from_logits, token_logprobs
+from pvpo.trainer.algorithms.losses import CHUNK_ELEMENTS, LossConfig, entropy_from_logits, token_logprobs
 from pvpo.trainer.config.schema import ImportanceCorrectionConfig, OptimConfig
+from pvpo.trainer.model.memory import check_fits, default_max_tokens
 from pvpo.trainer.model.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
 from pvpo.trainer.parallel.distributed import all_reduce_min, clip_grad_norm
 from pvpo.trainer.rollout.engine import RolloutEngine
@@ -99,9 +100,11 @@ def logged_entropy(logits: torch.Tensor, mask: torch.Tensor, temperature: float)
     alone, without gradient, 0 elsewhere: no softmax over the vocabulary at padded and env
     positions, and no autograd graph kept for it."""
     out = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)
-    m = mask > 0
-    if bool(m.any()):
-        out[m] = entropy_from_logits(logits[m].unsqueeze(0), temperature).squeeze(0)
+    rows, cols = (mask > 0).nonzero(as_tuple=True)
+    step = max(1, CHUNK_ELEMENTS // max(1, logits.shape[-1]))  # gathered positions at a time, not all at once
+    for s in range(0, len(rows), step):
+        r, c = rows[s : s + step], cols[s : s + step]
+        out[r, c] = entropy_from_logits(logits[r, c].unsqueeze(0), temperature).squeeze(0)
     return out
 
 
@@ -162,7 +165,15 @@ def policy_update(
     if loss_cfg.norm_len is None:  # micro-batches are trimmed: keep the batch's width as the constant divisor
         loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
     device = next(model.parameters()).device
-    batch, advantages, max_tokens = batch.to(device), advantages.to(device), optim.max_tokens_per_micro_batch
+    batch, advantages = batch.to(device), advantages.to(device)
+    # transformers 5 names it is_activation_checkpointing (is_gradient_checkpointing warns)
+    flag = (
+        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    )
+    ckpt = bool(getattr(model, flag, False))
+    max_tokens = optim.max_tokens_per_micro_batch
+    if max_tokens is None and optim.grad_accum == 1:  # a token budget by default, from the model and the machine
+        max_tokens = default_max_tokens(model, device, checkpointing=ckpt, seq_len=batch.input_ids.shape[1])
     ref_lp = (
         batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens)
         if ref_model is not None and optim.kl_coef > 0
@@ -183,6 +194,8 @@ def policy_update(
             micros = micro_batches(
                 batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum
             )
+            big = max(micros, key=lambda mb: mb.batch.input_ids.numel()).batch.input_ids
+            check_fits(model, device, big.numel(), checkpointing=ckpt, seq_len=big.shape[1])
 
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r
@@ -207,4 +220,5 @@ def policy_update(
             optimizer.step()
             if engine is not None:
                 engine.sync_weights(model)
-    return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch}
+    budget = {"micro_batch/max_tokens": float(max_tokens)} if max_tokens is not None else {}
+    return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch, **budget}

@@ -118,14 +118,15 @@ class HFEngine(RolloutEngine):
             past = res.past_key_values
             greedy = sampling.temperature <= 0  # temperature 0: argmax, log-probs at T = 1
             logits = res.logits[:, -1, :].float() / (1.0 if greedy else sampling.temperature)
-            logp_all = torch.log_softmax(logits, dim=-1)
+            # selective log-softmax: logsumexp [b] once, no second [b, V] log-softmax tensor
+            log_norm = torch.logsumexp(logits, dim=-1)
             if greedy:
                 nxt = logits.argmax(dim=-1).cpu()
             else:
                 filtered = _top_p_filter(_top_k_filter(logits, sampling.top_k), sampling.top_p)
                 probs = torch.softmax(filtered, dim=-1).cpu()
                 nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-            chosen_logp = logp_all.cpu().gather(-1, nxt[:, None]).squeeze(-1)
+            chosen_logp = (logits.gather(-1, nxt[:, None].to(logits.device)).squeeze(-1) - log_norm).cpu()
             for i in range(b):
                 if finish[i] is not None:
                     continue

@@ -149,12 +149,31 @@ def collate(trajs: Sequence[Trajectory], pad_id: int) -> Batch:
     )
 
 
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Logits `[B, R, V]` that predict each response token (the position before it)."""
+    """Logits `[B, R, V]` that predict each response token (the position before it). Models that
+    take `logits_to_keep` (transformers' causal LMs) project only those R positions onto the
+    vocabulary: with a 49k-150k vocabulary the prompt's logits would otherwise cost as much as
+    the response's (measured: SmolLM2, 2 x 1,024 tokens, prompt 512)."""
+    r = batch.input_ids.shape[1] - batch.prompt_len
+    extra = {"logits_to_keep": r + 1} if _takes_logits_to_keep(model) else {}
     out = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids, use_cache=False
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+        **extra,
     )
-    return out.logits[:, batch.prompt_len - 1 : -1, :]
+    logits = out.logits
+    return logits[:, -(r + 1) : -1, :]
 
 
 def summarize(trajs: Sequence[Trajectory]) -> Mapping[str, float]:

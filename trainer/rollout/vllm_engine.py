@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pvpo.model_catalog import resolve_model_path
 from pvpo.trainer.rollout.engine import REQUIRED_PACKAGES, Completion, RolloutEngine, SamplingConfig, register_engine
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class VLLMEngine(RolloutEngine):
 
         self._tmpdir: str | None = None
         if isinstance(model, (str, Path)):
-            path = str(model)
+            path = resolve_model_path(str(model))  # a catalog name or *.gguf file: its converted folder
         else:
             if tokenizer is None:
                 raise ValueError("a tokenizer is needed to hand an in-memory model to vLLM")

@@ -1,0 +1,103 @@
+"""Memory of training on a real vocabulary: the default token budget, the refusal of a micro-batch
+that cannot fit (before allocating it), peak RSS per phase, and response logits projected for the
+response positions only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from pvpo.trainer.model import memory
+from pvpo.trainer.model.device import PhaseMemory
+from pvpo.trainer.model.memory import MemoryBudgetError, ModelShape, check_fits, default_max_tokens
+from pvpo.trainer.rollout.trajectory import Trajectory, collate, response_logits
+
+# SmolLM2-135M-Instruct's shape (a config only: no weights are built)
+SMOL = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+)
+
+
+class _Shaped(torch.nn.Module):
+    def __init__(self, **cfg: int) -> None:
+        super().__init__()
+        self.config = Qwen2Config(**cfg)
+
+
+def test_default_budget_follows_the_model_the_row_length_and_the_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _Shaped(**SMOL)
+    shape = ModelShape.of(model)
+    assert shape is not None and shape.heads == 9
+    per = shape.bytes_per_token(checkpointing=False, seq_len=1024)
+    # 1.1 MiB of layer activations + logits and 2.1 MiB of attention probabilities a token at T = 1,024
+    assert 3.0 < per / 2**20 < 3.5
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 8 * 2**30)
+    plain = default_max_tokens(model, cpu, checkpointing=False, seq_len=1024)
+    assert plain == int(0.3 * 8 * 2**30 // per) // 256 * 256 == 512
+    short = default_max_tokens(model, cpu, checkpointing=False, seq_len=128)
+    assert short is not None and short > 2 * plain  # shorter rows: less attention a token
+    ckpt = default_max_tokens(model, cpu, checkpointing=True, seq_len=1024)
+    assert ckpt is not None and ckpt >= 4 * plain  # checkpointing keeps one layer's activations
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 64 * 2**30)
+    assert default_max_tokens(model, cpu, checkpointing=False, seq_len=1024) == int(4 * 2**30 // per) // 256 * 256
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 2**20)
+    assert default_max_tokens(model, cpu, checkpointing=False, seq_len=1024) == 256  # floor
+    assert default_max_tokens(torch.nn.Linear(2, 2), cpu, checkpointing=False, seq_len=1024) is None
+
+
+def test_a_micro_batch_that_cannot_fit_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _Shaped(**SMOL)
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 2 * 2**30)
+    check_fits(model, torch.device("cpu"), 1024, checkpointing=False, seq_len=1024)  # ~3.3 GiB estimated: half fits
+    with pytest.raises(MemoryBudgetError) as err:
+        check_fits(model, torch.device("cpu"), 32 * 1024, checkpointing=False, seq_len=1024)
+    msg = str(err.value)
+    assert "\n" not in msg and "32768 padded tokens" in msg and "2.0 GiB free" in msg
+    assert "fix: lower optim.max_tokens_per_micro_batch" in msg and "model.gradient_checkpointing=true" in msg
+
+
+def test_phase_memory_logs_peak_rss_on_cpu() -> None:
+    mem = PhaseMemory(torch.device("cpu"))
+    with mem.phase("train"):
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB touched inside the phase
+        block += 1
+    out = mem.pop()
+    assert set(out) == {"mem/train_peak_rss_gib"}
+    assert out["mem/train_peak_rss_gib"] >= 64 / 1024
+    assert mem.pop() == {}
+
+
+def test_response_logits_project_only_the_response_positions() -> None:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    trajs = []
+    for i, (p, r) in enumerate(((5, 7), (9, 3))):
+        t = Trajectory(uid=f"q{i}", prompt_ids=list(range(1, p + 1)))
+        t.append_model(list(range(10, 10 + r)), [-1.0] * r)
+        trajs.append(t)
+    batch = collate(trajs, 0)
+    projected: list[int] = []
+    model.lm_head.register_forward_hook(lambda mod, inp, out: projected.append(inp[0].shape[1]))
+    with torch.no_grad():
+        got = response_logits(model, batch)
+        full = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits[:, batch.prompt_len - 1 : -1]
+    r = batch.input_ids.shape[1] - batch.prompt_len
+    assert projected == [r + 1, batch.input_ids.shape[1]]  # ours: the response's positions; a plain call: all
+    torch.testing.assert_close(got, full)
