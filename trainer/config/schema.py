@@ -326,7 +326,7 @@ class GTModelConfig(Section):
 class GTConfig(Section):
     """Ground-truth trajectories for the prompts the reference never solves (Group Sampling)."""
 
-    source: str = Field("oracle", description="where GT trajectories come from: oracle | model")
+    source: str = Field("oracle", description="where GT trajectories come from: oracle | model | dataset")
     replace_per_group: int = Field(
         1,
         ge=1,
