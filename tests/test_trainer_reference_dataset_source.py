@@ -196,3 +196,67 @@ def test_dataset_gt_on_real_musique_and_hotpotqa_with_minilm_keeps_most_question
         kept[name] = sum(t is not None and t.reward == 1.0 for t in trajs) / len(questions)
         retriever.close()
     assert kept["musique_mini"] >= 0.5 and kept["hotpotqa_mini"] >= 0.5, kept
+
+
+def _musique_rows(n: int) -> list[dict]:
+    """`n` MuSiQue-format questions (the hand-made one under n ids; paragraphs as MuSiQue ships them)."""
+    paragraphs = [
+        {"idx": i, "title": p.title, "paragraph_text": p.text, "is_supporting": p.is_supporting}
+        for i, p in enumerate((P_OTHER, P_JOURNAL, P_APA))
+    ]
+    decomposition = [
+        {
+            "question": "What company published Journal of Psychotherapy Integration?",
+            "answer": "American Psychological Association",
+            "paragraph_support_idx": 1,
+        },
+        {"question": "Who was the first president of #1 ?", "answer": "G. Stanley Hall", "paragraph_support_idx": 2},
+    ]
+    return [
+        {
+            "id": f"q{i}",
+            "question": MUSIQUE.question,
+            "answer": "G. Stanley Hall",
+            "answer_aliases": [],
+            "paragraphs": paragraphs,
+            "question_decomposition": decomposition,
+            "answerable": True,
+        }
+        for i in range(n)
+    ]
+
+
+def test_a_qa_file_warm_starts_on_its_dataset_gt_with_held_out_rl_and_sft_questions_disjoint(tmp_path: Path):
+    from trainer_support import TINY
+
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.loop import train
+
+    source = tmp_path / "musique.json"
+    source.write_text(json.dumps(_musique_rows(8)))
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"data.source={source}",
+            "data.held_out_examples=2",
+            "data.max_train_examples=3",
+            "data.warm_start_examples=3",
+            "data.shuffle_seed=0",
+            "model.warm_start_steps=2",
+            "model.warm_start_batch_size=2",
+            "rollout.max_turns=3",
+            "run.steps=1",
+        ],
+    )
+    searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))
+    train(cfg, tmp_path / "run", searcher=searcher, show_progress=False)
+    ws = json.loads((tmp_path / "run" / "warm_start.json").read_text())
+    assert len(ws["losses"]) == 2 and ws["dataset_gt"]["written"] == 3
+    sft = set(ws["questions"])
+    from pvpo.trainer.setup import load_data
+
+    data = load_data(cfg, tmp_path / "run")
+    rl, held = {ex.uid for ex in data.train}, {ex.uid for ex in data.eval}
+    assert len(sft) == 3 and len(rl) == 3 and len(held) == 2
+    assert not (sft & rl) and not (sft & held) and not (rl & held)

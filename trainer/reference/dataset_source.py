@@ -20,6 +20,7 @@ from typing import Any
 
 from pvpo.envs.data import Paragraph, QAExample
 from pvpo.envs.dataset_gt import NoPlan, Plan, dataset_plan, plan_turns
+from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Passage
 from pvpo.trainer.reference.sources import GTContext, register_gt_source
 from pvpo.trainer.rollout.trajectory import Trajectory
@@ -55,8 +56,72 @@ def check_retrieval(plans: Sequence[Plan], searcher: Any, topk: int) -> list[int
     return out
 
 
+def dataset_trajectories(
+    examples: Sequence[QAExample],
+    tokenizer: Any,
+    searcher: Any,
+    episode_config: EpisodeConfig,
+    *,
+    chat_template: bool = False,
+    eos: bool = False,
+) -> tuple[list[Trajectory | None], Counter[str]]:
+    """Each example's dataset GT trajectory replayed through the env (None where there is no plan,
+    the plan needs more searches than `max_turns` leaves room for, or a search misses its
+    paragraph), and the counts of each outcome. `eos` as in `oracle_trajectories` (SFT: True;
+    GT injection: False, ending at the answer's stop string as the agent loop's do)."""
+    from pvpo.trainer.rollout.replay import oracle_trajectories
+
+    plans: dict[int, Plan] = {}
+    counts: Counter[str] = Counter(asked=len(examples))
+    for i, ex in enumerate(examples):
+        try:
+            plan = dataset_plan(ex)
+        except NoPlan as e:
+            counts["no_plan"] += 1
+            log.debug("dataset GT: %s: %s", ex.uid, e)
+            continue
+        if len(plan.hops) >= episode_config.max_turns:  # the answer needs a turn of its own
+            counts["too_many_hops"] += 1
+            continue
+        plans[i] = plan
+    misses = check_retrieval(list(plans.values()), searcher, episode_config.topk)
+    for (i, plan), miss in zip(list(plans.items()), misses, strict=True):
+        if miss is not None:
+            counts["search_missed_paragraph"] += 1
+            log.debug(
+                "dataset GT: %s: hop %d's search %r misses its paragraph", plan.uid, miss, plan.hops[miss - 1].query
+            )
+            del plans[i]
+    keep = sorted(plans)
+    turns = {examples[i].uid: plan_turns(plans[i], episode_config.tag_protocol) for i in keep}
+    trajs = oracle_trajectories(
+        [examples[i] for i in keep],
+        lambda ex: turns[ex.uid],
+        tokenizer,
+        searcher,
+        episode_config,
+        chat_template=chat_template,
+        eos=eos,
+    )
+    out: list[Trajectory | None] = [None] * len(examples)
+    for i, t in zip(keep, trajs, strict=True):
+        out[i] = t
+    counts["written"] = len(keep)
+    log.info(
+        "dataset GT: %d of %d questions written (%d without an annotation, %d with more hops than max_turns allows, "
+        "%d whose search missed its paragraph)",
+        counts["written"],
+        counts["asked"],
+        counts["no_plan"],
+        counts["too_many_hops"],
+        counts["search_missed_paragraph"],
+    )
+    return out, counts
+
+
 class DatasetSource:
-    """GT trajectories written from the dataset's annotation, replayed through the env."""
+    """GT trajectories written from the dataset's annotation, replayed through the env; `report`
+    sums the outcome counts over every call (gt.min_reward then decides which are kept)."""
 
     deterministic = True
 
@@ -65,57 +130,12 @@ class DatasetSource:
         self.report: Counter[str] = Counter()
 
     def generate(self, examples: Sequence[QAExample], *, attempt: int) -> list[Trajectory | None]:
-        from pvpo.trainer.rollout.replay import oracle_trajectories
-
         c = self.ctx
-        protocol = c.episode_config.tag_protocol
-        plans: dict[int, Plan] = {}
-        calls: Counter[str] = Counter(asked=len(examples))
-        for i, ex in enumerate(examples):
-            try:
-                plan = dataset_plan(ex)
-            except NoPlan as e:
-                calls["no_plan"] += 1
-                log.debug("dataset GT: %s: %s", ex.uid, e)
-                continue
-            if len(plan.hops) >= c.episode_config.max_turns:  # the answer needs a turn of its own
-                calls["too_many_hops"] += 1
-                continue
-            plans[i] = plan
-        misses = check_retrieval(list(plans.values()), c.searcher, c.episode_config.topk)
-        for (i, plan), miss in zip(list(plans.items()), misses, strict=True):
-            if miss is not None:
-                calls["search_missed_paragraph"] += 1
-                log.debug(
-                    "dataset GT: %s: hop %d's search %r misses its paragraph", plan.uid, miss, plan.hops[miss - 1].query
-                )
-                del plans[i]
-        keep = sorted(plans)
-        turns = {examples[i].uid: plan_turns(plans[i], protocol) for i in keep}
-        trajs = oracle_trajectories(
-            [examples[i] for i in keep],
-            lambda ex: turns[ex.uid],
-            c.tokenizer,
-            c.searcher,
-            c.episode_config,
-            chat_template=c.loop.chat_template,
-            eos=False,
+        trajs, counts = dataset_trajectories(
+            examples, c.tokenizer, c.searcher, c.episode_config, chat_template=c.loop.chat_template
         )
-        out: list[Trajectory | None] = [None] * len(examples)
-        for i, t in zip(keep, trajs, strict=True):
-            out[i] = t
-        calls["written"] = len(keep)
-        self.report.update(calls)
-        log.info(
-            "dataset GT: %d of %d questions written (%d without an annotation, %d too many hops for max_turns, "
-            "%d whose search missed its paragraph); gt.min_reward decides which are kept",
-            calls["written"],
-            calls["asked"],
-            calls["no_plan"],
-            calls["too_many_hops"],
-            calls["search_missed_paragraph"],
-        )
-        return out
+        self.report.update(counts)
+        return trajs
 
     def close(self) -> None:
         return None
