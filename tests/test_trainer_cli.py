@@ -11,12 +11,12 @@ from pvpo.cli import app
 from pvpo.trainer.config.schema import ConfigError, load_config
 
 
-def test_warm_start_on_a_qa_file_is_refused_naming_the_key() -> None:
-    with pytest.raises(
-        ConfigError, match=r"model.warm_start_steps=5 needs oracle trajectories.*data.source='qa.jsonl'"
-    ):
+def test_warm_start_on_a_qa_file_needs_its_own_questions_named_by_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"model.warm_start_steps=5 on data.source='qa.jsonl' needs data.warm_start"):
         load_config(None, ["model.warm_start_steps=5", "data.source=qa.jsonl"])
     assert load_config(None, ["model.warm_start_steps=0", "data.source=qa.jsonl"]).data.source == "qa.jsonl"
+    both = ["model.warm_start_steps=5", "data.source=qa.jsonl", "data.warm_start_examples=8"]
+    assert load_config(None, both).data.warm_start_examples == 8
     assert load_config(None, ["model.warm_start_steps=5"]).model.warm_start_steps == 5  # synthetic: fine
 
 

@@ -45,7 +45,7 @@ class Data:
     corpus_path: Path | None
     texts: list[str] = field(default_factory=list)  # what a local tokenizer is trained on
     world: Any = None  # the SyntheticWorld, when the data is synthetic (oracle trajectories)
-    warm_start: list[QAExample] = field(default_factory=list)  # oracle SFT questions (synthetic only)
+    warm_start: list[QAExample] = field(default_factory=list)  # SFT questions (oracle or dataset GT)
 
 
 def episode_config(cfg: TrainConfig) -> EpisodeConfig:
@@ -103,6 +103,20 @@ def disjoint_splits(
     return rl, rest[:n_sft]
 
 
+def held_out_split(
+    items: Sequence[QAExample], n: int, shuffle_seed: int | None
+) -> tuple[list[QAExample], list[QAExample]]:
+    """(train, held-out): `n` questions of `items` (shuffled with `shuffle_seed`, file order when
+    None) set aside for evaluation; the rest, in their original order, for training."""
+    order = list(range(len(items)))
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    if n >= len(items):
+        raise ValueError(f"data.held_out_examples={n} leaves no training question of the {len(items)} in data.source")
+    held = set(order[:n])
+    return [ex for i, ex in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
+
+
 def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
     """Train / eval questions, warm-start questions and the corpus to index (written under
     `run_dir` when synthetic). Splits follow `cfg.data`: shuffled with `shuffle_seed`, the first
@@ -140,9 +154,16 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         limit = cfg.env.max_question_chars
         train = bound_questions(load_dataset(d.source), limit, d.source)
         evals = bound_questions(load_dataset(d.eval_source), limit, d.eval_source) if d.eval_source else []
+        if d.held_out_examples and not d.eval_source:
+            train, evals = held_out_split(train, d.held_out_examples, d.shuffle_seed)
         corpus_path = Path(d.corpus) if d.corpus else None
         texts = [q.question for q in train]
-        rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0], []
+        if d.warm_start_examples:  # SFT on the dataset's own GT (`dataset` GT source), disjoint from RL
+            rl, sft = disjoint_splits(
+                train, n_rl=d.max_train_examples, n_sft=d.warm_start_examples, shuffle_seed=d.shuffle_seed
+            )
+        else:
+            rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0], []
     held_out = disjoint_splits(evals, n_rl=d.max_eval_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0]
     return Data(rl, held_out, corpus_path, texts, world, sft)
 
@@ -295,7 +316,7 @@ def build_model(
         policy.model, policy.tokenizer, make_engine(policy.model), None, where, PhaseMemory(where.device), make_engine
     )
     if fresh:
-        if m.warm_start_steps and data.world is not None:
+        if m.warm_start_steps and (data.world is not None or data.warm_start):
             warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
         if ddp.is_main():
             from pvpo.trainer.model.policy import save_policy
@@ -323,21 +344,39 @@ def build_model(
 def warm_start(
     cfg: TrainConfig, data: Data, model: Model, searcher: Searcher, files: RunDir, *, show_progress: bool = True
 ) -> None:
-    """SFT on the oracle trajectories of `data.warm_start` (the RL prompts themselves when the
-    config names no separate set); the losses and questions go to `<run>/warm_start.json`."""
+    """SFT on the GT trajectories of `data.warm_start` (the RL prompts themselves when the config
+    names no separate set): the synthetic world's oracle, or for a QA file the dataset's own
+    annotation (`dataset` GT source; questions whose plan cannot be written or whose searches miss
+    their paragraphs are left out and counted). Losses and questions go to `<run>/warm_start.json`."""
     from pvpo.trainer.model.warmstart import warm_start as sft
     from pvpo.trainer.rollout.replay import oracle_trajectories
 
     m, t0, epcfg = cfg.model, time.perf_counter(), episode_config(cfg)
     questions = data.warm_start
-    trajs = oracle_trajectories(
-        questions,
-        lambda ex: data.world.oracle_trajectory(ex, epcfg.tag_protocol),
-        model.tokenizer,
-        searcher,
-        epcfg,
-        chat_template=m.chat_template,
-    )
+    report: dict[str, int] = {}
+    if data.world is not None:
+        trajs = oracle_trajectories(
+            questions,
+            lambda ex: data.world.oracle_trajectory(ex, epcfg.tag_protocol),
+            model.tokenizer,
+            searcher,
+            epcfg,
+            chat_template=m.chat_template,
+        )
+    else:
+        from pvpo.trainer.reference.dataset_source import dataset_trajectories
+
+        written, counts = dataset_trajectories(
+            questions, model.tokenizer, searcher, epcfg, chat_template=m.chat_template, eos=True
+        )
+        trajs = [t for t in written if t is not None and t.reward >= cfg.algorithm.gt.min_reward - 1e-9]
+        report = {**counts, "below_min_reward": sum(t is not None for t in written) - len(trajs)}
+        if not trajs:
+            raise ValueError(
+                f"model.warm_start_steps: none of the {len(questions)} warm-start questions of {cfg.data.source} "
+                f"has a dataset GT trajectory ({report}); use MuSiQue / HotpotQA-style annotated questions"
+            )
+        questions = [ex for ex in questions if any(t.uid == ex.uid for t in trajs)]
     model.warm_start_losses = sft(
         model.model,
         trajs,
@@ -350,7 +389,10 @@ def warm_start(
     )
     model.engine.sync_weights(model.model)
     model.warm_start_seconds = time.perf_counter() - t0
-    atomic_write_json(files.warm_start, {"losses": model.warm_start_losses, "questions": [ex.uid for ex in questions]})
+    atomic_write_json(
+        files.warm_start,
+        {"losses": model.warm_start_losses, "questions": [ex.uid for ex in questions], "dataset_gt": report},
+    )
 
 
 def estimator_state(cfg: TrainConfig, spec: EstimatorSpec, model: Model, run_dir: Path) -> EstimatorState:

@@ -137,7 +137,12 @@ class DataConfig(Section):
     warm_start_examples: int | None = Field(
         None,
         ge=1,
-        description="synthetic only: oracle SFT questions taken from the train split after the RL prompts, so the warm start never sees an RL prompt; null = the warm start reuses the RL prompts",
+        description="SFT questions taken from the train split after the RL prompts, so the warm start never sees an RL prompt (synthetic: the oracle's trajectories; a QA file: the dataset's GT, see algorithm.gt.source=dataset); null = the warm start reuses the RL prompts (synthetic only)",
+    )
+    held_out_examples: int | None = Field(
+        None,
+        ge=1,
+        description="a QA file without eval_source: this many questions of `source` (after shuffle_seed) are the held-out set, shared with neither the RL prompts nor the warm start; null = no held-out set from `source`",
     )
     warm_start_max_hops: int | None = Field(
         None, ge=1, le=4, description="the warm start's questions have at most this many hops; null = any"
@@ -339,7 +344,7 @@ class GTModelConfig(Section):
 class GTConfig(Section):
     """Ground-truth trajectories for the prompts the reference never solves (Group Sampling)."""
 
-    source: str = Field("oracle", description="where GT trajectories come from: oracle | model")
+    source: str = Field("oracle", description="where GT trajectories come from: oracle | model | dataset")
     replace_per_group: int = Field(
         1,
         ge=1,
@@ -464,13 +469,14 @@ class TrainConfig(Section):
     run: RunConfig = RunConfig()
 
     @model_validator(mode="after")
-    def _warm_start_needs_oracle(self) -> TrainConfig:
-        # the warm start is SFT on the synthetic world's oracle trajectories; a QA file has none
-        if self.model.warm_start_steps and self.data.source != "synthetic":
+    def _warm_start_needs_gt(self) -> TrainConfig:
+        # the warm start is SFT on GT trajectories: the synthetic world's oracle, or on a QA file the
+        # dataset's own annotation for a set of questions disjoint from the RL prompts
+        if self.model.warm_start_steps and self.data.source != "synthetic" and not self.data.warm_start_examples:
             raise ValueError(
-                f"model.warm_start_steps={self.model.warm_start_steps} needs oracle trajectories, which only "
-                f"data.source=synthetic has (got data.source={self.data.source!r}): set model.warm_start_steps=0, "
-                "or warm-start the model elsewhere and give its folder as model.path"
+                f"model.warm_start_steps={self.model.warm_start_steps} on data.source={self.data.source!r} needs "
+                "data.warm_start_examples (questions set aside for SFT on the dataset's GT: MuSiQue's "
+                "decomposition or HotpotQA's supporting facts); or set model.warm_start_steps=0"
             )
         return self
 

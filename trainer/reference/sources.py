@@ -14,6 +14,10 @@ registered by name (`algorithm.gt.source`):
   be the policy's); an OpenAI-compatible chat endpoint runs the same turns as text, which are
   tokenized with the policy's tokenizer, so pi_gt must be the reference policy's
   (`gt.logprobs: reference`): the endpoint's own log-probs are over another tokenization.
+- `dataset`: the question's own annotation (MuSiQue's `question_decomposition`, HotpotQA's
+  `supporting_facts`) written as search turns and replayed through the env with the run's
+  retriever (`dataset_source.py`); kept only where every search retrieves its gold paragraph.
+  Deterministic like `oracle`: pi_gt = 1 per token with `gt.logprobs: source`.
 
 What is kept and cached is `gt.py`'s. This module imports nothing heavy: the config checks
 `algorithm.gt.source` against the registry's names without importing a source.
@@ -60,7 +64,12 @@ class GTSource(Protocol):
 
 SourceFactory = Callable[[Any, GTContext], GTSource]
 GT_SOURCES: Registry[SourceFactory] = Registry(
-    "GT source", lazy={"oracle": "pvpo.trainer.reference.gt_sources", "model": "pvpo.trainer.reference.gt_sources"}
+    "GT source",
+    lazy={
+        "oracle": "pvpo.trainer.reference.gt_sources",
+        "model": "pvpo.trainer.reference.gt_sources",
+        "dataset": "pvpo.trainer.reference.dataset_source",
+    },
 )
 
 

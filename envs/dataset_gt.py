@@ -1,0 +1,160 @@
+"""Ground-truth search plans from a dataset's own annotations, and the agent turns that carry them
+out in a tag protocol (the `dataset` GT source of PVPO's Group Sampling, arXiv:2508.21104).
+
+Real multi-hop datasets say how each question is answered:
+- MuSiQue's `question_decomposition`: one sub-question per hop, its answer, and the paragraph that
+  supports it; a later sub-question names an earlier answer as `#k` (1-based), and some are written
+  as `subject >> relation` (Wikidata style).
+- HotpotQA's `supporting_facts`: the titles (and sentence numbers) of the two gold paragraphs, for a
+  `bridge` question (the second entity is found through the first) or a `comparison` (both
+  entities are looked up, then compared).
+
+A plan is the list of hops (what to search, which paragraph it must retrieve, what was learnt) and
+the answer; `plan_turns` writes it as the agent's turns (think, search, ..., think, answer), each
+ending with its stop string so the env can replay it turn by turn, as the synthetic world's oracle
+does. Whether a plan's searches really retrieve their paragraphs is the caller's check (it needs
+the retriever); this module is pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pvpo.envs.data import Paragraph, QAExample
+from pvpo.reward import SEARCH_R1, TagProtocol
+
+_PLACEHOLDER = re.compile(r"#(\d+)")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+
+
+class NoPlan(ValueError):
+    """The example carries no annotation a plan can be written from (the reason says which)."""
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One search of a plan: the query, the paragraph it must bring back, what the agent learns."""
+
+    query: str
+    paragraph: Paragraph
+    finding: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How an annotated question is answered: its hops in order, then `answer`."""
+
+    uid: str
+    hops: tuple[Hop, ...]
+    answer: str
+
+
+def substitute(question: str, answers: Sequence[str]) -> str:
+    """MuSiQue's `#k` placeholders replaced by the answer of hop k (1-based); `subject >> relation`
+    rewritten as `relation of subject`. A `#k` naming a hop not answered yet raises NoPlan."""
+
+    def fill(m: re.Match[str]) -> str:
+        k = int(m.group(1))
+        if not 1 <= k <= len(answers):
+            raise NoPlan(f"sub-question {question!r} refers to #{k}, but only {len(answers)} hop(s) precede it")
+        return answers[k - 1]
+
+    text = _PLACEHOLDER.sub(fill, question).strip()
+    if ">>" in text:
+        subject, _, relation = text.partition(">>")
+        text = f"{relation.strip()} of {subject.strip()}"
+    return " ".join(text.rstrip("?").split()).strip()
+
+
+def musique_plan(example: QAExample) -> Plan:
+    """The plan of a MuSiQue question: one hop per sub-question, earlier answers substituted."""
+    steps = example.metadata.get("question_decomposition") or []
+    if not steps:
+        raise NoPlan("no question_decomposition")
+    answers: list[str] = []
+    hops = []
+    for i, step in enumerate(steps):
+        pos = step.get("paragraph")
+        if pos is None or not 0 <= int(pos) < len(example.paragraphs):
+            raise NoPlan(f"hop {i + 1} names no supporting paragraph")
+        query = substitute(str(step.get("question", "")), answers)
+        answer = str(step.get("answer", "")).strip()
+        if not query or not answer:
+            raise NoPlan(f"hop {i + 1} has an empty sub-question or answer")
+        hops.append(Hop(query, example.paragraphs[int(pos)], f"The answer to '{query}' is {answer}."))
+        answers.append(answer)
+    return Plan(example.uid, tuple(hops), _answer(example))
+
+
+def _sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def _fact(paragraph: Paragraph, sentence_ids: Sequence[int]) -> str:
+    """The supporting sentences of a paragraph (its first sentence when the ids fall outside)."""
+    sents = _sentences(paragraph.text)
+    picked = [sents[i] for i in sorted(set(sentence_ids)) if 0 <= i < len(sents)] or sents[:1]
+    return " ".join(picked)
+
+
+def hotpotqa_plan(example: QAExample) -> Plan:
+    """The plan of a HotpotQA question: one search per gold paragraph, queried by its title.
+    Bridge: the paragraph holding the answer is read last (the other is the bridge entity's);
+    comparison: both entities in the order the annotation lists them."""
+    facts = example.metadata.get("supporting_facts") or []
+    if isinstance(facts, dict):  # Hugging Face layout: {"title": [...], "sent_id": [...]}
+        facts = list(zip(facts.get("title", []), facts.get("sent_id", []), strict=False))
+    order: list[str] = []
+    sentence_ids: dict[str, list[int]] = {}
+    for fact in facts:
+        title, sid = str(fact[0]), int(fact[1]) if len(fact) > 1 else 0
+        if title not in sentence_ids:
+            order.append(title)
+            sentence_ids[title] = []
+        sentence_ids[title].append(sid)
+    by_title = {p.title: p for p in example.paragraphs}
+    missing = [t for t in order if t not in by_title]
+    if not order or missing:
+        raise NoPlan(
+            f"supporting_facts name paragraph(s) the example does not hold: {missing}"
+            if missing
+            else "no supporting_facts"
+        )
+    answer = _answer(example)
+    if example.metadata.get("type", "bridge") != "comparison":
+        has_answer = [t for t in order if answer.lower() in by_title[t].text.lower()]
+        if len(has_answer) == 1:  # read the bridge entity first, the answer's paragraph last
+            order = [t for t in order if t != has_answer[0]] + has_answer
+    hops = tuple(Hop(t, by_title[t], _fact(by_title[t], sentence_ids[t])) for t in order)
+    return Plan(example.uid, hops, answer)
+
+
+def _answer(example: QAExample) -> str:
+    if not example.golden_answers:
+        raise NoPlan("no golden answer")
+    return example.golden_answers[0]
+
+
+def dataset_plan(example: QAExample) -> Plan:
+    """The plan from whichever annotation the example carries (MuSiQue's decomposition first);
+    NoPlan saying why when it carries none a plan can be written from."""
+    if example.metadata.get("question_decomposition"):
+        return musique_plan(example)
+    if example.metadata.get("supporting_facts"):
+        return hotpotqa_plan(example)
+    raise NoPlan("neither question_decomposition (MuSiQue) nor supporting_facts (HotpotQA)")
+
+
+def plan_turns(plan: Plan, protocol: TagProtocol = SEARCH_R1) -> list[str]:
+    """The agent turns that carry out `plan`: each hop a think (what was learnt so far, what is
+    needed next) and a search; then a think and the answer. Each turn ends with its stop string."""
+    t, s, a = protocol.think, protocol.search, protocol.answer
+    turns, known = [], ""
+    for hop in plan.hops:
+        turns.append(f"<{t}>{known}I need to find {hop.query}.</{t}>\n<{s}>{hop.query}</{s}>")
+        known = f"{hop.finding} "
+    answer = f"\\boxed{{{plan.answer}}}" if protocol.boxed_answer else plan.answer
+    turns.append(f"<{t}>{known}So the answer is {plan.answer}.</{t}>\n<{a}>{answer}</{a}>")
+    return turns

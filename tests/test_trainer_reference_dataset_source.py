@@ -1,0 +1,262 @@
+"""The `dataset` GT source: plans from MuSiQue's decomposition and HotpotQA's supporting facts
+(`pvpo.envs.dataset_gt`), the retrieval check, and the trajectories replayed through the env."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from trainer_support import OverlapSearcher
+
+from pvpo.envs.data import Paragraph, QAExample
+from pvpo.envs.dataset_gt import NoPlan, dataset_plan, hotpotqa_plan, musique_plan, plan_turns, substitute
+from pvpo.retriever.types import Passage, make_contents
+from pvpo.reward import SEARCH_R1
+from pvpo.trainer.reference.dataset_source import check_retrieval
+from tests.conftest import shared_data
+
+P_JOURNAL = Paragraph(
+    "Journal of Psychotherapy Integration",
+    "The Journal of Psychotherapy Integration is published by the American Psychological Association.",
+    True,
+)
+P_APA = Paragraph(
+    "American Psychological Association",
+    "G. Stanley Hall was the first president of the American Psychological Association.",
+    True,
+)
+P_OTHER = Paragraph("Lake Tahoe", "Lake Tahoe is a freshwater lake in the Sierra Nevada.", False)
+
+MUSIQUE = QAExample(
+    "musique/1",
+    "Who was the first president of the association which published Journal of Psychotherapy Integration?",
+    ("G. Stanley Hall",),
+    (P_OTHER, P_JOURNAL, P_APA),
+    {
+        "question_decomposition": [
+            {
+                "question": "What company published Journal of Psychotherapy Integration?",
+                "answer": "American Psychological Association",
+                "paragraph": 1,
+            },
+            {"question": "Who was the first president of #1 ?", "answer": "G. Stanley Hall", "paragraph": 2},
+        ]
+    },
+)
+
+P_LILU = Paragraph("Lilu (mythology)", "Lilu is a class of demon. It is related to Gallu.", True)
+P_ALU = Paragraph("Alû", "Alû is a demon. It has no mouth. A Lilu is a spirit in the Akkadian lore.", True)
+HOTPOT_BRIDGE = QAExample(
+    "hotpotqa/b",
+    "If Gallu is a demon Lilu is what?",
+    ("a spirit",),
+    (P_ALU, P_LILU, P_OTHER),
+    {"type": "bridge", "supporting_facts": [["Alû", 2], ["Lilu (mythology)", 0]]},
+)
+P_NOLAN = Paragraph("Christopher Nolan", "Christopher Nolan is a British film director.", True)
+P_SATHISH = Paragraph("Sathish Kalathil", "Sathish Kalathil is an Indian film director.", True)
+HOTPOT_COMPARISON = QAExample(
+    "hotpotqa/c",
+    "Are Christopher Nolan and Sathish Kalathil both film directors?",
+    ("yes",),
+    (P_SATHISH, P_NOLAN),
+    {"type": "comparison", "supporting_facts": [["Christopher Nolan", 0], ["Sathish Kalathil", 0]]},
+)
+
+
+def test_placeholders_take_earlier_answers_and_wikidata_relations_read_as_questions():
+    assert substitute("Who was the first president of #1 ?", ["APA"]) == "Who was the first president of APA"
+    assert substitute("Which state borders #2 to the east?", ["x", "Ohio"]) == "Which state borders Ohio to the east"
+    assert substitute("Hello Love >> performer", []) == "performer of Hello Love"
+    with pytest.raises(NoPlan, match="#2"):
+        substitute("Where was #2 born?", ["only one"])
+
+
+def test_musique_plan_searches_each_sub_question_for_its_supporting_paragraph():
+    plan = musique_plan(MUSIQUE)
+    assert [h.query for h in plan.hops] == [
+        "What company published Journal of Psychotherapy Integration",
+        "Who was the first president of American Psychological Association",
+    ]
+    assert [h.paragraph for h in plan.hops] == [P_JOURNAL, P_APA]
+    assert plan.answer == "G. Stanley Hall"
+
+
+def test_hotpotqa_bridge_reads_the_answers_paragraph_last_and_keeps_its_supporting_sentence():
+    plan = hotpotqa_plan(HOTPOT_BRIDGE)
+    # The answer occurs in Alû's paragraph only, so Lilu's (the bridge entity) is read first.
+    assert [h.query for h in plan.hops] == ["Lilu (mythology)", "Alû"]
+    assert plan.hops[1].finding == "A Lilu is a spirit in the Akkadian lore."
+    assert plan.answer == "a spirit"
+
+
+def test_hotpotqa_comparison_looks_up_both_entities_in_annotation_order():
+    plan = hotpotqa_plan(HOTPOT_COMPARISON)
+    assert [h.paragraph for h in plan.hops] == [P_NOLAN, P_SATHISH]
+    assert plan_turns(plan)[-1].endswith("<answer>yes</answer>")
+
+
+def test_examples_without_an_annotation_have_no_plan():
+    with pytest.raises(NoPlan, match="neither"):
+        dataset_plan(QAExample("nq/1", "who wrote hamlet", ("Shakespeare",)))
+    missing = QAExample("h/2", "q", ("a",), (P_OTHER,), {"supporting_facts": [["Nowhere", 0]]})
+    with pytest.raises(NoPlan, match="Nowhere"):
+        dataset_plan(missing)
+
+
+def test_plan_turns_end_with_their_stop_strings_in_the_runs_tag_protocol():
+    turns = plan_turns(musique_plan(MUSIQUE), SEARCH_R1)
+    assert len(turns) == 3
+    assert turns[0].startswith("<think>") and turns[0].endswith(
+        "<search>What company published Journal of Psychotherapy Integration</search>"
+    )
+    assert "The answer to 'What company published" in turns[1]
+    assert turns[2].endswith("<answer>G. Stanley Hall</answer>")
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer (any text encodes) with the protocol's tags as single tokens."""
+    from pvpo.trainer.model.policy import train_tokenizer
+
+    tags = [f"<{t}>" for t in ("think", "search", "information", "answer")]
+    tags += [f"</{t}>" for t in ("think", "search", "information", "answer")]
+    texts = [p.text for p in (P_JOURNAL, P_APA, P_OTHER, P_LILU, P_ALU, P_NOLAN, P_SATHISH)]
+    return train_tokenizer(texts, vocab_size=400, extra_tokens=tags)
+
+
+def _passages(*paragraphs: Paragraph) -> list[Passage]:
+    return [Passage(str(i), make_contents(p.title, p.text)) for i, p in enumerate(paragraphs)]
+
+
+def test_a_plan_whose_search_misses_its_paragraph_is_reported_by_hop():
+    class Fixed:
+        """Returns the journal's paragraph for every query: hop 2 (APA) never comes back."""
+
+        def search(self, queries, topk=None):
+            return [_passages(P_JOURNAL, P_OTHER) for _ in queries]
+
+    plans = [musique_plan(MUSIQUE), hotpotqa_plan(HOTPOT_COMPARISON)]
+    assert check_retrieval(plans, Fixed(), 2) == [2, 1]
+    searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER, P_NOLAN, P_SATHISH))
+    assert check_retrieval(plans, searcher, 1) == [None, None]
+
+
+def test_dataset_source_replays_kept_plans_through_the_env_and_drops_the_rest(tiny_tokenizer):
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.reference.gt import GTCache, fetch_gt
+    from pvpo.trainer.reference.sources import GTContext, build_gt_source
+    from pvpo.trainer.rollout.agent_loop import LoopConfig
+
+    tok = tiny_tokenizer
+    searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER, P_NOLAN, P_SATHISH))
+    ctx = GTContext(tok, searcher, EpisodeConfig(max_turns=4, topk=1), LoopConfig(max_turns=4))
+    cfg = load_config(None, ["algorithm.gt.source=dataset"])
+    src = build_gt_source("dataset", cfg.algorithm.gt, ctx)
+    no_plan = QAExample("nq/1", "who wrote hamlet", ("Shakespeare",))
+    exs = [MUSIQUE, no_plan, HOTPOT_COMPARISON, HOTPOT_BRIDGE]
+    trajs = src.generate(exs, attempt=0)
+    assert trajs[1] is None  # no annotation
+    assert trajs[3] is None  # Lilu's title shares no word with a passage the searcher holds
+    for t in (trajs[0], trajs[2]):
+        assert t is not None and t.reward == 1.0 and t.num_tool_calls == 2 and t.finish_reason == "answer"
+        assert t.old_logprobs == [0.0] * len(t.response_ids)  # deterministic: pi_gt = 1
+        assert 0 in t.loss_mask and 1 in t.loss_mask  # env tokens masked out, the agent's kept
+        assert tok.decode(t.response_ids).rstrip().endswith("</answer>")
+    assert src.report == {"asked": 4, "no_plan": 1, "search_missed_paragraph": 1, "written": 2}
+    cache = GTCache()
+    counts = fetch_gt(exs, src, cache, attempts=4, min_reward=1.0)
+    assert counts["gt/generated"] == 2 and counts["gt/failed"] == 2 and counts["gt/attempts"] == 4
+
+
+@pytest.mark.slow
+def test_dataset_gt_on_real_musique_and_hotpotqa_with_minilm_keeps_most_questions(tmp_path: Path, tiny_tokenizer):
+    """The real annotations with the real retriever over the questions' own paragraphs: most plans
+    retrieve every gold paragraph (the README's recipe relies on it)."""
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.envs.loaders import load_dataset
+    from pvpo.retriever.build import build_index
+    from pvpo.retriever.index import load_retriever
+    from pvpo.trainer.reference.dataset_source import DatasetSource
+    from pvpo.trainer.reference.sources import GTContext
+    from pvpo.trainer.rollout.agent_loop import LoopConfig
+
+    kept = {}
+    for name in ("musique_mini", "hotpotqa_mini"):
+        questions = list(load_dataset(shared_data(name, "questions.json")))[:30]
+        paragraphs = list(dict.fromkeys((p.title, p.text) for q in questions for p in q.paragraphs))
+        corpus = tmp_path / f"{name}.json"
+        corpus.write_text(json.dumps([{"title": t, "text": x} for t, x in paragraphs]))
+        retriever = load_retriever(build_index(corpus, tmp_path / f"{name}_idx", show_progress=False), device="cpu")
+        ctx = GTContext(tiny_tokenizer, retriever, EpisodeConfig(max_turns=5, topk=3), LoopConfig(max_turns=5))
+        src = DatasetSource(ctx)
+        trajs = src.generate(questions, attempt=0)
+        kept[name] = sum(t is not None and t.reward == 1.0 for t in trajs) / len(questions)
+        retriever.close()
+    assert kept["musique_mini"] >= 0.5 and kept["hotpotqa_mini"] >= 0.5, kept
+
+
+def _musique_rows(n: int) -> list[dict]:
+    """`n` MuSiQue-format questions (the hand-made one under n ids; paragraphs as MuSiQue ships them)."""
+    paragraphs = [
+        {"idx": i, "title": p.title, "paragraph_text": p.text, "is_supporting": p.is_supporting}
+        for i, p in enumerate((P_OTHER, P_JOURNAL, P_APA))
+    ]
+    decomposition = [
+        {
+            "question": "What company published Journal of Psychotherapy Integration?",
+            "answer": "American Psychological Association",
+            "paragraph_support_idx": 1,
+        },
+        {"question": "Who was the first president of #1 ?", "answer": "G. Stanley Hall", "paragraph_support_idx": 2},
+    ]
+    return [
+        {
+            "id": f"q{i}",
+            "question": MUSIQUE.question,
+            "answer": "G. Stanley Hall",
+            "answer_aliases": [],
+            "paragraphs": paragraphs,
+            "question_decomposition": decomposition,
+            "answerable": True,
+        }
+        for i in range(n)
+    ]
+
+
+def test_a_qa_file_warm_starts_on_its_dataset_gt_with_held_out_rl_and_sft_questions_disjoint(tmp_path: Path):
+    from trainer_support import TINY
+
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.loop import train
+
+    source = tmp_path / "musique.json"
+    source.write_text(json.dumps(_musique_rows(8)))
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"data.source={source}",
+            "data.held_out_examples=2",
+            "data.max_train_examples=3",
+            "data.warm_start_examples=3",
+            "data.shuffle_seed=0",
+            "model.warm_start_steps=2",
+            "model.warm_start_batch_size=2",
+            "rollout.max_turns=3",
+            "run.steps=1",
+        ],
+    )
+    searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))
+    train(cfg, tmp_path / "run", searcher=searcher, show_progress=False)
+    ws = json.loads((tmp_path / "run" / "warm_start.json").read_text())
+    assert len(ws["losses"]) == 2 and ws["dataset_gt"]["written"] == 3
+    sft = set(ws["questions"])
+    from pvpo.trainer.setup import load_data
+
+    data = load_data(cfg, tmp_path / "run")
+    rl, held = {ex.uid for ex in data.train}, {ex.uid for ex in data.eval}
+    assert len(sft) == 3 and len(rl) == 3 and len(held) == 2
+    assert not (sft & rl) and not (sft & held) and not (rl & held)

@@ -1,0 +1,146 @@
+"""The GT source `dataset`: a question's own annotation (MuSiQue's decomposition, HotpotQA's
+supporting facts; `pvpo.envs.dataset_gt`) written as the agent's turns and replayed through the
+env with the run's real retriever, so the observations are exactly what the policy would see.
+
+A plan is kept only when every search retrieves the paragraph its hop names (checked against the
+same retriever and top-k the env uses); whether its answer earns `gt.min_reward` is `gt.py`'s
+check. The source is deterministic, like `oracle`: pi_gt = 1 per token (log-prob 0) with
+`gt.logprobs: source`, or the reference policy's with `gt.logprobs: reference`.
+
+What was dropped and why is counted in `report` (no annotation, a search that missed its
+paragraph) and logged after every call.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from pvpo.envs.data import Paragraph, QAExample
+from pvpo.envs.dataset_gt import NoPlan, Plan, dataset_plan, plan_turns
+from pvpo.envs.episode import EpisodeConfig
+from pvpo.retriever.types import Passage
+from pvpo.trainer.reference.sources import GTContext, register_gt_source
+from pvpo.trainer.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def retrieves(paragraph: Paragraph, passages: Sequence[Passage]) -> bool:
+    """Whether `passages` hold `paragraph`: the same title and the same text (whitespace and case
+    aside; a corpus may cut a long text, so a prefix of 200 characters decides)."""
+    title, text = _norm(paragraph.title), _norm(paragraph.text)[:200]
+    return any(_norm(p.title) == title and _norm(p.text)[:200] == text for p in passages)
+
+
+def check_retrieval(plans: Sequence[Plan], searcher: Any, topk: int) -> list[int | None]:
+    """For each plan, the 1-based number of its first hop whose search misses its paragraph, or
+    None when every hop's paragraph comes back. All queries go to the retriever in one call."""
+    queries = [hop.query for plan in plans for hop in plan.hops]
+    results = searcher.search(queries, topk) if queries else []
+    out: list[int | None] = []
+    k = 0
+    for plan in plans:
+        miss = None
+        for i, hop in enumerate(plan.hops):
+            if miss is None and not retrieves(hop.paragraph, results[k + i]):
+                miss = i + 1
+        k += len(plan.hops)
+        out.append(miss)
+    return out
+
+
+def dataset_trajectories(
+    examples: Sequence[QAExample],
+    tokenizer: Any,
+    searcher: Any,
+    episode_config: EpisodeConfig,
+    *,
+    chat_template: bool = False,
+    eos: bool = False,
+) -> tuple[list[Trajectory | None], Counter[str]]:
+    """Each example's dataset GT trajectory replayed through the env (None where there is no plan,
+    the plan needs more searches than `max_turns` leaves room for, or a search misses its
+    paragraph), and the counts of each outcome. `eos` as in `oracle_trajectories` (SFT: True;
+    GT injection: False, ending at the answer's stop string as the agent loop's do)."""
+    from pvpo.trainer.rollout.replay import oracle_trajectories
+
+    plans: dict[int, Plan] = {}
+    counts: Counter[str] = Counter(asked=len(examples))
+    for i, ex in enumerate(examples):
+        try:
+            plan = dataset_plan(ex)
+        except NoPlan as e:
+            counts["no_plan"] += 1
+            log.debug("dataset GT: %s: %s", ex.uid, e)
+            continue
+        if len(plan.hops) >= episode_config.max_turns:  # the answer needs a turn of its own
+            counts["too_many_hops"] += 1
+            continue
+        plans[i] = plan
+    misses = check_retrieval(list(plans.values()), searcher, episode_config.topk)
+    for (i, plan), miss in zip(list(plans.items()), misses, strict=True):
+        if miss is not None:
+            counts["search_missed_paragraph"] += 1
+            log.debug(
+                "dataset GT: %s: hop %d's search %r misses its paragraph", plan.uid, miss, plan.hops[miss - 1].query
+            )
+            del plans[i]
+    keep = sorted(plans)
+    turns = {examples[i].uid: plan_turns(plans[i], episode_config.tag_protocol) for i in keep}
+    trajs = oracle_trajectories(
+        [examples[i] for i in keep],
+        lambda ex: turns[ex.uid],
+        tokenizer,
+        searcher,
+        episode_config,
+        chat_template=chat_template,
+        eos=eos,
+    )
+    out: list[Trajectory | None] = [None] * len(examples)
+    for i, t in zip(keep, trajs, strict=True):
+        out[i] = t
+    counts["written"] = len(keep)
+    log.info(
+        "dataset GT: %d of %d questions written (%d without an annotation, %d with more hops than max_turns allows, "
+        "%d whose search missed its paragraph)",
+        counts["written"],
+        counts["asked"],
+        counts["no_plan"],
+        counts["too_many_hops"],
+        counts["search_missed_paragraph"],
+    )
+    return out, counts
+
+
+class DatasetSource:
+    """GT trajectories written from the dataset's annotation, replayed through the env; `report`
+    sums the outcome counts over every call (gt.min_reward then decides which are kept)."""
+
+    deterministic = True
+
+    def __init__(self, context: GTContext) -> None:
+        self.ctx = context
+        self.report: Counter[str] = Counter()
+
+    def generate(self, examples: Sequence[QAExample], *, attempt: int) -> list[Trajectory | None]:
+        c = self.ctx
+        trajs, counts = dataset_trajectories(
+            examples, c.tokenizer, c.searcher, c.episode_config, chat_template=c.loop.chat_template
+        )
+        self.report.update(counts)
+        return trajs
+
+    def close(self) -> None:
+        return None
+
+
+@register_gt_source("dataset")
+def _dataset(gt_config: Any, context: GTContext) -> DatasetSource:
+    return DatasetSource(context)
