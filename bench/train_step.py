@@ -190,6 +190,12 @@ def main() -> None:
     ap.add_argument("--max-tokens-per-micro-batch", type=int, default=None)
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--variants",
+        default="bare,loss,update",
+        help="which steps to run, comma-separated: bare, loss (ours, loss pass), update (ours, policy_update); "
+        "e.g. `update` alone for the peak memory of one long training step",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--precision", action="store_true", help="print the float32 / bf16 comparison and exit")
     args = ap.parse_args()
@@ -253,7 +259,11 @@ def main() -> None:
 
         return update
 
-    names = ("bare", "ours (loss pass)", "ours (policy_update)")
+    known = {"bare": "bare", "loss": "ours (loss pass)", "update": "ours (policy_update)"}
+    asked = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not asked or any(v not in known for v in asked):
+        sys.exit(f"--variants {args.variants!r}: choose from {', '.join(known)}")
+    names = tuple(known[v] for v in known if v in asked)
     secs: dict[str, list[float]] = {name: [] for name in names}
     peaks: dict[str, float] = {}
     rss: dict[str, float] = {}
@@ -290,7 +300,7 @@ def main() -> None:
                 timed(name, fn, keep=r >= 1)
     rows = [(name, statistics.median(secs[name]), peaks[name], rss[name]) for name in names]
 
-    bare = rows[0][1]
+    bare = dict((n, t) for n, t, _, _ in rows).get("bare", float("nan"))
     print(
         f"model={args.model or args.shape} device={where.device} dtype={args.dtype} rows={len(batch)} tokens={tokens} "
         f"padded={batch.input_ids.numel()} checkpointing={args.gradient_checkpointing} "
