@@ -25,6 +25,7 @@ class TickBatcher(Generic[T, R]):
     def __init__(self, fn: Callable[[list[T]], Sequence[R]], executor: Executor) -> None:
         self.fn, self.executor = fn, executor
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._flushes: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak refs)
         self.calls: list[int] = []  # the size of each call, in order
 
     async def submit(self, item: T) -> R:
@@ -32,9 +33,14 @@ class TickBatcher(Generic[T, R]):
         fut: asyncio.Future[R] = loop.create_future()
         if not self._pending:
             # after the callbacks already queued (the other trajectories woken by the same event)
-            loop.call_soon(lambda: asyncio.ensure_future(self._flush()))
+            loop.call_soon(self._start_flush)
         self._pending.append((item, fut))
         return await fut
+
+    def _start_flush(self) -> None:
+        task = asyncio.ensure_future(self._flush())
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     async def _flush(self) -> None:
         batch, self._pending = self._pending, []
