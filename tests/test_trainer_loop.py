@@ -28,16 +28,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class SpyEngine(HFEngine):
-    """Records every completion it returns, in order."""
+    """Records every (context, completion) its asynchronous session returns, in order."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.log: list[list] = []
+        self.log: list[tuple[list[int], object]] = []
 
-    def generate(self, prompts, sampling):
-        out = super().generate(prompts, sampling)
-        self.log.append(out)
-        return out
+    def async_session(self, executor):
+        from pvpo.trainer.rollout.engine import AsyncGenerate
+
+        inner = super().async_session(executor)
+
+        async def generate(prompt, sampling):
+            context = list(prompt)
+            c = await inner.generate(prompt, sampling)
+            self.log.append((context, c))
+            return c
+
+        return AsyncGenerate(generate, inner.close)
 
 
 @contextlib.contextmanager
@@ -73,15 +81,12 @@ def _rollout(policy, n_examples=4, max_turns=3):
 def test_trajectories_hold_exactly_the_sampled_ids_with_env_tokens_between_turns(policy):
     eng, trajs = _rollout(policy)
     assert any(t.loss_mask.count(0) for t in trajs), "some trajectory must have an observation"
-    # rebuild each trajectory's model segments from the spy's log (rows of later turns are the
-    # still-active trajectories, in order)
-    active = list(range(len(trajs)))
-    expected: list[list[list[int]]] = [[] for _ in trajs]
-    for turn in eng.log:
-        for i, c in zip(active, turn):
-            expected[i].append(c.token_ids)
-        active = [i for i in active if trajs[i].num_turns > len(expected[i])]
-    for t, segs in zip(trajs, expected):
+    # rebuild each trajectory's model segments from the spy's log: the turns whose context is a
+    # prefix of the trajectory, shortest context first
+    for t in trajs:
+        full = t.prompt_ids + t.response_ids
+        segs = [c.token_ids for ctx, c in sorted(eng.log, key=lambda e: len(e[0])) if full[: len(ctx)] == ctx]
+        assert len(segs) == t.num_turns
         runs, cur, kind = [], [], None
         for tid, m in zip(t.response_ids, t.loss_mask):
             if m != kind and cur:
@@ -200,6 +205,16 @@ def test_smoke_config_trains_on_cpu_against_a_loopback_retriever(tmp_path):
     assert max(r["grad_norm"] for r in rows) > 0 and rows[0]["gs/gt_frac"] > 0
 
 
+class TickBatchedHF(HFEngine):
+    """The HF engine behind the default asynchronous session (the turns submitted in one event-loop
+    tick go to `generate` together), for the scripted model, which keeps no KV cache."""
+
+    def async_session(self, executor):
+        from pvpo.trainer.rollout.engine import RolloutEngine
+
+        return RolloutEngine.async_session(self, executor)
+
+
 class CountingSearcher(OverlapSearcher):
     def __init__(self, passages) -> None:
         super().__init__(passages)
@@ -210,7 +225,7 @@ class CountingSearcher(OverlapSearcher):
         return super().search(queries, topk)
 
 
-def test_the_loop_steps_the_vector_env_with_one_retriever_call_per_turn(policy):
+def test_searches_of_trajectories_finishing_a_turn_together_meet_in_one_retriever_call(policy):
     from trainer_support import ScriptedLM
 
     tok = policy.tokenizer
@@ -219,7 +234,7 @@ def test_the_loop_steps_the_vector_env_with_one_retriever_call_per_turn(policy):
     searcher = CountingSearcher(WORLD.passages)
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=2, topk=2, max_obs_chars=120)
     trajs = run_agent_loop(
-        HFEngine(ScriptedLM(scripts, len(tok)), tok),
+        TickBatchedHF(ScriptedLM(scripts, len(tok)), tok),
         tok,
         WORLD.questions("train")[:3],
         searcher,
@@ -251,7 +266,7 @@ def test_eos_without_answer_and_the_token_budget_end_trajectories_scored_as_they
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=3, topk=2, max_obs_chars=120)
     loop = LoopConfig(max_turns=3, max_new_tokens=30, max_response_tokens=30)
     trajs = run_agent_loop(
-        HFEngine(ScriptedLM(scripts, len(tok)), tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0
+        TickBatchedHF(ScriptedLM(scripts, len(tok)), tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0
     )
     assert [t.finish_reason for t in trajs] == ["eos", "budget", "answer"]
     assert trajs[0].response_ids == scripts[0] and trajs[0].loss_mask == [1] * len(scripts[0])

@@ -84,7 +84,15 @@ def test_fetch_gt_retries_up_to_attempts_keeps_only_correct_ones_and_remembers_f
     counts = fetch_gt(exs, src, cache, attempts=3, min_reward=1.0, on_generated=seen.extend)
     assert src.calls == [[a, b, c], [b, c], [c]]
     assert len(seen) == 6
-    assert counts == {"gt/asked": 3.0, "gt/generated": 2.0, "gt/failed": 1.0, "gt/attempts": 6.0, "gt/cached": 2.0}
+    assert counts == {
+        "gt/asked": 3.0,
+        "gt/generated": 2.0,
+        "gt/failed": 1.0,
+        "gt/attempts": 6.0,
+        "gt/cached": 2.0,
+        "gt/logprobs_endpoint": 0.0,
+        "gt/logprobs_reference": 0.0,
+    }
     again = GTCache(tmp_path / "gt.json")  # a resumed run: nothing recomputed
     assert a in again and b in again and c not in again and again.failed == {c: 3}
     src2 = ScriptedSource([{c}])

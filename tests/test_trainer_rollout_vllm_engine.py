@@ -207,3 +207,31 @@ def test_a_seeded_batch_larger_than_one_step_budget_samples_reproducibly(policy,
     b = engine.generate(prompts, cfg)
     assert [c.token_ids for c in a] == [c.token_ids for c in b]
     assert all(len(c.token_ids) == len(c.logprobs) > 0 for c in a)
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_agent_loop_on_vllms_step_scheduler_matches_the_transformers_engine_greedy(policy, engine) -> None:  # type: ignore[no-untyped-def]
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.envs.synthetic import SyntheticWorld
+    from pvpo.retriever.types import Passage
+    from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
+    from pvpo.trainer.rollout.hf_engine import HFEngine
+
+    class FirstPassages:
+        def search(self, queries, topk=None):  # type: ignore[no-untyped-def]
+            return [[Passage(id="1", contents="Doc: Oslo is the capital.", title="Oslo")] for _ in queries]
+
+    world = SyntheticWorld.generate(0, 8, n_relations=2, max_hops=1, questions_per_hop=4)
+    examples = world.questions("train")[:4]
+    epcfg = EpisodeConfig(
+        protocol="search_r1", reward="pvpo", max_turns=3, topk=1, max_obs_chars=80, prompt_template="Q: {question}\n"
+    )
+    loop = LoopConfig(temperature=0.0, max_turns=3, max_new_tokens=8, max_response_tokens=200)
+    tok = policy.tokenizer
+    got = run_agent_loop(engine, tok, examples, FirstPassages(), epcfg, loop, seed=0)
+    ref = run_agent_loop(HFEngine(policy.model, tok), tok, examples, FirstPassages(), epcfg, loop, seed=0)
+    assert [t.response_ids for t in got] == [t.response_ids for t in ref]
+    assert [t.finish_reason for t in got] == [t.finish_reason for t in ref]
+    for a, b in zip(got, ref, strict=True):
+        assert max((abs(x - y) for x, y in zip(a.old_logprobs, b.old_logprobs, strict=True)), default=0) < 1e-3

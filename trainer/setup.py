@@ -72,6 +72,8 @@ def loop_config(cfg: TrainConfig, temperature: float | None = None) -> LoopConfi
         max_new_tokens=r.max_new_tokens,
         max_response_tokens=r.max_response_tokens,
         chat_template=cfg.model.chat_template,
+        max_concurrency=r.max_concurrency,
+        search_timeout_s=r.search_timeout_s,
     )
 
 

@@ -258,6 +258,14 @@ class RolloutConfig(Section):
     max_response_tokens: int = Field(384, ge=1, description="model + env tokens of one trajectory")
     n: int = Field(4, ge=1, description="group size: rollouts per prompt")
     batch_size: int = Field(32, ge=1, description="trajectories generated together")
+    max_concurrency: int = Field(
+        256, ge=1, description="trajectories in flight at once in the asynchronous agent loop (each its own task)"
+    )
+    search_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="a search's time limit; past it (and one retry alone) the trajectory ends (search_timeout)",
+    )
 
     @field_validator("engine")
     @classmethod

@@ -113,7 +113,8 @@ def fetch_gt(
     """Fill `cache` for every example that has no GT trajectory yet (and has not failed before):
     up to `attempts` tries each, keeping the first whose reward reaches `min_reward`.
     `on_generated` sees every trajectory the source wrote (cost accounting); `set_logprobs`
-    replaces the kept ones' `old_logprobs` with pi_gt when pi_gt is not the source's own.
+    replaces the kept ones' `old_logprobs` with pi_gt when pi_gt is not the source's own (except
+    where the source is an endpoint that reported its log-probs: `logprobs_source="endpoint"`).
     Returns `gt/*` counts of this call."""
     pending = [
         ex for ex in dict((e.uid, e) for e in examples).values() if ex.uid not in cache and ex.uid not in cache.failed
@@ -135,8 +136,12 @@ def fetch_gt(
         }
         kept += list(good.items())
         pending = [ex for ex in pending if ex.uid not in good]
-    if set_logprobs is not None and kept:
-        set_logprobs([t for _, t in kept])
+    # pi_gt: the source's own log-probs where it reported them (an endpoint that returns them
+    # over the policy's tokenization), the reference's for the rest
+    own = [t for _, t in kept if t.logprobs_source == "endpoint"]
+    fallback = [t for _, t in kept if t.logprobs_source != "endpoint"]
+    if set_logprobs is not None and fallback:
+        set_logprobs(fallback)
     for uid, t in kept:
         t.check()
         cache.records[uid] = GTRecord.from_trajectory(t)
@@ -149,4 +154,6 @@ def fetch_gt(
         "gt/failed": float(len(pending)),
         "gt/attempts": float(tries),
         "gt/cached": float(len(cache)),
+        "gt/logprobs_endpoint": float(len(own)),  # kept trajectories whose pi_gt is the endpoint's
+        "gt/logprobs_reference": float(len(fallback) if set_logprobs is not None else 0),
     }

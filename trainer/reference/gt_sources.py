@@ -8,9 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pvpo.envs.data import QAExample
-from pvpo.envs.vector import info_at
 from pvpo.trainer.reference.sources import GTContext, GTSource, register_gt_source
-from pvpo.trainer.rollout.agent_loop import prompt_ids, run_agent_loop, vector_env
+from pvpo.trainer.rollout.agent_loop import run_agent_loop, run_episodes
 from pvpo.trainer.rollout.trajectory import Trajectory
 
 
@@ -84,9 +83,13 @@ class LocalModelSource:
 
 
 class EndpointSource:
-    """An OpenAI-compatible chat endpoint running the turns as text, client side: each turn stops
-    at the protocol's stop strings (which the server strips and we put back), the env's reply goes
-    back as the next user message. The text is tokenized with the policy's tokenizer."""
+    """An OpenAI-compatible chat endpoint running the agent loop's turns as text, client side
+    (`pvpo.trainer.rollout.endpoint_turns`): each turn stops at the protocol's stop strings (which
+    the server strips and we put back), the env's reply goes back as the next user message. The
+    text is tokenized with the policy's tokenizer. The endpoint is asked for its log-probs (vLLM's
+    server returns them): where its tokens spell each turn as the policy's tokenizer does, they are
+    pi_gt (`logprobs_source="endpoint"`); otherwise the trajectory has none (`""`) and needs the
+    reference policy's (`gt.logprobs: reference`)."""
 
     deterministic = False
 
@@ -96,60 +99,37 @@ class EndpointSource:
         m = gt_config.model
         if gt_config.logprobs != "reference":
             raise ValueError(
-                "gt.model.base_url: an endpoint's log-probs are over its own tokenization; "
-                "set algorithm.gt.logprobs=reference"
+                "gt.model.base_url: an endpoint may return no log-probs, or log-probs over its own "
+                "tokenization; set algorithm.gt.logprobs=reference"
             )
         self.ctx, self.cfg = context, m
         self.client = OpenAIClient(
             m.base_url, m.model, api_key=os.environ.get(m.api_key_env) or None, timeout=m.timeout_s
         )
 
-    def _chat(self, messages: list[dict[str, str]], seed: int) -> str:
-        from pvpo.trainer.rollout.openai_client import restore_stop
-
-        c, p = self.cfg, self.ctx.episode_config.tag_protocol
-        body = {
-            "messages": messages,
-            "temperature": c.temperature,
-            "seed": seed,
-            "max_tokens": self.ctx.loop.max_new_tokens,
-            "stop": list(p.stop_strings),
-        }
-        choice = self.client.post("chat/completions", body)["choices"][0]
-        text, _ = restore_stop(
-            choice["message"]["content"] or "", choice.get("finish_reason"), choice.get("stop_reason"), p
-        )
-        return text
-
     def generate(self, examples: Sequence[QAExample], *, attempt: int) -> list[Trajectory | None]:
+        from dataclasses import replace
+
+        from pvpo.trainer.rollout.endpoint_turns import EndpointTurns
+
         c = self.ctx
-        env = vector_env(c.searcher, c.episode_config, 1)
-        out: list[Trajectory | None] = []
-        try:
-            for k, ex in enumerate(examples):
-                prompts, _ = env.reset(options={"questions": [ex]})
-                traj = Trajectory(ex.uid, prompt_ids(c.tokenizer, prompts[0], chat_template=c.loop.chat_template))
-                messages = [{"role": "user", "content": prompts[0]}]
-                for _ in range(c.loop.max_turns):
-                    text = self._chat(messages, seed=attempt * 100_003 + k)
-                    ids = list(c.tokenizer.encode(text, add_special_tokens=False))
-                    traj.append_model(ids, [0.0] * len(ids))
-                    traj.response_text += text
-                    traj.num_turns += 1
-                    obs, rewards, terminated, truncated, infos = env.step([text])
-                    info = info_at(infos, 0)
-                    traj.num_tool_calls = int(info.get("num_searches", 0))
-                    if terminated[0] or truncated[0]:
-                        traj.reward, traj.prediction = float(rewards[0]), info.get("prediction")
-                        traj.accuracy = float(info.get("metrics", {}).get("em", 0.0))
-                        break
-                    traj.append_env(list(c.tokenizer.encode(obs[0], add_special_tokens=False)))
-                    traj.response_text += obs[0]
-                    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": obs[0]}]
-                out.append(traj)
-        finally:
-            env.close()
-        return out
+        loop = replace(c.loop, temperature=self.cfg.temperature, top_p=1.0)
+        trajs = run_episodes(
+            lambda _: EndpointTurns(
+                self.client,
+                c.episode_config.tag_protocol,
+                api="chat",
+                tokenizer=c.tokenizer,
+                chat_template=c.loop.chat_template,
+                logprobs=True,
+            ),
+            examples,
+            c.searcher,
+            c.episode_config,
+            loop,
+            seed=100_003 * (attempt + 1),
+        )
+        return list(trajs)
 
     def close(self) -> None:
         self.client.close()

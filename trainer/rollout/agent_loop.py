@@ -1,32 +1,55 @@
-"""The agent loop: turns of generation and search for a batch of prompts, kept token-exact.
+"""The agent loop: the one driver of every multi-turn episode (training rollouts, the anchor's
+reference rollouts, evaluation, GT generation, warm-start data), asynchronous per trajectory.
 
-Each turn the engine samples every active trajectory until a stop string (`</search>`,
-`</answer>`) or EOS; a `SearchVectorEnv` steps all of them at once (its episode rules read the
-turns and send all pending queries of the batch to the retriever in one call); the observations
-are tokenized and appended with loss mask 0. A trajectory ends on an answer or `max_turns` (the
-env's rules), or on EOS without an answer or the response token budget (the loop's; the env then
-scores the episode as it stands with `finish`). Rewards are the env's, computed on the text the
-policy saw.
+Each trajectory is its own asyncio task: it samples a turn (until a stop string, `</search>` /
+`</answer>`, EOS or the chat template's end-of-turn token), hands the turn to its `Episode` (the
+env's rules and rewards, `pvpo.envs.episode`), searches if the turn asked to, appends the
+observation (loss mask 0) and goes on, while the other trajectories are still generating; a turn
+never waits for another trajectory's turn. The engine batches whatever turns are pending
+(continuous batching for `hf`); the searches of the trajectories that finish a turn together
+meet in one retriever call (`microbatch.SearchBatcher`). At most `LoopConfig.max_concurrency`
+trajectories are in flight; a search that takes longer than `search_timeout_s` is retried once in
+a call of its own (the batched call may have been held up by another trajectory's query), and if
+that times out too its trajectory ends (`finish_reason="search_timeout"`); the others go on.
+
+A trajectory ends on an answer or the episode's `max_turns` (the env's rules), or on EOS without
+an answer or the response token budget (the loop's; the env then scores the episode as it stands
+with `Episode.end`). Sampled ids and log-probs are kept as sampled; rewards are the env's,
+computed on the text the policy saw.
+
+Determinism: every trajectory samples each turn with its own seed, derived from the caller's
+`seed`, the trajectory's index and the turn (`turn_seed`), and the HF engine gives each request
+its own generator, so the same seed gives the same trajectories whatever the scheduling (exactly
+so for greedy decoding, up to float rounding across padding widths). Engines seeded per batch
+(the default `RolloutEngine.generate_each`, which groups requests of one tick under the first
+one's seed) and remote endpoints can sample differently when requests meet in other groupings;
+vLLM seeds each request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+import asyncio
+import hashlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from pvpo.envs.data import QAExample
-from pvpo.envs.episode import EpisodeConfig
-from pvpo.envs.vector import SearchVectorEnv, info_at
+from pvpo.envs.episode import Episode, EpisodeConfig
+from pvpo.envs.vector import SearchVectorEnv
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind
-from pvpo.trainer.rollout.engine import RolloutEngine, SamplingConfig
+from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig
+from pvpo.trainer.rollout.microbatch import SearchBatcher
 from pvpo.trainer.rollout.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """Per-rollout limits; the episode's own `max_turns` is set from `max_turns` too."""
+    """Per-rollout limits; the episode's own `max_turns` is set from `max_turns` too.
+    `max_concurrency`: trajectories in flight at once; `search_timeout_s`: a search's limit
+    (None: none)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -34,6 +57,9 @@ class LoopConfig:
     max_new_tokens: int = 48
     max_response_tokens: int = 384
     chat_template: bool = False  # prompt = the tokenizer's chat template over one user message
+    top_k: int = -1
+    max_concurrency: int = 256
+    search_timeout_s: float | None = None
 
 
 def prompt_ids(tokenizer: Any, prompt: str, *, chat_template: bool = False) -> list[int]:
@@ -48,21 +74,16 @@ def prompt_ids(tokenizer: Any, prompt: str, *, chat_template: bool = False) -> l
     return list(tokenizer.encode(prompt, add_special_tokens=False))
 
 
-def _seed(base: int, turn: int) -> int:
-    # A per-turn seed derived from the caller's: sampling is reproducible after a resume.
-    return (base * 1_000_003 + turn * 7919) % (2**62)
-
-
-def _finish(traj: Trajectory, info: dict[str, Any], reward: float, reason: str) -> None:
-    traj.reward = float(reward)
-    traj.reward_components = dict(info.get("reward_components", {}))
-    traj.prediction = info.get("prediction")
-    traj.accuracy = float(info.get("metrics", {}).get("em", 0.0))
-    traj.finish_reason = reason
+def turn_seed(base: int, index: int, turn: int) -> int:
+    """The sampling seed of trajectory `index`'s turn `turn` in a run seeded with `base`
+    (reproducible after a resume, distinct across the identical prompts of a group)."""
+    digest = hashlib.blake2b(f"{base}:{index}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)
 
 
 def vector_env(searcher: Searcher, episode_config: EpisodeConfig, num_envs: int) -> SearchVectorEnv:
-    """A `SearchVectorEnv` with `episode_config`'s rules over `searcher`; questions come at reset."""
+    """A `SearchVectorEnv` with `episode_config`'s rules over `searcher`; questions come at reset
+    (the oracle replay's env; the agent loop drives `Episode`s directly)."""
     c = episode_config
     return SearchVectorEnv(
         num_envs,
@@ -78,6 +99,228 @@ def vector_env(searcher: Searcher, episode_config: EpisodeConfig, num_envs: int)
     )
 
 
+# ---- what generates the turns ------------------------------------------------------------------
+@dataclass
+class Turn:
+    """One sampled turn: `ids`/`logprobs` enter the trajectory as model tokens (mask 1); `text`
+    is what the env reads; `finish` is "stop", "eos" or "length"; `completion_tokens` counts
+    against the response budget."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish: str
+    completion_tokens: int
+    prompt_tokens: int = 0
+    logprobs_source: str = "sampler"
+
+
+@dataclass
+class Conversation:
+    """One trajectory's context as its source keeps it: token ids, or the text turns."""
+
+    prompt: str
+    ids: list[int] = field(default_factory=list)
+    turns: list[tuple[str, str]] = field(default_factory=list)  # (agent turn, observation)
+
+
+class TurnSource(Protocol):
+    """Generates the turns of concurrent trajectories (a token engine or a text endpoint)."""
+
+    def start(self, prompt: str) -> tuple[list[int], Conversation]:
+        """The prompt's token ids (the trajectory's `prompt_ids`) and a fresh conversation."""
+        ...
+
+    async def turn(self, conv: Conversation, sampling: SamplingConfig) -> Turn: ...
+
+    def observe(self, conv: Conversation, turn: Turn, observation: str) -> list[int]:
+        """Append the agent's turn and the env's observation; the observation's token ids."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class TokenTurns:
+    """A rollout engine's asynchronous session: token-exact turns over the context's ids."""
+
+    def __init__(self, session: AsyncGenerate, tokenizer: Any, *, chat_template: bool, stop_ids: Any) -> None:
+        self.session, self.tokenizer, self.chat_template = session, tokenizer, chat_template
+        self.stop_ids = set(stop_ids)
+
+    def start(self, prompt: str) -> tuple[list[int], Conversation]:
+        ids = prompt_ids(self.tokenizer, prompt, chat_template=self.chat_template)
+        return ids, Conversation(prompt, list(ids))
+
+    async def turn(self, conv: Conversation, sampling: SamplingConfig) -> Turn:
+        comp = await self.session.generate(conv.ids, sampling)
+        ids = list(comp.token_ids)
+        conv.ids.extend(ids)
+        text = self.tokenizer.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=False)
+        return Turn(ids, list(comp.logprobs), str(text), comp.finish_reason, len(ids))
+
+    def observe(self, conv: Conversation, turn: Turn, observation: str) -> list[int]:
+        ids = list(self.tokenizer.encode(observation, add_special_tokens=False))
+        conv.ids.extend(ids)
+        return ids
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def engine_turns(engine: RolloutEngine, tokenizer: Any, loop: LoopConfig) -> Callable[[Executor], TokenTurns]:
+    """A factory of `engine`'s turn source for one run (its session lives in the run's loop)."""
+    from pvpo.trainer.rollout.hf_engine import stop_token_ids
+
+    stop_ids = getattr(engine, "stop_ids", None) or stop_token_ids(tokenizer)
+    return lambda executor: TokenTurns(
+        engine.async_session(executor), tokenizer, chat_template=loop.chat_template, stop_ids=stop_ids
+    )
+
+
+# ---- the driver --------------------------------------------------------------------------------
+def _finish(traj: Trajectory, info: dict[str, Any], reward: float, reason: str) -> None:
+    traj.reward = float(reward)
+    traj.reward_components = dict(info.get("reward_components", {}))
+    traj.prediction = info.get("prediction")
+    traj.accuracy = float(info.get("metrics", {}).get("em", 0.0))
+    traj.format_ok = bool(info.get("format_ok", False))
+    traj.num_tool_calls = int(info.get("num_searches", traj.num_tool_calls))
+    traj.finish_reason = reason
+
+
+async def _search(searches: SearchBatcher, query: str, timeout: float | None) -> Any:
+    """The query's passages: in the tick's batched call, then, if that call does not answer within
+    `timeout` (another query of the batch may be the stuck one), in a call of its own; TimeoutError
+    when that does not answer in time either."""
+    try:
+        return await asyncio.wait_for(searches.search(query), timeout)
+    except TimeoutError:
+        return await asyncio.wait_for(searches.search_alone(query), timeout)
+
+
+async def _episode(
+    index: int,
+    example: QAExample,
+    source: TurnSource,
+    searches: SearchBatcher,
+    episode_config: EpisodeConfig,
+    reward_fn: Any,
+    loop: LoopConfig,
+    seed: int,
+) -> Trajectory:
+    protocol = episode_config.tag_protocol
+    ep = Episode(example, episode_config, reward_fn)
+    ids, conv = source.start(ep.prompt)
+    traj = Trajectory(uid=example.uid, prompt_ids=ids)
+
+    def end(reason: str, text: str = "") -> Trajectory:
+        res = ep.end(text)
+        _finish(traj, res.info, res.reward, reason)
+        return traj
+
+    for turn in range(loop.max_turns):
+        room = loop.max_response_tokens - traj.completion_tokens - traj.loss_mask.count(0)
+        sampling = SamplingConfig(
+            temperature=loop.temperature,
+            top_p=loop.top_p,
+            top_k=loop.top_k,
+            stop=tuple(protocol.stop_strings),
+            max_new_tokens=max(1, min(loop.max_new_tokens, room)),
+            seed=turn_seed(seed, index, turn),
+        )
+        out = await source.turn(conv, sampling)
+        if turn == 0:
+            traj.prompt_tokens = out.prompt_tokens or len(traj.prompt_ids)
+        traj.append_model(out.ids, out.logprobs)
+        traj.logprobs_source = out.logprobs_source
+        traj.completion_tokens += out.completion_tokens
+        traj.num_turns += 1
+        traj.response_text += out.text
+        if out.finish == "length" and out.completion_tokens >= room:  # the budget ran out inside the turn
+            return end("budget", out.text)
+        if out.finish == "eos" and protocol.parse_action(out.text).kind is not ActionKind.ANSWER:
+            return end("eos", out.text)
+        query = ep.begin_step(out.text)
+        passages = None
+        if query is not None:
+            try:
+                passages = await _search(searches, query, loop.search_timeout_s)
+            except TimeoutError:
+                return end("search_timeout")
+        res = ep.finish_step(passages)
+        traj.num_tool_calls = int(res.info.get("num_searches", 0))
+        if res.terminated or res.truncated:
+            _finish(traj, res.info, res.reward, "answer" if res.terminated else "max_turns")
+            return traj
+        obs_ids = source.observe(conv, out, res.observation)
+        if len(traj.response_ids) + len(obs_ids) >= loop.max_response_tokens:
+            return end("budget")  # the episode's response already holds this observation
+        traj.append_env(obs_ids)
+        traj.response_text += res.observation
+    return end("max_turns")  # only when loop.max_turns < the episode's max_turns
+
+
+async def run_episodes_async(
+    make_source: Callable[[Executor], TurnSource],
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    episode_config: EpisodeConfig,
+    loop: LoopConfig,
+    *,
+    seed: int,
+    executor: Executor | None = None,
+) -> list[Trajectory]:
+    """One trajectory per example, in order, each its own task (at most `loop.max_concurrency`
+    at once). Blocking work (engine steps, retriever calls) runs in `executor`'s threads."""
+    own = executor is None
+    # One engine thread: torch's OpenMP pool is per calling thread, and two engine threads taking
+    # turns kept two pools spinning on the same cores (6 questions of `pvpo eval`: 0.49x -> 1.03x).
+    pool = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="pvpo-rollout")
+    # searches get threads of their own: a stuck one never holds up an engine step
+    search_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pvpo-search")
+    source = make_source(pool)
+    searches = SearchBatcher(searcher, episode_config.topk, search_pool)
+    reward_fn = episode_config.reward_fn()
+    gate = asyncio.Semaphore(max(1, loop.max_concurrency))
+
+    async def one(i: int, ex: QAExample) -> Trajectory:
+        async with gate:
+            return await _episode(i, ex, source, searches, episode_config, reward_fn, loop, seed)
+
+    try:
+        return list(await asyncio.gather(*(one(i, ex) for i, ex in enumerate(examples))))
+    finally:
+        source.close()
+        search_pool.shutdown(wait=False, cancel_futures=True)  # a stuck search's thread ends on its own
+        if own:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_episodes(
+    make_source: Callable[[Executor], TurnSource],
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    episode_config: EpisodeConfig,
+    loop: LoopConfig,
+    *,
+    seed: int,
+) -> list[Trajectory]:
+    """`run_episodes_async` from synchronous code (in a fresh event loop; in a helper thread when
+    the caller already runs one)."""
+    if not examples:
+        return []
+
+    def go() -> list[Trajectory]:
+        return asyncio.run(run_episodes_async(make_source, examples, searcher, episode_config, loop, seed=seed))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return go()
+    with ThreadPoolExecutor(max_workers=1) as helper:
+        return helper.submit(go).result()
+
+
 def run_agent_loop(
     engine: RolloutEngine,
     tokenizer: Any,
@@ -88,72 +331,6 @@ def run_agent_loop(
     *,
     seed: int,
 ) -> list[Trajectory]:
-    """One trajectory per example (repeat an example n times for a group of n), in order."""
-    if not examples:
-        return []
-    protocol = episode_config.tag_protocol
-    env = vector_env(searcher, episode_config, len(examples))
-    try:
-        prompts, _ = env.reset(options={"questions": list(examples)})
-        trajs = [
-            Trajectory(uid=ex.uid, prompt_ids=prompt_ids(tokenizer, p, chat_template=loop.chat_template))
-            for ex, p in zip(examples, prompts, strict=True)
-        ]
-        contexts = [list(t.prompt_ids) for t in trajs]
-
-        def end(i: int, reason: str, text: str = "") -> None:
-            reward, info = env.finish(i, text)
-            _finish(trajs[i], info, reward, reason)
-
-        active = list(range(len(trajs)))
-        eos_id = tokenizer.eos_token_id
-        for turn in range(loop.max_turns):
-            if not active:
-                break
-            room = {i: loop.max_response_tokens - len(trajs[i].response_ids) for i in active}
-            sampling = SamplingConfig(
-                temperature=loop.temperature,
-                top_p=loop.top_p,
-                stop=tuple(protocol.stop_strings),
-                max_new_tokens=max(1, min(loop.max_new_tokens, max(room.values()))),
-                seed=_seed(seed, turn),
-            )
-            completions = engine.generate([contexts[i] for i in active], sampling)
-            actions = [""] * len(trajs)  # finished episodes ignore theirs
-            stepped: list[int] = []
-            for i, comp in zip(active, completions, strict=True):
-                traj = trajs[i]
-                ids, lps = comp.token_ids[: room[i]], comp.logprobs[: room[i]]
-                traj.append_model(ids, lps)
-                contexts[i].extend(ids)
-                traj.num_turns += 1
-                text = tokenizer.decode([t for t in ids if t != eos_id], skip_special_tokens=False)
-                traj.response_text += text
-                if len(ids) < len(comp.token_ids):  # budget hit inside this turn
-                    end(i, "budget", text)
-                elif comp.finish_reason == "eos" and protocol.parse_action(text).kind is not ActionKind.ANSWER:
-                    end(i, "eos", text)
-                else:
-                    actions[i] = text
-                    stepped.append(i)
-            obs, rewards, terminated, truncated, infos = env.step(actions)
-            active = []
-            for i in stepped:
-                traj, info = trajs[i], info_at(infos, i)
-                traj.num_tool_calls = int(info.get("num_searches", 0))
-                if terminated[i] or truncated[i]:
-                    _finish(traj, info, float(rewards[i]), "answer" if terminated[i] else "max_turns")
-                    continue
-                obs_ids = list(tokenizer.encode(obs[i], add_special_tokens=False))
-                if len(traj.response_ids) + len(obs_ids) >= loop.max_response_tokens:
-                    end(i, "budget")  # the env's response already holds this observation
-                    continue
-                traj.append_env(obs_ids)
-                traj.response_text += obs[i]
-                contexts[i].extend(obs_ids)
-                active.append(i)
-        for i in active:  # only when loop.max_turns < the episode's max_turns
-            end(i, "max_turns")
-        return trajs
-    finally:
-        env.close()
+    """One token-exact trajectory per example (repeat an example n times for a group of n), in
+    order, sampled by `engine`."""
+    return run_episodes(engine_turns(engine, tokenizer, loop), examples, searcher, episode_config, loop, seed=seed)

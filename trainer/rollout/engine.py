@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import Executor
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pvpo.registry import Registry
@@ -48,12 +49,49 @@ class Completion:
             raise ValueError(f"{len(self.token_ids)} tokens but {len(self.logprobs)} logprobs")
 
 
+@dataclass
+class AsyncGenerate:
+    """An engine's asynchronous side for one agent-loop run: `await generate(prompt, sampling)`
+    samples one turn of one trajectory; `close()` ends the session (stops its scheduler)."""
+
+    generate: Callable[[Sequence[int], SamplingConfig], Any]
+    close: Callable[[], None] = lambda: None
+
+
 class RolloutEngine(ABC):
     """Generates turns for a batch of prompts; receives the trainer's weights after each step."""
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
         """One completion per prompt (token-id lists), in order."""
+
+    def generate_each(self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingConfig]) -> list[Completion]:
+        """One completion per prompt, each with its own sampling (its own seed): prompts whose
+        settings differ only in the seed share one `generate` call seeded with the first's (so
+        their samples depend on the grouping; engines that seed each request override this)."""
+        groups: dict[SamplingConfig, list[int]] = {}
+        for i, s in enumerate(samplings):
+            groups.setdefault(replace(s, seed=None), []).append(i)
+        out: list[Completion | None] = [None] * len(prompts)
+        for idx in groups.values():
+            for i, c in zip(idx, self.generate([prompts[i] for i in idx], samplings[idx[0]]), strict=True):
+                out[i] = c
+        return [c for c in out if c is not None]
+
+    def async_session(self, executor: Executor) -> AsyncGenerate:
+        """What the asynchronous agent loop calls, one prompt at a time: by default the prompts
+        submitted in one event-loop tick go to `generate_each` together, in a thread of
+        `executor`. Engines with their own scheduler (continuous batching) override this."""
+        from pvpo.trainer.rollout.microbatch import TickBatcher
+
+        batcher: TickBatcher[tuple[Sequence[int], SamplingConfig], Completion] = TickBatcher(
+            lambda reqs: self.generate_each([p for p, _ in reqs], [s for _, s in reqs]), executor
+        )
+
+        async def generate(prompt: Sequence[int], sampling: SamplingConfig) -> Completion:
+            return await batcher.submit((prompt, sampling))
+
+        return AsyncGenerate(generate)
 
     @abstractmethod
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -79,6 +117,12 @@ class ViewSyncEngine(RolloutEngine):
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
         return self.inner.generate(prompts, sampling)
+
+    def generate_each(self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingConfig]) -> list[Completion]:
+        return self.inner.generate_each(prompts, samplings)
+
+    def async_session(self, executor: Executor) -> AsyncGenerate:
+        return self.inner.async_session(executor)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.inner.sync_weights(self.view(model))

@@ -2,18 +2,22 @@
 
 Left-padded batches, KV cache, temperature / top-p, stop strings checked on the decoded tail of
 each row, and the log-probability of every sampled token under the temperature-scaled
-distribution (`log_softmax(logits / T)`, before top-p truncation, as vLLM reports it). By
-default the engine samples from the trainer's own module, so `sync_weights` costs nothing.
+distribution (`log_softmax(logits / T)`, before top-p truncation, as vLLM reports it). A turn
+ends at EOS and at the chat template's end-of-turn token (`<|im_end|>` for ChatML models; see
+`stop_token_ids`). By default the engine samples from the trainer's own module, so
+`sync_weights` costs nothing. The asynchronous agent loop runs it through a continuous-batching
+scheduler (`pvpo.trainer.rollout.hf_scheduler`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pvpo.trainer.rollout.engine import Completion, RolloutEngine, SamplingConfig, register_engine
+from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig, register_engine
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -37,6 +41,27 @@ def _top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def stop_token_ids(tokenizer: Any, model: Any = None) -> frozenset[int]:
+    """The ids that end a turn like EOS: the tokenizer's EOS, the model's generation-config EOS
+    ids, and the chat template's end-of-turn token where the template writes one."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, (list, tuple)):
+        ids.update(int(t) for t in gen_eos)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        vocab = tokenizer.get_vocab()
+        ids.update(int(vocab[t]) for t in END_OF_TURN_TOKENS if t in template and t in vocab)
+    return frozenset(ids)
+
+
 class HFEngine(RolloutEngine):
     """Samples turns from a transformers causal LM."""
 
@@ -56,6 +81,7 @@ class HFEngine(RolloutEngine):
         self.device = torch.device(device) if device is not None else next(self.model.parameters()).device
         self.micro_batch_size = micro_batch_size
         self.eos_id = tokenizer.eos_token_id
+        self.stop_ids = stop_token_ids(tokenizer, self.model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -64,6 +90,12 @@ class HFEngine(RolloutEngine):
             return
         with torch.no_grad():
             self.model.load_state_dict(model.state_dict())
+
+    def async_session(self, executor: Executor) -> AsyncGenerate:
+        """A continuous-batching scheduler (at most `micro_batch_size` rows at once)."""
+        from pvpo.trainer.rollout.hf_scheduler import ContinuousBatcher
+
+        return ContinuousBatcher(self, executor, self.micro_batch_size).session()
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
         gen = torch.Generator(device="cpu")
@@ -133,7 +165,7 @@ class HFEngine(RolloutEngine):
                 t = int(nxt[i])
                 tokens[i].append(t)
                 logps[i].append(float(chosen_logp[i]))
-                if t == self.eos_id:
+                if t in self.stop_ids:
                     finish[i] = "eos"
                 elif max_stop:
                     tail = self._decode_tail(tokens[i], max_stop)

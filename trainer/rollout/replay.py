@@ -1,17 +1,45 @@
-"""Scripted turns replayed through the env: the synthetic world's oracle trajectories (the warm
-start's SFT data and the `oracle` GT source), with the env's own observations."""
+"""Scripted turns replayed through the agent loop: the synthetic world's oracle trajectories (the
+warm start's SFT data and the `oracle` GT source), with the env's own observations."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
-from pvpo.envs.vector import info_at
 from pvpo.retriever.types import Searcher
-from pvpo.trainer.rollout.agent_loop import prompt_ids, vector_env
+from pvpo.trainer.rollout.agent_loop import Conversation, LoopConfig, Turn, prompt_ids, run_episodes
+from pvpo.trainer.rollout.engine import SamplingConfig
 from pvpo.trainer.rollout.trajectory import Trajectory
+
+
+class ScriptedTurns:
+    """A turn source that writes each prompt's scripted turns, in order, tokenized with the
+    policy's tokenizer (log-prob 0: the script is deterministic)."""
+
+    def __init__(self, scripts: dict[str, list[str]], tokenizer: Any, *, chat_template: bool) -> None:
+        self.scripts, self.tokenizer, self.chat_template = scripts, tokenizer, chat_template
+
+    def start(self, prompt: str) -> tuple[list[int], Conversation]:
+        return prompt_ids(self.tokenizer, prompt, chat_template=self.chat_template), Conversation(prompt)
+
+    async def turn(self, conv: Conversation, sampling: SamplingConfig) -> Turn:
+        script = self.scripts[conv.prompt]
+        if len(conv.turns) >= len(script):  # the script ran out before the episode ended
+            return Turn([], [], "", "eos", 0)
+        text = script[len(conv.turns)]
+        conv.turns.append((text, ""))
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return Turn(ids, [0.0] * len(ids), text, "stop", len(ids))
+
+    def observe(self, conv: Conversation, turn: Turn, observation: str) -> list[int]:
+        conv.turns[-1] = (turn.text, observation)
+        return list(self.tokenizer.encode(observation, add_special_tokens=False))
+
+    def close(self) -> None:
+        return None
 
 
 def oracle_trajectories(
@@ -24,46 +52,27 @@ def oracle_trajectories(
     chat_template: bool = False,
     eos: bool = True,
 ) -> list[Trajectory]:
-    """Replay `oracle(example)`'s turns through a `SearchVectorEnv` (one retriever call per turn
-    for the batch), so the observations are exactly the env's; prompts are encoded as the agent
-    loop encodes them. With `eos` the last turn is followed by EOS (SFT teaches the model to stop);
-    without it the trajectory ends at the answer's stop string, as the agent loop's do. Each
-    oracle token gets log-prob 0: the oracle is deterministic."""
+    """Replay `oracle(example)`'s turns through the agent loop, so the observations are exactly
+    the env's and the prompts are encoded as the loop encodes them. With `eos` the answer is
+    followed by EOS (SFT teaches the model to stop); without it the trajectory ends at the
+    answer's stop string, as sampled ones do. Each oracle token gets log-prob 0: the oracle is
+    deterministic. No token budget applies."""
     if not examples:
         return []
-    turns = [oracle(ex) for ex in examples]
-    env = vector_env(searcher, episode_config, len(examples))
-    try:
-        prompts, _ = env.reset(options={"questions": list(examples)})
-        trajs = [
-            Trajectory(ex.uid, prompt_ids(tokenizer, p, chat_template=chat_template))
-            for ex, p in zip(examples, prompts, strict=True)
-        ]
-        for t in range(max(len(ts) for ts in turns)):
-            # An oracle ends with its answer, so an episode still running has a turn left.
-            live = [i for i, ts in enumerate(turns) if t < len(ts) and not env.done[i]]
-            if not live:
-                break
-            actions = [""] * len(examples)  # finished episodes ignore theirs
-            for i in live:
-                actions[i] = turns[i][t]
-                ids = list(tokenizer.encode(actions[i], add_special_tokens=False))
-                trajs[i].append_model(ids, [0.0] * len(ids))
-            obs, rewards, terminated, truncated, infos = env.step(actions)
-            for i in live:
-                trajs[i].num_turns += 1
-                info = info_at(infos, i)
-                trajs[i].num_tool_calls = int(info.get("num_searches", 0))
-                if terminated[i] or truncated[i]:
-                    trajs[i].reward = float(rewards[i])
-                    trajs[i].accuracy = float(info.get("metrics", {}).get("em", 0.0))
-                    trajs[i].prediction = info.get("prediction")
-                    trajs[i].reward_components = dict(info.get("reward_components", {}))
-                    trajs[i].finish_reason = "answer" if terminated[i] else "max_turns"
-                    if eos:
-                        trajs[i].append_model([tokenizer.eos_token_id], [0.0])
-                else:
-                    trajs[i].append_env(list(tokenizer.encode(obs[i], add_special_tokens=False)))
-        return trajs
-    finally:
-        env.close()
+    scripts = {episode_config.prompt(ex): oracle(ex) for ex in examples}
+    loop = LoopConfig(
+        max_turns=episode_config.max_turns,
+        max_new_tokens=1 << 30,
+        max_response_tokens=1 << 30,
+        chat_template=chat_template,
+    )
+
+    def make(_: Executor) -> ScriptedTurns:
+        return ScriptedTurns(scripts, tokenizer, chat_template=chat_template)
+
+    trajs = run_episodes(make, examples, searcher, episode_config, loop, seed=0)
+    for t in trajs:
+        t.logprobs_source = ""
+        if eos and t.finish_reason == "answer":
+            t.append_model([tokenizer.eos_token_id], [0.0])
+    return trajs

@@ -34,6 +34,10 @@ class Trajectory:
     is_gt: bool = False
     gt_logprobs: list[float] | None = None  # pi_gt of an injected GT trajectory's tokens
     response_text: str = ""
+    format_ok: bool = False  # the env's verdict on the response's format
+    prompt_tokens: int = 0  # as the sampler counted them (an endpoint's `usage`)
+    completion_tokens: int = 0
+    logprobs_source: str = ""  # "sampler", "endpoint" or "" (none: a text endpoint without them)
 
     def append_model(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
         """Tokens the policy sampled (trained on)."""

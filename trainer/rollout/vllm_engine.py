@@ -18,8 +18,10 @@ vLLM is imported only when an engine is built, so this module imports without it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -27,11 +29,19 @@ import sys
 import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pvpo.model_catalog import resolve_model_path
-from pvpo.trainer.rollout.engine import REQUIRED_PACKAGES, Completion, RolloutEngine, SamplingConfig, register_engine
+from pvpo.trainer.rollout.engine import (
+    REQUIRED_PACKAGES,
+    AsyncGenerate,
+    Completion,
+    RolloutEngine,
+    SamplingConfig,
+    register_engine,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +190,8 @@ class VLLMEngine(RolloutEngine):
         self._vllm = vllm
 
     # ---- generation ----------------------------------------------------------------------
-    def _sampling_params(self, sampling: SamplingConfig, index: int) -> Any:
+    def _sampling_params(self, sampling: SamplingConfig, index: int, *, per_request: bool = False) -> Any:
+        seed = sampling.seed if per_request else request_seed(sampling.seed, index)
         return self._vllm.SamplingParams(
             n=1,
             temperature=sampling.temperature,
@@ -190,9 +201,29 @@ class VLLMEngine(RolloutEngine):
             stop=list(sampling.stop),
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's log-prob only
-            seed=request_seed(sampling.seed, index),
+            seed=seed,
             skip_special_tokens=False,
         )
+
+    def generate_each(self, prompts: Sequence[Sequence[int]], samplings: Sequence[SamplingConfig]) -> list[Completion]:
+        """One completion per prompt, each request seeded with its own `SamplingConfig.seed`."""
+        if not prompts:
+            return []
+        if self._asleep:
+            self.wake_up()
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts]
+        params = [self._sampling_params(s, 0, per_request=True) for s in samplings]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        return [_completion(o.outputs[0]) for o in outputs]
+
+    def async_session(self, executor: Executor) -> AsyncGenerate:
+        """Continuous batching through the engine's step loop (`LLMEngine.add_request` / `step`):
+        a trajectory's next turn enters the running batch as soon as it is submitted."""
+        if self._asleep:
+            self.wake_up()
+        return _StepScheduler(self, executor).session()
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
         """One completion per token-id prompt, in order (one vLLM batch)."""
@@ -255,6 +286,67 @@ class VLLMEngine(RolloutEngine):
         if self._tmpdir is not None:
             self._remove_tmpdir()
             self._tmpdir = None
+
+
+class _StepScheduler:
+    """One agent-loop run's requests on the engine's `LLMEngine`, stepped in a worker thread."""
+
+    def __init__(self, engine: VLLMEngine, executor: Executor) -> None:
+        self.engine, self.executor = engine, executor
+        self.futures: dict[str, asyncio.Future[Completion]] = {}
+        self.to_add: list[tuple[str, list[int], Any]] = []
+        self.task: asyncio.Task[None] | None = None
+        self.ids = itertools.count()
+
+    def session(self) -> AsyncGenerate:
+        return AsyncGenerate(self.generate, self.close)
+
+    async def generate(self, prompt: Sequence[int], sampling: SamplingConfig) -> Completion:
+        rid = f"pvpo-{id(self)}-{next(self.ids)}"
+        fut: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        params = self.engine._sampling_params(sampling, 0, per_request=True)
+        params.output_kind = self.engine._vllm.sampling_params.RequestOutputKind.FINAL_ONLY
+        self.futures[rid] = fut
+        self.to_add.append((rid, [int(t) for t in prompt], params))
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
+        return await fut
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.futures:
+            await asyncio.sleep(0)  # let the trajectories woken by the last step submit first
+            adds, self.to_add = self.to_add, []
+            try:
+                outputs = await loop.run_in_executor(self.executor, self._step, adds)
+            except BaseException as e:
+                for fut in self.futures.values():
+                    if not fut.done():
+                        fut.set_exception(e)
+                self.futures.clear()
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                return
+            for out in outputs:
+                if out.finished and out.request_id in self.futures:
+                    fut = self.futures.pop(out.request_id)
+                    if not fut.done():
+                        fut.set_result(_completion(out.outputs[0]))
+
+    def _step(self, adds: list[tuple[str, list[int], Any]]) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        engine = self.engine.llm.llm_engine
+        for rid, prompt, params in adds:
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+        return list(engine.step())
+
+    def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self.futures and self.engine.llm is not None:
+            self.engine.llm.llm_engine.abort_request(list(self.futures))
+        self.futures.clear()
 
 
 def _max_positions(model_or_path: Any) -> int:

@@ -1,0 +1,232 @@
+"""The asynchronous agent loop: greedy trajectories equal the synchronous loop's (captured before
+it was replaced), no trajectory waits on another's turn, continuous batching is exact, a stuck
+search times out alone, at most `max_concurrency` trajectories run, the same seed gives the same
+trajectories whatever the scheduling, and turns stop at the chat template's end-of-turn token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_support import WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
+
+from pvpo.envs.episode import EpisodeConfig
+from pvpo.trainer.rollout.agent_loop import LoopConfig, prompt_ids, run_agent_loop
+from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig
+from pvpo.trainer.rollout.hf_engine import HFEngine, stop_token_ids
+from pvpo.trainer.rollout.hf_scheduler import ContinuousBatcher
+
+FIXTURE = Path(__file__).parent / "fixtures" / "agent_loop_greedy_old.json"
+EPISODE = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=4, topk=2, max_obs_chars=120)
+
+
+def _bias(policy, bias: float):
+    stop_id = policy.tokenizer.convert_tokens_to_ids("</search>")
+    return policy.model.lm_head.register_forward_hook(
+        lambda m, i, o: o.index_add(-1, torch.tensor([stop_id]), torch.full_like(o[..., :1], bias))
+    )
+
+
+@pytest.mark.parametrize("bias", ["0.0", "6.0", "8.0"])
+def test_greedy_trajectories_equal_the_synchronous_loops(policy, bias):
+    # captured from the per-turn synchronous loop (commit efe3bcf) with the same policy and limits
+    ref = json.loads(FIXTURE.read_text())[bias]
+    handle = _bias(policy, float(bias))
+    try:
+        trajs = run_agent_loop(
+            HFEngine(policy.model, policy.tokenizer),
+            policy.tokenizer,
+            WORLD.questions("train")[:8],
+            OverlapSearcher(WORLD.passages),
+            EPISODE,
+            LoopConfig(temperature=0.0, max_turns=4, max_new_tokens=12, max_response_tokens=600),
+            seed=5,
+        )
+    finally:
+        handle.remove()
+    assert len(trajs) == len(ref)
+    for t, r in zip(trajs, ref, strict=True):
+        assert (t.uid, t.prompt_ids, t.response_ids, t.loss_mask) == (
+            r["uid"],
+            r["prompt_ids"],
+            r["response_ids"],
+            r["loss_mask"],
+        )
+        assert (t.reward, t.finish_reason, t.num_turns, t.num_tool_calls, t.prediction) == (
+            r["reward"],
+            r["finish_reason"],
+            r["num_turns"],
+            r["num_tool_calls"],
+            r["prediction"],
+        )
+        assert t.old_logprobs == pytest.approx(r["old_logprobs"], abs=1e-4)
+
+
+def test_rows_joining_and_leaving_a_running_batch_sample_as_if_alone(policy):
+    from concurrent.futures import ThreadPoolExecutor
+
+    eng = HFEngine(policy.model, policy.tokenizer)
+    tok = policy.tokenizer
+    prompts = [tok.encode(q.question) for q in WORLD.questions("train")[:4]]
+    budgets = [3, 20, 7, 15]
+    alone = [
+        eng.generate([p], SamplingConfig(temperature=0.0, max_new_tokens=n))[0]
+        for p, n in zip(prompts, budgets, strict=True)
+    ]
+
+    async def go():
+        with ThreadPoolExecutor(2) as pool:
+            sched = ContinuousBatcher(eng, pool, max_batch=8)
+
+            async def chain(first, then):
+                a = await sched.generate(prompts[first], SamplingConfig(temperature=0.0, max_new_tokens=budgets[first]))
+                b = await sched.generate(prompts[then], SamplingConfig(temperature=0.0, max_new_tokens=budgets[then]))
+                return a, b
+
+            (a0, a2), (a1, a3) = await asyncio.gather(chain(0, 2), chain(1, 3))
+            return [a0, a1, a2, a3], sched.batch_sizes
+
+    got, sizes = asyncio.run(go())
+    for g, ref in zip(got, alone, strict=True):
+        assert g.token_ids == ref.token_ids and g.finish_reason == ref.finish_reason
+        assert g.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+    assert max(sizes) == 2 and sizes[-1] == 1  # rows left as they finished, joined as they came
+
+
+class PacedEngine(RolloutEngine):
+    """A fake engine whose turns take `seconds_per_token` each, scripted per prompt: the first
+    `n_long` examples search (short turns) until the episode's turn limit, the others answer at
+    once with a long turn. Logs (event, trajectory, time) and the peak number of turns in flight."""
+
+    def __init__(self, tok, examples, n_long: int, seconds_per_token: float = 0.004) -> None:
+        self.tok, self.pace = tok, seconds_per_token
+        self.prompts = [prompt_ids(tok, EPISODE.prompt(ex)) for ex in examples]
+        self.long = set(range(n_long))
+        self.events: list[tuple[str, int, float]] = []
+        self.in_flight = self.peak = 0
+
+    def _which(self, context):
+        return next(i for i, p in enumerate(self.prompts) if context[: len(p)] == p)
+
+    def async_session(self, executor):
+        async def generate(prompt, sampling):
+            i = self._which(list(prompt))
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            text = "<search>the mentor of Zaro</search>" if i in self.long else "<answer>" + "x " * 60 + "</answer>"
+            ids = self.tok.encode(text, add_special_tokens=False)
+            self.events.append(("start", i, time.perf_counter()))
+            await asyncio.sleep(self.pace * len(ids))
+            self.events.append(("end", i, time.perf_counter()))
+            self.in_flight -= 1
+            return Completion(ids, [-1.0] * len(ids), "stop", text[-9:])
+
+        return AsyncGenerate(generate)
+
+    def generate(self, prompts, sampling):
+        raise AssertionError("the agent loop uses the asynchronous session")
+
+    def sync_weights(self, model):
+        return None
+
+
+def test_short_episodes_run_their_turns_while_a_long_turn_is_still_generating(policy):
+    tok = policy.tokenizer
+    examples = WORLD.questions("train")[:6]
+    eng = PacedEngine(tok, examples, n_long=3)
+    loop = LoopConfig(max_turns=4, max_new_tokens=400, max_response_tokens=2000)
+    trajs = run_agent_loop(eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=0)
+    assert [t.num_turns for t in trajs] == [4, 4, 4, 1, 1, 1]
+    assert [t.finish_reason for t in trajs] == ["max_turns"] * 3 + ["answer"] * 3
+    first_answer_done = min(t for e, i, t in eng.events if e == "end" and i >= 3)
+    # every turn of the 4-turn episodes ran while the 1-turn episodes were still on their only turn
+    assert all(t < first_answer_done for e, i, t in eng.events if i < 3)
+
+
+class StuckSearcher(OverlapSearcher):
+    """Blocks on any query naming `stuck` until released."""
+
+    def __init__(self, passages, stuck: str) -> None:
+        super().__init__(passages)
+        self.stuck, self.release = stuck, threading.Event()
+
+    def search(self, queries, topk=None):
+        if any(self.stuck in q for q in queries):
+            self.release.wait(30)
+        return super().search(queries, topk)
+
+
+class QueryEngine(PacedEngine):
+    """Trajectory 0 searches for 'STUCK', the others for a normal query, then all answer."""
+
+    def async_session(self, executor):
+        async def generate(prompt, sampling):
+            i = self._which(list(prompt))
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            first = len(prompt) == len(self.prompts[i])
+            q = "STUCK" if i == 0 else "the mentor of Zaro"
+            text = f"<search>{q}</search>" if first else "<answer>Kelmo</answer>"
+            ids = self.tok.encode(text, add_special_tokens=False)
+            await asyncio.sleep(0.01)
+            self.in_flight -= 1
+            return Completion(ids, [-1.0] * len(ids), "stop", None)
+
+        return AsyncGenerate(generate)
+
+
+def test_a_stuck_search_ends_its_trajectory_and_the_others_go_on(policy):
+    tok = policy.tokenizer
+    examples = WORLD.questions("train")[:3]
+    searcher = StuckSearcher(WORLD.passages, "STUCK")
+    loop = LoopConfig(max_turns=4, max_new_tokens=40, max_response_tokens=2000, search_timeout_s=0.5)
+    t0 = time.perf_counter()
+    try:
+        trajs = run_agent_loop(QueryEngine(tok, examples, 0), tok, examples, searcher, EPISODE, loop, seed=0)
+    finally:
+        searcher.release.set()
+    assert time.perf_counter() - t0 < 10
+    assert [t.finish_reason for t in trajs] == ["search_timeout", "answer", "answer"]
+    assert trajs[0].num_turns == 1 and [t.num_turns for t in trajs[1:]] == [2, 2]
+
+
+def test_at_most_max_concurrency_trajectories_are_in_flight(policy):
+    tok = policy.tokenizer
+    examples = WORLD.questions("train")[:8]
+    for bound in (1, 3):
+        eng = PacedEngine(tok, examples, n_long=4, seconds_per_token=0.0005)
+        loop = LoopConfig(max_turns=4, max_new_tokens=400, max_response_tokens=2000, max_concurrency=bound)
+        trajs = run_agent_loop(eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=0)
+        assert eng.peak == bound and len(trajs) == 8
+
+
+def test_same_seed_same_sampled_trajectories_whatever_the_scheduling(policy):
+    tok = policy.tokenizer
+    examples = WORLD.questions("train")[:3] * 2  # groups: identical prompts sample differently
+    runs = []
+    handle = _bias(policy, 3.0)
+    try:
+        for bound, batch in ((1, 1), (6, 64), (4, 2)):
+            loop = LoopConfig(max_turns=3, max_new_tokens=10, max_response_tokens=300, max_concurrency=bound)
+            eng = HFEngine(policy.model, tok, micro_batch_size=batch)
+            runs.append(run_agent_loop(eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=7))
+    finally:
+        handle.remove()
+    ids = [[t.response_ids for t in r] for r in runs]
+    assert ids[0] == ids[1] == ids[2]
+    assert ids[0][0] != ids[0][3]  # a group's identical prompts got different seeds
+
+
+def test_turns_stop_at_the_chat_templates_end_of_turn_token(policy):
+    import copy
+
+    tok = copy.deepcopy(policy.tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    assert tok.convert_tokens_to_ids("<|im_end|>") not in stop_token_ids(tok)
+    tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    assert stop_token_ids(tok) == {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}

@@ -1,0 +1,249 @@
+"""Continuous batching for the transformers engine: the asynchronous agent loop's HF scheduler.
+
+Trajectories submit one turn at a time; the scheduler keeps one running batch with its KV cache
+and, between decoding steps, lets finished rows leave the batch (their cache rows are dropped and
+the left padding no row needs any more is cut) and admits waiting prompts (prefilled together,
+their cache left-padded to the batch's length and appended). A row ends at a stop string, at EOS
+or the chat template's end-of-turn token (`HFEngine.stop_ids`), or at its `max_new_tokens`.
+
+Each request samples with its own `torch.Generator`, seeded from its `SamplingConfig.seed` (the
+agent loop derives one per trajectory and turn), so a trajectory's samples do not depend on
+which other rows shared its batch; greedy decoding is independent of scheduling too, up to the
+float rounding of different padding widths.
+
+Models whose forward returns no `past_key_values` (no KV cache) are not supported here; the
+synchronous `HFEngine.generate` serves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, SamplingConfig
+
+if TYPE_CHECKING:
+    from pvpo.trainer.rollout.hf_engine import HFEngine
+
+
+@dataclass
+class _Row:
+    prompt: list[int]
+    sampling: SamplingConfig
+    future: asyncio.Future[Completion]
+    gen: torch.Generator | None
+    max_stop: int
+    tokens: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    finish: str | None = None
+    stop: str | None = None
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    extra = width - t.shape[dim]
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+
+def _rebuild(cache: Any, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    from transformers import DynamicCache
+
+    new = DynamicCache()
+    for i, (k, v) in enumerate(layers):
+        new.update(k, v, i)
+    return new
+
+
+def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+class ContinuousBatcher:
+    """One agent-loop run's scheduler over an `HFEngine`: `await generate(prompt, sampling)`."""
+
+    def __init__(self, engine: HFEngine, executor: Executor, max_batch: int) -> None:
+        self.engine, self.executor, self.max_batch = engine, executor, max(1, max_batch)
+        self.waiting: deque[_Row] = deque()
+        self.rows: list[_Row] = []
+        self.cache: Any = None
+        self.attn = torch.zeros((0, 0), dtype=torch.long)
+        self.pos = torch.zeros(0, dtype=torch.long)  # each row's next position
+        self.task: asyncio.Task[None] | None = None
+        self.batch_sizes: list[int] = []  # rows decoded at each step (instrumentation)
+
+    def session(self) -> AsyncGenerate:
+        return AsyncGenerate(self.generate, self.close)
+
+    async def generate(self, prompt: Any, sampling: SamplingConfig) -> Completion:
+        loop = asyncio.get_running_loop()
+        gen = None
+        if sampling.temperature > 0:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(sampling.seed if sampling.seed is not None else torch.seed() % (2**63))
+        row = _Row(
+            [int(t) for t in prompt],
+            sampling,
+            loop.create_future(),
+            gen,
+            max((len(s) for s in sampling.stop), default=0),
+        )
+        if not row.prompt:
+            raise ValueError("empty prompt")
+        self.waiting.append(row)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._run())
+        return await row.future
+
+    def close(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        self.rows, self.cache = [], None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.waiting or self.rows:
+            # Trajectories woken by the last step run first: those that go straight on to their
+            # next turn (no search) join this step.
+            await asyncio.sleep(0)
+            admit: list[_Row] = []
+            while self.waiting and len(self.rows) + len(admit) < self.max_batch:
+                admit.append(self.waiting.popleft())
+            try:
+                done = await loop.run_in_executor(self.executor, self._step, admit)
+            except BaseException as e:
+                for row in [*self.rows, *admit, *self.waiting]:
+                    if not row.future.done():
+                        row.future.set_exception(e)
+                self.rows, self.cache, self.waiting = [], None, deque()
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                return
+            for row in done:
+                if not row.future.done():
+                    row.future.set_result(self._completion(row))
+
+    def _completion(self, row: _Row) -> Completion:
+        return Completion(
+            token_ids=row.tokens,
+            logprobs=row.logps,
+            finish_reason=row.finish or "length",
+            stop_string=row.stop,
+            text=str(self.engine.tokenizer.decode(row.tokens, skip_special_tokens=False)),
+        )
+
+    # ---- one scheduler step (worker thread) --------------------------------------------------
+    @torch.no_grad()
+    def _step(self, admit: list[_Row]) -> list[_Row]:
+        model = self.engine.model
+        was_training = model.training
+        model.eval()
+        try:
+            if self.rows:
+                self._decode()
+            if admit:
+                self._prefill(admit)
+            self.batch_sizes.append(len(self.rows))
+            return self._retire()
+        finally:
+            model.train(was_training)
+
+    def _decode(self) -> None:
+        dev = self.engine.device
+        last = torch.tensor([r.tokens[-1] for r in self.rows], dtype=torch.long, device=dev)[:, None]
+        self.attn = torch.cat([self.attn, torch.ones((len(self.rows), 1), dtype=torch.long, device=dev)], dim=1)
+        res = self.engine.model(
+            input_ids=last,
+            attention_mask=self.attn,
+            position_ids=self.pos[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = res.past_key_values
+        self.pos = self.pos + 1
+        self._pick(res.logits[:, -1, :], self.rows)
+
+    def _prefill(self, rows: list[_Row]) -> None:
+        dev, pad = self.engine.device, self.engine.pad_id
+        width = max(len(r.prompt) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
+            attn[i, width - len(r.prompt) :] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        res = self.engine.model(
+            input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=None, use_cache=True
+        )
+        self._pick(res.logits[:, -1, :], rows)
+        pos = attn.sum(-1)
+        if not self.rows:
+            self.cache, self.attn, self.pos, self.rows = res.past_key_values, attn, pos, list(rows)
+            return
+        # the new rows' cache (width + 1 after their first token is fed) joins the batch's
+        t = max(self.attn.shape[1], attn.shape[1])
+        merged = [
+            (
+                torch.cat([_left_pad(ka, t, 2), _left_pad(kb, t, 2)], dim=0),
+                torch.cat([_left_pad(va, t, 2), _left_pad(vb, t, 2)], dim=0),
+            )
+            for (ka, va), (kb, vb) in zip(_kv(self.cache), _kv(res.past_key_values), strict=True)
+        ]
+        self.cache = _rebuild(self.cache, merged)
+        self.attn = torch.cat([_left_pad(self.attn, t, 1), _left_pad(attn, t, 1)], dim=0)
+        self.pos = torch.cat([self.pos, pos])
+        self.rows = self.rows + list(rows)
+
+    def _pick(self, logits: torch.Tensor, rows: list[_Row]) -> None:
+        """Sample (or take the argmax of) each row's next token with its own generator; record its
+        log-prob under the temperature-scaled distribution (T = 1 when greedy)."""
+        from pvpo.trainer.rollout.hf_engine import _top_k_filter, _top_p_filter
+
+        logits = logits.float()
+        for i, r in enumerate(rows):
+            s = r.sampling
+            if s.temperature <= 0:
+                row = logits[i]
+                t = int(row.argmax())
+            else:
+                row = logits[i] / s.temperature
+                filtered = _top_p_filter(_top_k_filter(row[None], s.top_k), s.top_p)[0]
+                probs = torch.softmax(filtered, dim=-1).cpu()
+                t = int(torch.multinomial(probs, 1, generator=r.gen))
+            r.tokens.append(t)
+            r.logps.append(float(torch.log_softmax(row, dim=-1)[t]))
+            if t in self.engine.stop_ids:
+                r.finish = "eos"
+            elif r.max_stop:
+                tail = self.engine._decode_tail(r.tokens, r.max_stop)
+                hit = next((x for x in s.stop if x in tail), None)
+                if hit is not None:
+                    r.finish, r.stop = "stop", hit
+            if r.finish is None and len(r.tokens) >= s.max_new_tokens:
+                r.finish = "length"
+
+    def _retire(self) -> list[_Row]:
+        """Drop the finished rows from the batch (and the left padding no remaining row uses)."""
+        done = [r for r in self.rows if r.finish is not None]
+        if not done:
+            return []
+        keep = [i for i, r in enumerate(self.rows) if r.finish is None]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self.cache, self.attn, self.pos = None, self.attn[:0, :0], self.pos[:0]
+            return done
+        ix = torch.tensor(keep, dtype=torch.long, device=self.attn.device)
+        attn = self.attn[ix]
+        used = attn.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else 0
+        self.attn, self.pos = attn[:, start:], self.pos[ix]
+        self.cache = _rebuild(self.cache, [(k[ix, :, start:], v[ix, :, start:]) for k, v in _kv(self.cache)])
+        return done
