@@ -67,6 +67,10 @@ class EventEngine(HFEngine):
         self.events.append("generate")
         return super().generate(prompts, sampling)
 
+    def async_session(self, executor):  # the agent loop's way in: one "generate" per session
+        self.events.append("generate")
+        return super().async_session(executor)
+
     def sync_weights(self, model) -> None:
         self.events.append("sync")
         super().sync_weights(model)
