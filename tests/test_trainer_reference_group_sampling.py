@@ -402,13 +402,9 @@ def _recording_trainer(*args, **kwargs):
     return RecordingTrainer(*args, **kwargs)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("group_sampling", [True, False])
-def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp_path, group_sampling):
-    """A policy warm-started on 1-hop questions never solves the 2-hop RL prompts (reference
-    accuracy 0 over its anchor rollouts). With Group Sampling their GT trajectories are injected and
-    the policy's own sampled rollouts of those prompts start to succeed within 30 steps; without
-    it, no rollout of those prompts ever succeeds."""
+def _never_solved_accuracy(tmp_path, group_sampling: bool) -> tuple[float, float]:
+    """(first 8 steps, last 8 steps): the accuracy of the policy's own sampled rollouts on the RL
+    prompts its anchor rollouts never solved, in a 30-step run from a 1-hop warm start."""
     from pvpo.reward import SEARCH_R1
     from pvpo.trainer.setup import Data
 
@@ -440,7 +436,7 @@ def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp
             "run.threads=1",
         ],
     )
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / f"run_{group_sampling}"
     run_dir.mkdir()
     trainer = _recording_trainer(
         cfg, run_dir, Data(two, [], None, texts, WORLD, one), OverlapSearcher(WORLD.passages), show_progress=False
@@ -454,14 +450,22 @@ def test_group_sampling_teaches_prompts_the_warm_started_policy_never_solves(tmp
         ts = [t for step in steps for t in step if t.uid in never]
         return sum(t.accuracy for t in ts) / len(ts)
 
-    late = acc(trainer.sampled[-8:])
-    if group_sampling:
-        assert late >= 0.1, (
-            f"GT injection did not teach the never-solved prompts: accuracy {late:.2f} in the last 8 steps"
-        )
-        assert late > acc(trainer.sampled[:8])
-    else:
-        assert late == 0.0 and acc(trainer.sampled) == 0.0
+    return acc(trainer.sampled[:8]), acc(trainer.sampled[-8:])
+
+
+@pytest.mark.slow
+def test_group_sampling_teaches_prompts_the_reference_never_solves_more_than_rl_alone(tmp_path):
+    """A policy warm-started on 1-hop questions and 2-hop RL prompts its anchor (M=2) never solves.
+    With Group Sampling their GT trajectories are injected and the policy's own rollouts of those
+    prompts succeed more often late in the run than early, and more than without it. (Before the
+    asynchronous agent loop the policy never solved them without GT; with per-trajectory sampling
+    it solves about 0.1 of its rollouts of them from step 1, so the comparison is between arms:
+    measured late accuracy 0.30 with Group Sampling, 0.21 without.)"""
+    gs_early, gs_late = _never_solved_accuracy(tmp_path, True)
+    _, plain_late = _never_solved_accuracy(tmp_path, False)
+    assert gs_late >= 0.1, f"GT injection did not teach the never-solved prompts: accuracy {gs_late:.2f} late"
+    assert gs_late > gs_early, (gs_early, gs_late)
+    assert gs_late > plain_late, f"Group Sampling {gs_late:.2f} vs RL alone {plain_late:.2f} in the last 8 steps"
 
 
 def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as_pi_gt(tmp_path, tiny):
