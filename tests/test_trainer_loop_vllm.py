@@ -40,6 +40,8 @@ def _train_smoke_with_vllm(run: Path, *overrides: str) -> list[dict]:
             str(run),
             "rollout.engine=vllm",
             *VLLM_SHAPE,
+            # on-policy rows only: an injected GT row's ratio is pi_theta / pi_gt, not ~1
+            "algorithm.group_sampling.enabled=false",
             *overrides,
         ],
         env=env,
