@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pvpo.atomic import append_jsonl, atomic_write_json, read_jsonl
+from pvpo.atomic import append_jsonl, atomic_write_json, read_jsonl, replaced_path
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
 from pvpo.envs.loaders import read_records
@@ -303,10 +303,6 @@ def _other_run(out_dir: Path, run: Mapping[str, Any]) -> str | None:
     )
 
 
-def _aside(out_dir: Path) -> Path:
-    return out_dir.parent / f".{out_dir.name}.pvpo-replaced"
-
-
 # ---- the run ---------------------------------------------------------------------------------------
 
 
@@ -339,7 +335,7 @@ def run_eval(
         if not (out / RUN).exists():
             write_json(out / RUN, dict(run))
         return _answer(policy, examples, searcher, settings, out, run=run, show_progress=show_progress)
-    aside = _aside(out)
+    aside = replaced_path(out)
     if aside.exists():
         raise EvalError(f"{aside} holds a run an earlier --overwrite replaced: delete it or move it back to {out}")
     os.replace(out, aside)

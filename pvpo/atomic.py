@@ -19,6 +19,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+def replaced_path(path: str | Path) -> Path:
+    """Where a folder being replaced (`--overwrite` of a run or an evaluation) waits, hidden beside
+    it, until its replacement has written something worth keeping."""
+    path = Path(path)
+    return path.parent / f".{path.name}.pvpo-replaced"
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` through a temporary file in the same folder, fsynced, then
     renamed over `path`. A crash leaves the old file or the new one; the temporary file is removed

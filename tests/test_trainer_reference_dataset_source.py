@@ -260,3 +260,24 @@ def test_a_qa_file_warm_starts_on_its_dataset_gt_with_held_out_rl_and_sft_questi
     rl, held = {ex.uid for ex in data.train}, {ex.uid for ex in data.eval}
     assert len(sft) == 3 and len(rl) == 3 and len(held) == 2
     assert not (sft & rl) and not (sft & held) and not (rl & held)
+
+
+def test_the_replay_reuses_the_retrieval_checks_results_each_hop_searched_once(tiny_tokenizer):
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.trainer.reference.dataset_source import dataset_trajectories
+
+    class Counting(OverlapSearcher):
+        def __init__(self, passages) -> None:
+            super().__init__(passages)
+            self.asked: list[str] = []
+
+        def search(self, queries, topk=None):
+            self.asked += list(queries)
+            return super().search(queries, topk)
+
+    searcher = Counting(_passages(P_JOURNAL, P_APA, P_OTHER, P_NOLAN, P_SATHISH))
+    trajs, counts = dataset_trajectories([MUSIQUE, HOTPOT_COMPARISON], tiny_tokenizer, searcher, EpisodeConfig(topk=1))
+    assert counts["written"] == 2 and all(t is not None and t.num_tool_calls == 2 for t in trajs)
+    assert sorted(searcher.asked) == sorted(
+        h.query for p in (musique_plan(MUSIQUE), hotpotqa_plan(HOTPOT_COMPARISON)) for h in p.hops
+    )

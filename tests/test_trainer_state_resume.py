@@ -13,10 +13,10 @@ import torch
 from trainer_support import TINY, WORLD, OverlapSearcher
 from typer.testing import CliRunner
 
+from pvpo.atomic import replaced_path
 from pvpo.trainer.config.schema import dump_config, load_config
 from pvpo.trainer.state.checkpoint import save_checkpoint
 from pvpo.trainer.state.resume import RunDirError, check_resume_config, fresh_run_dir, resume_config
-from pvpo.trainer.state.run_dir import replaced_path
 
 
 def _run_with_config(tmp_path: Path, *overrides: str) -> Path:

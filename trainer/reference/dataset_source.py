@@ -39,6 +39,21 @@ def retrieves(paragraph: Paragraph, passages: Sequence[Passage]) -> bool:
     return any(_norm(p.title) == title and _norm(p.text)[:200] == text for p in passages)
 
 
+class _Memo:
+    """A searcher that answers a (query, top-k) it has answered before from memory, so the replay
+    reuses the retrieval check's results instead of searching every hop twice."""
+
+    def __init__(self, searcher: Any) -> None:
+        self.searcher = searcher
+        self.seen: dict[tuple[str, int | None], list[Passage]] = {}
+
+    def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
+        new = list(dict.fromkeys(q for q in queries if (q, topk) not in self.seen))
+        if new:
+            self.seen.update(((q, topk), r) for q, r in zip(new, self.searcher.search(new, topk), strict=True))
+        return [self.seen[(q, topk)] for q in queries]
+
+
 def check_retrieval(plans: Sequence[Plan], searcher: Any, topk: int) -> list[int | None]:
     """For each plan, the 1-based number of its first hop whose search misses its paragraph, or
     None when every hop's paragraph comes back. All queries go to the retriever in one call."""
@@ -84,6 +99,7 @@ def dataset_trajectories(
             counts["too_many_hops"] += 1
             continue
         plans[i] = plan
+    searcher = _Memo(searcher)
     misses = check_retrieval(list(plans.values()), searcher, episode_config.topk)
     for (i, plan), miss in zip(list(plans.items()), misses, strict=True):
         if miss is not None:

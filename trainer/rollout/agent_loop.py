@@ -37,7 +37,6 @@ from typing import Any, Protocol
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import Episode, EpisodeConfig
-from pvpo.envs.vector import SearchVectorEnv
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind
 from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig
@@ -79,24 +78,6 @@ def turn_seed(base: int, index: int, turn: int) -> int:
     (reproducible after a resume, distinct across the identical prompts of a group)."""
     digest = hashlib.blake2b(f"{base}:{index}:{turn}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1)
-
-
-def vector_env(searcher: Searcher, episode_config: EpisodeConfig, num_envs: int) -> SearchVectorEnv:
-    """A `SearchVectorEnv` with `episode_config`'s rules over `searcher`; questions come at reset
-    (the oracle replay's env; the agent loop drives `Episode`s directly)."""
-    c = episode_config
-    return SearchVectorEnv(
-        num_envs,
-        None,
-        retriever=searcher,
-        protocol=c.protocol,
-        reward=c.reward,
-        reward_params=c.reward_params,
-        max_turns=c.max_turns,
-        topk=c.topk,
-        max_obs_chars=c.max_obs_chars,
-        prompt_template=c.prompt_template,
-    )
 
 
 # ---- what generates the turns ------------------------------------------------------------------

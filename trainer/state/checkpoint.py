@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pvpo.atomic import atomic_write_dir, atomic_write_text
-from pvpo.trainer.state.run_dir import RunDir, replaced_path
+from pvpo.atomic import atomic_write_dir, atomic_write_text, replaced_path
+from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 

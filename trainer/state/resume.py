@@ -12,9 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pvpo.atomic import replaced_path
 from pvpo.trainer.config.schema import ConfigError, TrainConfig, load_config
 from pvpo.trainer.state.checkpoint import LATEST, latest_checkpoint
-from pvpo.trainer.state.run_dir import RunDir, replaced_path
+from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 

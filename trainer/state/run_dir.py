@@ -40,12 +40,6 @@ def _is_run_entry(name: str) -> bool:
     )
 
 
-def replaced_path(root: str | Path) -> Path:
-    """Where `--overwrite` keeps the run it replaces until the new run's first checkpoint."""
-    root = Path(root)
-    return root.parent / f".{root.name}.pvpo-replaced"
-
-
 class RunDir:
     """The files of a run under `root`. The state files (anchor, Group Sampling partition, GT
     cache, V0.5's value model) are copied into every checkpoint and restored on resume."""
