@@ -54,6 +54,11 @@ def pvpo(*args: str, timeout: float = 600) -> Outcome:
     return Outcome(proc.returncode, proc.stderr + proc.stdout, time.perf_counter() - t0)
 
 
+def jsonl(rows: list[dict]) -> bytes:
+    """`rows` as a JSON-lines file's bytes."""
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
 def first_error(out: str) -> str:
     """The `error: ...` line of a refused command (with the next line when it ends in a colon),
     click's `Invalid value` line for a bad option, else the output's first line."""
@@ -167,7 +172,7 @@ class Faults:
             {"id": "1", "question": q, "golden_answers": ["a"]},
             {"id": "2", "question": "q?", "golden_answers": ["a"]},
         ]
-        path = self.dataset("huge.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        path = self.dataset("huge.jsonl", jsonl(rows))
         t0 = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "pvpo.cli", *self.eval_args(path, "eval_huge")],
@@ -201,7 +206,7 @@ class Faults:
             {"id": "2", "question": "q2?", "golden_answers": []},
             {"id": "3", "question": "q3?"},
         ]
-        path = self.dataset("nogold.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        path = self.dataset("nogold.jsonl", jsonl(rows))
         res = pvpo(*self.eval_args(path, "eval_nogold"))
         warn = next((ln for ln in res.out.splitlines() if "without golden answers" in ln), "no warning")
         return Row(
@@ -244,10 +249,10 @@ class Faults:
 
     def corpus_fault(self) -> Row:
         rows = [{"id": "a", "contents": "one"}, {"id": "b", "contents": ""}, {"id": "a", "contents": "three"}]
-        path = self.dataset("dup_corpus.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        path = self.dataset("dup_corpus.jsonl", jsonl(rows))
         res = pvpo("retriever", "build", "--corpus", str(path), "--out", str(self.work / "dup_index"))
         rows2 = [{"id": "a", "contents": "one"}, {"id": "b", "contents": "  "}]
-        path2 = self.dataset("empty_passage.jsonl", "".join(json.dumps(r) + "\n" for r in rows2).encode())
+        path2 = self.dataset("empty_passage.jsonl", jsonl(rows2))
         res2 = pvpo("retriever", "build", "--corpus", str(path2), "--out", str(self.work / "empty_index"))
         warn = next((ln for ln in res2.out.splitlines() if "have no text" in ln), "no warning")
         return Row(
@@ -301,7 +306,7 @@ class Faults:
 
     def sigint_eval(self) -> Row:
         rows = [{"id": str(i), "question": f"who is entity {i}?", "golden_answers": ["x"]} for i in range(24)]
-        path = self.dataset("sigint.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+        path = self.dataset("sigint.jsonl", jsonl(rows))
         whole = pvpo(*self.eval_args(path, "eval_whole"), "--batch-size", "4")
         args = [sys.executable, "-m", "pvpo.cli", *self.eval_args(path, "eval_cut"), "--batch-size", "4"]
         proc = subprocess.Popen(args, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -122,7 +122,7 @@ def eval_speed(argv: list[str]) -> None:
     import subprocess
 
     ap = argparse.ArgumentParser(description="pvpo eval HF-engine speed, this tree vs a baseline commit")
-    ap.add_argument("--model", required=True, help="HF model folder (e.g. SmolLM2-135M-Instruct)")
+    ap.add_argument("--model", required=True, help="a catalog name (smollm2-135m-instruct), *.gguf file or HF folder")
     ap.add_argument("--questions", type=int, default=100)
     ap.add_argument("--questions-file", default=str(HOTPOT / "questions.json"))
     ap.add_argument("--corpus", default=str(HOTPOT / "corpus.json"))
@@ -130,7 +130,10 @@ def eval_speed(argv: list[str]) -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=512)
     a = ap.parse_args(argv)
+    from pvpo.model_catalog import resolve_model_path
     from pvpo.retriever.build import build_index
+
+    a.model = resolve_model_path(a.model)  # a folder both trees load (the baseline has no catalog)
 
     repo = Path(__file__).resolve().parents[1]
     tmp = Path(tempfile.mkdtemp(prefix="pvpo-bench-eval-"))

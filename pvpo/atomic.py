@@ -57,12 +57,17 @@ def atomic_write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> P
 
 def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` on an empty `<path>.tmp` folder, then rename it to `path` (replacing it),
-    so `path` is absent, the old folder, or complete: never half written."""
+    so `path` is absent, the old folder, or complete: never half written. A `write` that raises
+    leaves no `.tmp` folder behind."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
     return path

@@ -21,7 +21,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,7 +206,6 @@ def pull(name_or_path: str, *, force: bool = False, check_hashes: bool = True) -
     except ModelCatalogError:
         raise
     except Exception as err:  # a GGUF transformers cannot read: the file, not our code
-        shutil.rmtree(target.with_name(target.name + ".tmp"), ignore_errors=True)
         raise ModelCatalogError(f"{src.gguf}: cannot convert ({type(err).__name__}: {err}); fix: {src.fix}") from err
     return target
 
@@ -216,7 +214,7 @@ def resolve_model_path(name_or_path: str) -> str:
     """A local folder for a catalog name or `*.gguf` file (converted into the cache on first use,
     size-checked after), `name_or_path` itself otherwise (an HF folder or hub id)."""
     name_or_path = str(name_or_path)
-    if name_or_path not in CATALOG and not name_or_path.endswith(".gguf"):
+    if not is_catalog_model(name_or_path):
         return name_or_path
     return str(pull(name_or_path, check_hashes=False))
 

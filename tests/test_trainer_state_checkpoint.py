@@ -130,7 +130,7 @@ def test_atomic_write_dir_leaves_the_previous_directory_when_the_writer_crashes(
 
     with pytest.raises(OSError):
         atomic_write_dir(target, crash)
-    assert (target / "config.json").read_text() == "old"
+    assert (target / "config.json").read_text() == "old" and not (tmp_path / "initial_policy.tmp").exists()
     atomic_write_dir(target, lambda d: (d / "config.json").write_text("new"))
     assert (target / "config.json").read_text() == "new" and not (tmp_path / "initial_policy.tmp").exists()
 
