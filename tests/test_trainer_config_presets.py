@@ -86,3 +86,20 @@ def test_a_training_dataset_without_questions_is_refused_rc_2(tmp_path):
     assert res.exit_code == 2 and "empty.jsonl holds no questions" in res.output and "Traceback" not in res.output, (
         res.output
     )
+
+
+def test_the_real_data_recipe_needs_its_qa_files_and_splits_them_three_ways(tmp_path):
+    import pytest
+
+    from pvpo.trainer.config.presets import resolve_config
+    from pvpo.trainer.config.schema import ConfigError
+
+    path = resolve_config("real_smollm2_hotpotqa_musique")
+    with pytest.raises(ConfigError, match=r"data.corpus=questions indexes the paragraphs of QA files"):
+        load_config(path, [])
+    cfg = load_config(path, ["data.source=[a/questions.json, b/questions.json]"])
+    d, alg = cfg.data, cfg.algorithm
+    assert d.source == ["a/questions.json", "b/questions.json"] and d.corpus == "questions"
+    assert d.held_out_examples and d.held_out_examples >= 40 and d.warm_start_examples and cfg.model.warm_start_steps
+    assert (cfg.model.path, cfg.model.chat_template, cfg.run.eval_base) == ("smollm2-135m-instruct", True, True)
+    assert (alg.estimator, alg.group_sampling.enabled, alg.gt.source) == ("pvpo", True, "dataset")

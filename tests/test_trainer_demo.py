@@ -209,3 +209,26 @@ def test_only_what_a_run_writes_counts_as_an_earlier_run_a_fresh_demo_may_replac
     assert foreign_entries(tmp_path) == []
     (tmp_path / "index.html").write_text("mine")
     assert foreign_entries(tmp_path) == ["index.html"]
+
+
+def test_a_run_with_a_base_evaluation_reports_three_points_and_both_paired_gains(tmp_path):
+    from pvpo.trainer.demo import paired_gain, summary_table
+    from pvpo.trainer.loop import TrainResult
+
+    def ev(em: list[float]) -> dict[str, float]:
+        return {"eval/accuracy": sum(em) / len(em), "eval/accuracy_se": 0.1, "eval/format_ok": 1.0, "eval/n": len(em)}
+
+    base, sft, rl = [0.0] * 10, [0, 0, 0, 1, 0, 0, 1, 0, 0, 0], [1, 1, 0, 1, 1, 0, 1, 1, 0, 1]
+    result = TrainResult(tmp_path, 2, eval_before=ev(sft), eval_after=ev(rl), eval_base=ev(base))
+    result.eval_em = {"base": base, "before": [float(x) for x in sft], "after": [float(x) for x in rl]}
+    cfg = config_from_dict({"model": {"warm_start_steps": 1}})
+    text = summary_table(cfg, result, {}, n_sft=3, n_rl=4)
+    assert "| held-out | base model | after warm start | after RL | RL - warm start |" in text
+    assert "| EM | 0.000 | 0.200 | 0.700 | +0.500 |" in text
+    # base -> RL: 7 of 10 questions gain 1, paired s.e. 0.153, 4.6 s.e.; warm start -> RL: +0.5, s.e. 0.167, 3.0
+    ok, line = paired_gain(base, [float(x) for x in rl], what="base model -> after RL", min_se=3)
+    assert ok and line in text and "+0.700" in line
+    ok2, line2 = paired_gain([float(x) for x in sft], [float(x) for x in rl], what="RL over the warm start", min_se=2)
+    assert line2 in text and "+0.500" in line2 and ok2
+    # a gain below its bar says so
+    assert not paired_gain([0.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0], what="x", min_se=2)[0]

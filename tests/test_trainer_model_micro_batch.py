@@ -63,3 +63,18 @@ def test_trimmed_micro_batches_give_the_same_logprobs(tok):
     sub, r = trim_columns(batch.select([2]))
     pl, rl = row_lengths(batch)
     assert sub.input_ids.shape[1] == pl[2] + rl[2] and r == rl[2]
+
+
+def test_the_warm_starts_sft_in_token_budgeted_micro_batches_has_the_whole_batchs_loss_and_gradient(tok):
+    from pvpo.trainer.model.warmstart import sft_backward, sft_loss
+
+    model = small_model(tok)
+    trajs = random_trajectories(8, len(tok), seed=3)
+    whole = sft_loss(model, collate(trajs, tok.pad_token_id))
+    whole.backward()
+    expected = gradients(model)
+    model.zero_grad(set_to_none=True)
+    loss = sft_backward(model, trajs, tok.pad_token_id, max_tokens=96)  # several micro-batches of <= 96 padded tokens
+    assert loss == pytest.approx(float(whole.detach()), rel=1e-5)
+    for g, e in zip(gradients(model), expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)

@@ -247,12 +247,18 @@ def test_a_qa_file_warm_starts_on_its_dataset_gt_with_held_out_rl_and_sft_questi
             "model.warm_start_batch_size=2",
             "rollout.max_turns=3",
             "run.steps=1",
+            "run.eval_base=true",
         ],
     )
     searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))
-    train(cfg, tmp_path / "run", searcher=searcher, show_progress=False)
+    result = train(cfg, tmp_path / "run", searcher=searcher, show_progress=False)
     ws = json.loads((tmp_path / "run" / "warm_start.json").read_text())
     assert len(ws["losses"]) == 2 and ws["dataset_gt"]["written"] == 3
+    # run.eval_base: the held-out set evaluated before the warm start too, kept for a resume
+    assert result.eval_base["eval/n"] == 2 and len(result.eval_em["base"]) == 2
+    assert ws["eval_base"] == result.eval_base and ws["eval_base_em"] == result.eval_em["base"]
+    held_file = [json.loads(x) for x in (tmp_path / "run" / "held_out.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in held_file) == sorted(ex.uid for ex in result_held_out(cfg, tmp_path / "run"))
     sft = set(ws["questions"])
     from pvpo.trainer.setup import load_data
 
@@ -260,6 +266,12 @@ def test_a_qa_file_warm_starts_on_its_dataset_gt_with_held_out_rl_and_sft_questi
     rl, held = {ex.uid for ex in data.train}, {ex.uid for ex in data.eval}
     assert len(sft) == 3 and len(rl) == 3 and len(held) == 2
     assert not (sft & rl) and not (sft & held) and not (rl & held)
+
+
+def result_held_out(cfg, run_dir: Path) -> list[QAExample]:
+    from pvpo.trainer.setup import load_data
+
+    return load_data(cfg, run_dir).eval
 
 
 def test_the_replay_reuses_the_retrieval_checks_results_each_hop_searched_once(tiny_tokenizer):

@@ -78,3 +78,64 @@ def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template
     train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
     saved = AutoModelForCausalLM.from_pretrained(str(tmp_path / "run" / "checkpoints" / "step_000001" / "policy"))
     assert saved.config.num_hidden_layers == 1
+
+
+def _qa_file(folder: Path, n: int, tag: str) -> str:
+    """A HotpotQA-format file of `n` questions with one paragraph each, in a folder named `tag`."""
+    folder.mkdir(parents=True)
+    rows = [
+        {
+            "_id": str(i),
+            "question": f"{tag} question {i}?",
+            "answer": f"{tag} answer {i}",
+            "context": [[f"{tag} title {i}", [f"{tag} answer {i} is the answer."]]],
+            "supporting_facts": [[f"{tag} title {i}", 0]],
+            "type": "bridge",
+        }
+        for i in range(n)
+    ]
+    (folder / "questions.json").write_text(json.dumps(rows))
+    return str(folder / "questions.json")
+
+
+def test_a_list_of_qa_files_is_one_pool_indexed_from_the_questions_paragraphs_with_the_held_out_set_written(
+    tmp_path: Path,
+) -> None:
+    from pvpo.envs.corpus import read_corpus
+    from pvpo.envs.loaders import load_dataset
+    from pvpo.trainer.setup import load_data
+
+    a, b = _qa_file(tmp_path / "alpha", 6, "alpha"), _qa_file(tmp_path / "beta", 4, "beta")
+    cfg = load_config(
+        None, [f"data.source=[{a}, {b}]", "data.corpus=questions", "data.held_out_examples=3", "data.shuffle_seed=0"]
+    )
+    run = tmp_path / "run"
+    data = load_data(cfg, run)
+    uids = {ex.uid for ex in data.train} | {ex.uid for ex in data.eval}
+    assert len(data.train) == 7 and len(data.eval) == 3 and len(uids) == 10
+    assert {u.split("/")[0] for u in uids} == {"alpha", "beta"}
+    # the corpus is every question's paragraph, the held-out questions' included
+    assert data.corpus_path is not None and len(read_corpus(data.corpus_path)) == 10
+    held = load_dataset(run / "held_out.jsonl")
+    assert [q.question for q in held] == [q.question for q in data.eval]
+    assert [q.golden_answers for q in held] == [q.golden_answers for q in data.eval]
+
+
+def test_the_same_qa_file_given_twice_is_refused_naming_the_repeated_uid(tmp_path: Path) -> None:
+    from pvpo.trainer.setup import load_data
+
+    a = _qa_file(tmp_path / "alpha", 2, "alpha")
+    cfg = load_config(None, [f"data.source=[{a}, {a}]"])
+    with pytest.raises(ValueError, match=r"uid 'alpha/0' occurs twice"):
+        load_data(cfg, tmp_path / "run")
+
+
+def test_data_corpus_questions_is_refused_for_questions_without_paragraphs(tmp_path: Path) -> None:
+    from pvpo.trainer.setup import load_data
+
+    src = tmp_path / "nq" / "test.jsonl"
+    src.parent.mkdir()
+    src.write_text(json.dumps({"id": "1", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    cfg = load_config(None, [f"data.source={src}", "data.corpus=questions"])
+    with pytest.raises(ValueError, match="data.corpus=questions: the questions ship no paragraphs"):
+        load_data(cfg, tmp_path / "run")

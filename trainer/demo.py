@@ -136,6 +136,21 @@ def learning_check(
     )
 
 
+def paired_gain(em_from: Sequence[float], em_to: Sequence[float], *, what: str, min_se: float) -> tuple[bool, str]:
+    """Whether EM on the same questions rose by at least `min_se` paired standard errors
+    (sd(to_i - from_i) / sqrt(n)), with the sentence that says so."""
+    if not em_from or len(em_from) != len(em_to):
+        return False, f"{what}: no paired evaluation"
+    gain, se = paired_difference(em_from, em_to)
+    a, b = sum(em_from) / len(em_from), sum(em_to) / len(em_to)
+    z = gain / se if se > 0 else (float("inf") if gain > 0 else 0.0)
+    ok = z >= min_se
+    return ok, (
+        f"{what}: held-out EM {a:.3f} -> {b:.3f}, {gain:+.3f} (paired s.e. {se:.3f}, {z:.1f} s.e.; "
+        f"{'meets' if ok else 'misses'} the bar of {min_se:.0f} s.e.)"
+    )
+
+
 def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return sum(vals) / len(vals) if vals else None
@@ -165,21 +180,45 @@ def summary_table(
         ("searches per answer", "eval/searches_per_traj"),
     ]
     held += [(f"EM, {h}-hop", f"eval/accuracy_{h}hop") for h in range(1, 5) if f"eval/accuracy_{h}hop" in b]
-    lines = [
-        f"Held-out: {int(b.get('eval/n', 0))} test questions, greedy, never trained on "
-        f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
-        "",
-        learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[1]
-        + ".",
-        "",
-        "| held-out | before RL | after RL | change |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {name} | {' | '.join(ba(key))} |" for name, key in held]
+    if result.eval_base:  # three points: the base model, after the warm start, after RL
+        base = result.eval_base
+
+        def three(key: str) -> str:
+            x, y, z = base.get(key), b.get(key), a.get(key)
+            delta = f"{z - y:+.3f}" if y is not None and z is not None else "n/a"
+            return f"{f(x)} | {f(y)} | {f(z)} | {delta}"
+
+        em = result.eval_em
+        lines = [
+            f"Held-out: {int(b.get('eval/n', 0))} questions, greedy, in neither the warm start nor RL "
+            f"(s.e. of EM base / warm start / RL: {f(base.get('eval/accuracy_se'))} / "
+            f"{f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
+            "",
+            "- " + paired_gain(em.get("base", []), em.get("after", []), what="base model -> after RL", min_se=3)[1],
+            "- " + paired_gain(em.get("before", []), em.get("after", []), what="RL over the warm start", min_se=2)[1],
+            "",
+            "| held-out | base model | after warm start | after RL | RL - warm start |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [f"| {name} | {three(key)} |" for name, key in held]
+    else:
+        lines = [
+            f"Held-out: {int(b.get('eval/n', 0))} test questions, greedy, never trained on "
+            f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
+            "",
+            learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[
+                1
+            ]
+            + ".",
+            "",
+            "| held-out | before RL | after RL | change |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {name} | {' | '.join(ba(key))} |" for name, key in held]
     rows = [
         (
             "warm start",
-            f"{len(ws)} SFT steps on {n_sft} oracle trajectories ("
+            f"{len(ws)} SFT steps on {n_sft} {'oracle' if cfg.data.source == 'synthetic' else 'dataset GT'} trajectories ("
             + ("disjoint from RL and test" if cfg.data.warm_start_examples else "the RL prompts'")
             + "), loss "
             + (f"{ws[0]:.3f} -> {ws[-1]:.3f}" if ws else "n/a"),

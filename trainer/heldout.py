@@ -3,6 +3,7 @@ searches, the standard error of EM, and EM per hop count when the questions carr
 
 from __future__ import annotations
 
+import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -39,6 +40,11 @@ def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> 
     for h, accs in sorted(by_hops.items()):
         out[f"eval/accuracy_{h}hop"] = sum(accs) / len(accs)
     return out
+
+
+def eval_seed(tag: str) -> int:
+    """The sampling seed of the held-out evaluation named `tag` (before, after, step10, base)."""
+    return zlib.crc32(f"eval/{tag}".encode())
 
 
 def evaluate(

@@ -30,7 +30,6 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
-from pvpo.trainer.heldout import evaluate
 from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
 from pvpo.trainer.model.update import batch_logprobs, policy_update
 from pvpo.trainer.parallel import distributed as ddp
@@ -46,6 +45,7 @@ from pvpo.trainer.setup import (
     check_supported,
     episode_config,
     estimator_state,
+    evaluate_policy,
     load_data,
     loop_config,
     retriever_session,
@@ -77,6 +77,7 @@ class TrainResult:
     warm_start_losses: list[float] = field(default_factory=list)
     warm_start_seconds: float = 0.0
     eval_em: dict[str, list[float]] = field(default_factory=dict)  # evaluation tag -> each question's EM (one process)
+    eval_base: dict[str, float] = field(default_factory=dict)  # before the warm start (run.eval_base)
 
 
 def step_examples(train: Sequence[QAExample], step: int, k: int, seed: int) -> list[QAExample]:
@@ -125,8 +126,14 @@ class Trainer:
         self.model, self.tokenizer, self.engine, self.ref_model = m.model, m.tokenizer, m.engine, m.ref_model
         self.where, self.memory, self._make_engine = m.where, m.memory, m.make_engine
         self.result = TrainResult(
-            self.run_dir, 0, warm_start_losses=m.warm_start_losses, warm_start_seconds=m.warm_start_seconds
+            self.run_dir,
+            0,
+            warm_start_losses=m.warm_start_losses,
+            warm_start_seconds=m.warm_start_seconds,
+            eval_base=m.eval_base,
         )
+        if m.eval_base_em:
+            self.result.eval_em["base"] = m.eval_base_em
         self._ref_engine: RolloutEngine | None = None  # built on first use: only anchor refreshes sample from it
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
@@ -254,27 +261,13 @@ class Trainer:
         """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question."""
         if not self.data.eval:
             return {}
-        r = self.cfg.run
         share = ddp.rank_share(self.data.eval)  # each rank evaluates its share; metrics weighted by share size
         per_question: list[float] = []
-        with self.where.autocast():
-            metrics = (
-                evaluate(
-                    self.engine,
-                    self.tokenizer,
-                    share,
-                    self.searcher,
-                    self.epcfg,
-                    loop_config(self.cfg),
-                    temperature=r.eval_temperature,
-                    top_p=r.eval_top_p,
-                    seed=_seed("eval", tag),
-                    batch_size=self.cfg.rollout.batch_size,
-                    per_question=per_question,
-                )
-                if share
-                else {}
-            )
+        metrics = (
+            evaluate_policy(self.cfg, self.engine, self.tokenizer, self.where, share, self.searcher, tag, per_question)
+            if share
+            else {}
+        )
         if not ddp.is_distributed():
             self.result.eval_em[tag] = per_question
         return ddp.reduce_metrics(metrics, len(share))

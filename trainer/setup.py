@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from pvpo.atomic import atomic_write_dir, atomic_write_json
+from pvpo.atomic import atomic_write_dir, atomic_write_json, atomic_write_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.spec import EstimatorSpec, available_estimators, get_spec
 from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
-from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.config.schema import QUESTIONS_CORPUS, TrainConfig
 from pvpo.trainer.model.device import PhaseMemory, Placement, place_policy_model, place_reference_model, placement
 from pvpo.trainer.model.policy import Policy
 from pvpo.trainer.parallel import distributed as ddp
@@ -154,11 +154,16 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
     else:
         world = None
         limit = cfg.env.max_question_chars
-        train = bound_questions(load_dataset(d.source), limit, d.source)
+        files = [d.source] if isinstance(d.source, str) else list(d.source)
+        train = [q for f in files for q in bound_questions(load_dataset(f), limit, f)]
+        check_unique_uids(train, files)
         evals = bound_questions(load_dataset(d.eval_source), limit, d.eval_source) if d.eval_source else []
         if d.held_out_examples and not d.eval_source:
             train, evals = held_out_split(train, d.held_out_examples, d.shuffle_seed)
-        corpus_path = Path(d.corpus) if d.corpus else None
+        if d.corpus == QUESTIONS_CORPUS:
+            corpus_path = questions_corpus([*train, *evals], RunDir(run_dir).corpus)
+        else:
+            corpus_path = Path(d.corpus) if d.corpus else None
         texts = [q.question for q in train]
         if d.warm_start_examples:  # SFT on the dataset's own GT (`dataset` GT source), disjoint from RL
             rl, sft = disjoint_splits(
@@ -167,7 +172,43 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         else:
             rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0], []
     held_out = disjoint_splits(evals, n_rl=d.max_eval_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0]
+    if world is None and held_out:  # `pvpo eval --dataset <run>/held_out.jsonl` reproduces the run's numbers
+        write_questions(held_out, RunDir(run_dir).held_out)
     return Data(rl, held_out, corpus_path, texts, world, sft)
+
+
+def check_unique_uids(questions: Sequence[QAExample], files: Sequence[str]) -> None:
+    """Refuse a question pool in which two questions share a uid (the same file given twice, or two
+    files whose dataset names and ids collide)."""
+    seen: set[str] = set()
+    for q in questions:
+        if q.uid in seen:
+            raise ValueError(
+                f"data.source {list(files)}: uid {q.uid!r} occurs twice; give each file once, in folders named after "
+                "their dataset (uids are prefixed with it)"
+            )
+        seen.add(q.uid)
+
+
+def questions_corpus(questions: Sequence[QAExample], path: Path) -> Path:
+    """Write the paragraphs `questions` ship with (each once) as the retriever corpus at `path`."""
+    from pvpo.envs.corpus import corpus_from_examples, write_corpus
+
+    passages = corpus_from_examples(questions)
+    if not passages:
+        raise ValueError(
+            "data.corpus=questions: the questions ship no paragraphs (HotpotQA's context, MuSiQue's paragraphs); "
+            "give data.corpus a corpus file instead"
+        )
+    write_corpus(passages, path)
+    return path
+
+
+def write_questions(questions: Sequence[QAExample], path: Path) -> None:
+    """`questions` as FlashRAG jsonl (`id`, `question`, `golden_answers`), atomically."""
+    atomic_write_jsonl(
+        path, ({"id": q.uid, "question": q.question, "golden_answers": list(q.golden_answers)} for q in questions)
+    )
 
 
 @contextlib.contextmanager
@@ -276,6 +317,8 @@ class Model:
     make_engine: Callable[[torch.nn.Module], RolloutEngine]
     warm_start_losses: list[float] = field(default_factory=list)
     warm_start_seconds: float = 0.0
+    eval_base: dict[str, float] = field(default_factory=dict)  # held-out metrics before the warm start
+    eval_base_em: list[float] = field(default_factory=list)  # and each question's EM
 
 
 def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:
@@ -319,13 +362,17 @@ def build_model(
     )
     if fresh:
         if m.warm_start_steps and (data.world is not None or data.warm_start):
+            if cfg.run.eval_base and data.eval:
+                base_evaluation(cfg, data, out, searcher)
             warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
         if ddp.is_main():
             from pvpo.trainer.model.policy import save_policy
 
             atomic_write_dir(files.initial_policy, lambda tmp: save_policy(policy, tmp))
     elif files.warm_start.exists():
-        out.warm_start_losses = json.loads(files.warm_start.read_text())["losses"]
+        saved = json.loads(files.warm_start.read_text())
+        out.warm_start_losses = saved["losses"]
+        out.eval_base, out.eval_base_em = saved.get("eval_base", {}), saved.get("eval_base_em", [])
     if m.lora.enabled:  # after the warm start and the saved initial policy: those are the base model
         from pvpo.trainer.model.lora import apply_lora
 
@@ -341,6 +388,43 @@ def build_model(
                 ddp.shard(mod, compute_dtype=where.dtype)
         out.engine.sync_weights(out.model)
     return out
+
+
+def evaluate_policy(
+    cfg: TrainConfig,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    where: Placement,
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    tag: str,
+    per_question: list[float] | None = None,
+) -> dict[str, float]:
+    """Held-out metrics (`eval/*`) of the policy behind `engine` on `examples`, one rollout each at
+    the run's evaluation temperature, seeded by `tag`; `per_question` receives each one's EM."""
+    from pvpo.trainer.heldout import eval_seed, evaluate
+
+    with where.autocast():
+        return evaluate(
+            engine,
+            tokenizer,
+            examples,
+            searcher,
+            episode_config(cfg),
+            loop_config(cfg),
+            temperature=cfg.run.eval_temperature,
+            top_p=cfg.run.eval_top_p,
+            seed=eval_seed(tag),
+            batch_size=cfg.rollout.batch_size,
+            per_question=per_question,
+        )
+
+
+def base_evaluation(cfg: TrainConfig, data: Data, model: Model, searcher: Searcher) -> None:
+    """Held-out metrics of the policy before its warm start (`run.eval_base`), into `model`."""
+    model.eval_base = evaluate_policy(
+        cfg, model.engine, model.tokenizer, model.where, data.eval, searcher, "base", model.eval_base_em
+    )
 
 
 def warm_start(
@@ -387,13 +471,20 @@ def warm_start(
         lr=m.warm_start_lr,
         batch_size=m.warm_start_batch_size,
         seed=cfg.run.seed,
+        max_tokens=cfg.optim.max_tokens_per_micro_batch,
         show_progress=show_progress,
     )
     model.engine.sync_weights(model.model)
     model.warm_start_seconds = time.perf_counter() - t0
     atomic_write_json(
         files.warm_start,
-        {"losses": model.warm_start_losses, "questions": [ex.uid for ex in questions], "dataset_gt": report},
+        {
+            "losses": model.warm_start_losses,
+            "questions": [ex.uid for ex in questions],
+            "dataset_gt": report,
+            "eval_base": model.eval_base,
+            "eval_base_em": model.eval_base_em,
+        },
     )
 
 

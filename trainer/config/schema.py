@@ -120,12 +120,21 @@ class SyntheticConfig(Section):
     )
 
 
+QUESTIONS_CORPUS = "questions"  # data.corpus: index the paragraphs the questions ship with
+
+
 class DataConfig(Section):
-    source: str = Field("synthetic", description="synthetic, or a QA file readable by pvpo.envs.loaders.load_dataset")
+    source: str | list[str] = Field(
+        "synthetic",
+        description="synthetic, or a QA file readable by pvpo.envs.loaders.load_dataset, or a list of such files (one "
+        "question pool; uids carry each file's dataset name)",
+    )
     synthetic: SyntheticConfig = SyntheticConfig()
     eval_source: str | None = Field(None, description="a QA file for evaluation when `source` is a file")
     corpus: str | None = Field(
-        None, description="corpus file to index when `source` is a file and retriever.url is null"
+        None,
+        description="corpus file to index when `source` is a file and retriever.url is null; `questions` = the "
+        "paragraphs the questions ship with (HotpotQA's context, MuSiQue's paragraphs), held-out questions' included",
     )
     max_train_examples: int | None = Field(None, ge=1, description="RL prompts taken from the train split; null = all")
     max_eval_examples: int | None = Field(64, ge=1, description="held-out questions evaluated; null = all")
@@ -464,6 +473,11 @@ class RunConfig(Section):
     )
     tensorboard: bool = Field(True, description="write TensorBoard events")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
+    eval_base: bool = Field(
+        False,
+        description="with a warm start, also evaluate the policy before it (`base`), so the summary tells the warm "
+        "start's gain from RL's",
+    )
 
 
 class TrainConfig(Section):
@@ -475,6 +489,15 @@ class TrainConfig(Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     optim: OptimConfig = OptimConfig()
     run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _questions_corpus_needs_qa_files(self) -> TrainConfig:
+        if self.data.corpus == QUESTIONS_CORPUS and self.data.source == "synthetic":
+            raise ValueError(
+                "data.corpus=questions indexes the paragraphs of QA files: give them as data.source, e.g. "
+                "'data.source=[hotpotqa/questions.json, musique/questions.json]'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _warm_start_needs_gt(self) -> TrainConfig:

@@ -86,6 +86,15 @@ def available_bytes(device: torch.device) -> int | None:
     return _meminfo_bytes("MemAvailable")
 
 
+def checkpointing_enabled(model: torch.nn.Module) -> bool:
+    """Whether `model` recomputes its decoder layers' activations in the backward."""
+    # transformers 5 names it is_activation_checkpointing (is_gradient_checkpointing warns)
+    flag = (
+        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    )
+    return bool(getattr(model, flag, False))
+
+
 def default_max_tokens(
     model: torch.nn.Module, device: torch.device, *, checkpointing: bool, seq_len: int
 ) -> int | None:

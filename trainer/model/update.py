@@ -24,7 +24,7 @@ from pvpo.trainer.algorithms.advantages import broadcast_to_tokens
 from pvpo.trainer.algorithms.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
 from pvpo.trainer.algorithms.losses import CHUNK_ELEMENTS, LossConfig, entropy_from_logits, token_logprobs
 from pvpo.trainer.config.schema import ImportanceCorrectionConfig, OptimConfig
-from pvpo.trainer.model.memory import check_fits, default_max_tokens
+from pvpo.trainer.model.memory import check_fits, checkpointing_enabled, default_max_tokens
 from pvpo.trainer.model.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
 from pvpo.trainer.parallel.distributed import all_reduce_min, clip_grad_norm
 from pvpo.trainer.rollout.engine import RolloutEngine
@@ -166,11 +166,7 @@ def policy_update(
         loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
-    # transformers 5 names it is_activation_checkpointing (is_gradient_checkpointing warns)
-    flag = (
-        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
-    )
-    ckpt = bool(getattr(model, flag, False))
+    ckpt = checkpointing_enabled(model)
     max_tokens = optim.max_tokens_per_micro_batch
     if max_tokens is None and optim.grad_accum == 1:  # a token budget by default, from the model and the machine
         max_tokens = default_max_tokens(model, device, checkpointing=ckpt, seq_len=batch.input_ids.shape[1])

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pvpo.atomic import replaced_path
-from pvpo.trainer.config.schema import ConfigError, TrainConfig, load_config
+from pvpo.trainer.config.schema import QUESTIONS_CORPUS, ConfigError, TrainConfig, load_config
 from pvpo.trainer.state.checkpoint import LATEST, latest_checkpoint
 from pvpo.trainer.state.run_dir import RunDir
 
@@ -104,8 +104,9 @@ def resume_config(run_dir: str | Path, overrides: list[str], config: str | Path 
 def run_inputs(cfg: TrainConfig) -> list[str | None]:
     """The paths a run reads (data, corpus, index, model), where the config names one."""
     data = cfg.data
-    sources = [data.source if data.source != "synthetic" else None, data.eval_source, data.corpus]
-    return [*sources, cfg.retriever.index_dir, cfg.model.path, cfg.algorithm.gt.model.path]
+    files = [] if data.source == "synthetic" else [data.source] if isinstance(data.source, str) else data.source
+    corpus = data.corpus if data.corpus != QUESTIONS_CORPUS else None
+    return [*files, data.eval_source, corpus, cfg.retriever.index_dir, cfg.model.path, cfg.algorithm.gt.model.path]
 
 
 def _refuse_inside(run_dir: Path, paths: Sequence[str | Path | None]) -> None:

@@ -21,6 +21,7 @@ RUN_ENTRIES = (
     "curves.png",
     "summary.md",
     "ranks",
+    "held_out.jsonl",
 )
 
 
@@ -101,6 +102,11 @@ class RunDir:
     def corpus(self) -> Path:
         """The synthetic world's corpus."""
         return self.root / "corpus.jsonl"
+
+    @property
+    def held_out(self) -> Path:
+        """The held-out questions of a QA-file run (FlashRAG jsonl), for `pvpo eval` of its policy."""
+        return self.root / "held_out.jsonl"
 
     @property
     def index(self) -> Path:
