@@ -433,6 +433,7 @@ def test_eval_entrypoint_runs_a_catalog_model(stack: dict[str, object]) -> None:
     print(f"pvpo eval of {CATALOG_MODEL} on 2 questions: {eval_s:.0f} s; metrics {metrics}")
     stack["timings"]["eval_catalog_model_s"] = eval_s  # type: ignore[index]
     assert metrics["n"] == 2 and math.isfinite(metrics["em"]), metrics
+    assert metrics["model"] == metrics["label"] == CATALOG_MODEL, metrics  # the name, not /<name> (cwd is /)
     items = [json.loads(line) for line in (found[0].parent / "predictions.jsonl").read_text().splitlines()]
     assert sorted(it["id"] for it in items) == ["q0", "q1"] and all(it["output"]["final_response"] for it in items)
 
