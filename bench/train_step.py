@@ -21,6 +21,7 @@ Target: ours (loss pass) / bare >= 0.9. Prints one table.
 
     python bench/train_step.py                         # CPU, a small Qwen2 shape
     python bench/train_step.py --model smollm2-135m-instruct --rows 32 --prompt-len 256 --response-len 768 --repeats 1 --no-warmup
+    python bench/train_step.py --model smollm2-135m-instruct --rows 4 --prompt-len 128 --response-len 384 --repeats 5 --interleave
     python bench/train_step.py --device cuda --dtype bfloat16 --shape qwen2.5-3b --rows 16 --gradient-checkpointing
 """
 
@@ -197,6 +198,12 @@ def main() -> None:
         "e.g. `update` alone for the peak memory of one long training step",
     )
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="with --model: keep every variant's model and AdamW state and interleave their rounds (a ratio that "
+        "a shared machine's load changes hit alike; peak RSS is then the process's, not one variant's)",
+    )
     ap.add_argument("--precision", action="store_true", help="print the float32 / bf16 comparison and exit")
     args = ap.parse_args()
     if args.threads:
@@ -284,7 +291,7 @@ def main() -> None:
         rss[name] = max(rss.get(name, 0.0), peak_rss_gib() or float("nan"))
 
     first = 0 if args.no_warmup else 1  # round 0 warms up (allocator, kernels) unless --no-warmup
-    if args.model:
+    if args.model and not args.interleave:
         # a pretrained model: one variant's model and AdamW state at a time (peak memory per variant)
         for name in names:
             fn = make_step(name)

@@ -19,7 +19,7 @@ Token counts come from the server's `usage`; the response budget counts model to
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,15 +49,33 @@ class TokenPolicy:
         settings: EvalSettings,
         *,
         seed: int,
+        indices: Sequence[int] | None = None,
+        on_done: Callable[[int, Outcome], None] | None = None,
     ) -> list[Outcome]:
+        """The token-exact agent loop, at most `settings.batch_size` questions in flight;
+        `indices` / `on_done` as in `run_episodes_async`, with each question's Outcome."""
         from dataclasses import replace
 
         from pvpo.trainer.rollout.agent_loop import run_agent_loop
 
         loop = replace(settings.loop(self.tokenizer), top_k=settings.top_k)
-        trajs = run_agent_loop(self.engine, self.tokenizer, examples, searcher, episode, loop, seed=seed)
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
-        return [_outcome(self.tokenizer.decode(t.prompt_ids, skip_special_tokens=False), t, protocol) for t in trajs]
+
+        def outcome(t: Trajectory) -> Outcome:
+            return _outcome(self.tokenizer.decode(t.prompt_ids, skip_special_tokens=False), t, protocol)
+
+        trajs = run_agent_loop(
+            self.engine,
+            self.tokenizer,
+            examples,
+            searcher,
+            episode,
+            loop,
+            seed=seed,
+            indices=indices,
+            on_done=None if on_done is None else lambda i, t: on_done(i, outcome(t)),
+        )
+        return [outcome(t) for t in trajs]
 
 
 def _outcome(prompt: str, t: Trajectory, protocol: TagProtocol) -> Outcome:
@@ -135,9 +153,12 @@ class OpenAIPolicy:
         settings: EvalSettings,
         *,
         seed: int,
+        indices: Sequence[int] | None = None,
+        on_done: Callable[[int, Outcome], None] | None = None,
     ) -> list[Outcome]:
         """The agent loop of `pvpo.trainer.rollout.agent_loop`, on text: the same env, turn limits
-        and endings (answer, max turns, EOS without an answer, token budget)."""
+        and endings (answer, max turns, EOS without an answer, token budget); `indices` /
+        `on_done` as in `run_episodes_async`."""
         from dataclasses import replace
 
         from pvpo.trainer.rollout.agent_loop import run_episodes
@@ -152,5 +173,9 @@ class OpenAIPolicy:
             episode,
             loop,
             seed=seed,
+            indices=indices,
+            on_done=None
+            if on_done is None
+            else lambda i, t: on_done(i, _outcome(episode.prompt(examples[i]), t, protocol)),
         )
         return [_outcome(episode.prompt(ex), t, protocol) for ex, t in zip(examples, trajs, strict=True)]

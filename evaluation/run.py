@@ -20,12 +20,12 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pvpo.atomic import append_jsonl, atomic_write_json, read_jsonl, replaced_path
+from pvpo.atomic import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl, replaced_path
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
 from pvpo.envs.loaders import read_records
@@ -107,6 +107,7 @@ class EvalSettings:
             max_new_tokens=self.max_new_tokens,
             max_response_tokens=self.max_response_tokens,
             chat_template=chat,
+            max_concurrency=self.batch_size,
         )
 
 
@@ -155,6 +156,8 @@ class EvalPolicy(Protocol):
         settings: EvalSettings,
         *,
         seed: int,
+        indices: Sequence[int] | None = None,
+        on_done: Callable[[int, Outcome], None] | None = None,
     ) -> list[Outcome]: ...
 
 
@@ -378,19 +381,35 @@ def _answer(
     bar = Progress(
         total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q", enabled=show_progress
     )
+    # No batch barrier: at most batch_size questions are in flight and each answer is saved as it
+    # ends, so a long trajectory never holds up the next questions (and a crash loses none).
+    # Question p samples with index p of the whole dataset, resumed or not.
+    todo = [(p, ex) for p, ex in enumerate(examples) if item_id(ex) not in done]
+
+    def saved(i: int, outcome: Outcome) -> None:
+        append_jsonl(pred_path, [prediction_item(todo[i][1], outcome)])
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+        bar.update(1)
+
     try:
-        for start in range(0, len(examples), settings.batch_size):
-            todo = [ex for ex in examples[start : start + settings.batch_size] if item_id(ex) not in done]
-            if not todo:
-                continue
-            outcomes = policy.rollout(todo, searcher, episode, settings, seed=settings.seed + start)
-            append_jsonl(pred_path, [prediction_item(ex, o) for ex, o in zip(todo, outcomes, strict=True)])
-            if aside is not None:
-                shutil.rmtree(aside, ignore_errors=True)
-            bar.update(len(todo))
+        if todo:
+            policy.rollout(
+                [ex for _, ex in todo],
+                searcher,
+                episode,
+                settings,
+                seed=settings.seed,
+                indices=[p for p, _ in todo],
+                on_done=saved,
+            )
     finally:
         bar.close()
     items = load_done(pred_path)
+    if {str(it["id"]) for it in items} == wanted:  # complete: the file in the dataset's order
+        order = {item_id(ex): k for k, ex in enumerate(examples)}
+        items.sort(key=lambda it: order[str(it["id"])])
+        atomic_write_jsonl(pred_path, items)
     metrics = {**run, **summarize_items(items), "seconds_this_session": round(time.perf_counter() - started, 2)}
     write_json(out / METRICS, metrics)
     return metrics

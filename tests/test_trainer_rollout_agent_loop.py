@@ -205,6 +205,46 @@ def test_at_most_max_concurrency_trajectories_are_in_flight(policy):
         assert eng.peak == bound and len(trajs) == 8
 
 
+def test_on_done_hands_over_each_trajectory_as_it_ends_with_no_barrier_between_questions(policy):
+    tok = policy.tokenizer
+    examples = WORLD.questions("train")[:6]
+    eng = PacedEngine(tok, examples, n_long=0, seconds_per_token=0.004)
+    eng.long = {1, 2, 3, 4, 5}  # question 0 answers in one long turn; the others take one short search turn
+    loop = LoopConfig(max_turns=1, max_new_tokens=400, max_response_tokens=2000, max_concurrency=2)
+    done: list[int] = []
+    trajs = run_agent_loop(
+        eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=0, on_done=lambda i, t: done.append(i)
+    )
+    assert sorted(done) == list(range(6)) and trajs[0].finish_reason == "answer"
+    # 2 in flight: questions 1, 2 and 3 pass through the second slot while question 0 still generates
+    # (with batches of 2, question 2 would wait for question 0 to end)
+    assert done.index(0) > done.index(3), done
+
+
+def test_indices_sample_a_subset_as_it_samples_within_the_whole(policy):
+    tok = policy.tokenizer
+    examples = WORLD.questions("train")[:5]
+    handle = _bias(policy, 3.0)
+    try:
+        loop = LoopConfig(max_turns=3, max_new_tokens=10, max_response_tokens=300)
+        whole = run_agent_loop(
+            HFEngine(policy.model, tok), tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=7
+        )
+        part = run_agent_loop(
+            HFEngine(policy.model, tok),
+            tok,
+            [examples[1], examples[4]],
+            OverlapSearcher(WORLD.passages),
+            EPISODE,
+            loop,
+            seed=7,
+            indices=[1, 4],
+        )
+    finally:
+        handle.remove()
+    assert [t.response_ids for t in part] == [whole[1].response_ids, whole[4].response_ids]
+
+
 def test_same_seed_same_sampled_trajectories_whatever_the_scheduling(policy):
     tok = policy.tokenizer
     examples = WORLD.questions("train")[:3] * 2  # groups: identical prompts sample differently

@@ -250,9 +250,14 @@ async def run_episodes_async(
     *,
     seed: int,
     executor: Executor | None = None,
+    indices: Sequence[int] | None = None,
+    on_done: Callable[[int, Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """One trajectory per example, in order, each its own task (at most `loop.max_concurrency`
-    at once). Blocking work (engine steps, retriever calls) runs in `executor`'s threads."""
+    at once). Blocking work (engine steps, retriever calls) runs in `executor`'s threads.
+    `indices`: the index each example samples with (`turn_seed`; default its position), so a
+    subset of a dataset samples as it would within the whole; `on_done(i, trajectory)` is called
+    as the i-th example's trajectory ends, before the others have (e.g. to save it)."""
     own = executor is None
     # One engine thread: torch's OpenMP pool is per calling thread, and two engine threads taking
     # turns kept two pools spinning on the same cores (6 questions of `pvpo eval`: 0.49x -> 1.03x).
@@ -264,9 +269,16 @@ async def run_episodes_async(
     reward_fn = episode_config.reward_fn()
     gate = asyncio.Semaphore(max(1, loop.max_concurrency))
 
+    where = list(range(len(examples))) if indices is None else list(indices)
+    if len(where) != len(examples):
+        raise ValueError(f"{len(where)} indices for {len(examples)} examples")
+
     async def one(i: int, ex: QAExample) -> Trajectory:
         async with gate:
-            return await _episode(i, ex, source, searches, episode_config, reward_fn, loop, seed)
+            traj = await _episode(where[i], ex, source, searches, episode_config, reward_fn, loop, seed)
+        if on_done is not None:
+            on_done(i, traj)
+        return traj
 
     try:
         return list(await asyncio.gather(*(one(i, ex) for i, ex in enumerate(examples))))
@@ -285,6 +297,8 @@ def run_episodes(
     loop: LoopConfig,
     *,
     seed: int,
+    indices: Sequence[int] | None = None,
+    on_done: Callable[[int, Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """`run_episodes_async` from synchronous code (in a fresh event loop; in a helper thread when
     the caller already runs one)."""
@@ -292,7 +306,11 @@ def run_episodes(
         return []
 
     def go() -> list[Trajectory]:
-        return asyncio.run(run_episodes_async(make_source, examples, searcher, episode_config, loop, seed=seed))
+        return asyncio.run(
+            run_episodes_async(
+                make_source, examples, searcher, episode_config, loop, seed=seed, indices=indices, on_done=on_done
+            )
+        )
 
     try:
         asyncio.get_running_loop()
@@ -311,7 +329,18 @@ def run_agent_loop(
     loop: LoopConfig,
     *,
     seed: int,
+    indices: Sequence[int] | None = None,
+    on_done: Callable[[int, Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """One token-exact trajectory per example (repeat an example n times for a group of n), in
-    order, sampled by `engine`."""
-    return run_episodes(engine_turns(engine, tokenizer, loop), examples, searcher, episode_config, loop, seed=seed)
+    order, sampled by `engine` (`indices`, `on_done`: see `run_episodes_async`)."""
+    return run_episodes(
+        engine_turns(engine, tokenizer, loop),
+        examples,
+        searcher,
+        episode_config,
+        loop,
+        seed=seed,
+        indices=indices,
+        on_done=on_done,
+    )
