@@ -252,7 +252,8 @@ async def run_episodes_async(
     executor: Executor | None = None,
 ) -> list[Trajectory]:
     """One trajectory per example, in order, each its own task (at most `loop.max_concurrency`
-    at once). Blocking work (engine steps, retriever calls) runs in `executor`'s threads."""
+    at once). Blocking work (engine calls, retriever calls) runs in `executor`'s threads, except
+    vLLM's engine steps, which run in the event loop's thread (`vllm_engine._StepScheduler`)."""
     own = executor is None
     # One engine thread: torch's OpenMP pool is per calling thread, and two engine threads taking
     # turns kept two pools spinning on the same cores (6 questions of `pvpo eval`: 0.49x -> 1.03x).
