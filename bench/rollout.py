@@ -5,8 +5,11 @@ The agent loop (multi-turn, stop strings, retrieval, observation tokens appended
 re-submitted each turn with prefix caching) is measured on a batch of synthetic-world questions.
 Then raw `LLM.generate` gets the same initial prompts and is made to produce exactly as many
 tokens per prompt as the loop's policy sampled for that trajectory (max_tokens, ignore_eos, no
-stop strings), in one call: the physical limit of our loop on this engine. A third row is one turn
-of our engine's `generate` (stop strings, per-token logprobs). Same engine, same process, same
+stop strings), in one call: the single-turn limit on this engine, which never prefills an
+observation. A second raw row replays the loop's own contexts turn by turn (one call per turn, each
+prompt the trajectory's context before that turn, as many tokens as the loop sampled in it, prefix
+cache kept across turns): the multi-turn floor, paying the same re-prefill of observations. The last
+row is one turn of our engine's `generate` (stop strings, per-token logprobs). Same engine, same process, same
 weights; median of `--repeats` runs. Prints one markdown table.
 
     python bench/rollout.py [--prompts 32] [--max-turns 3] [--max-new-tokens 32] [--model PATH]
@@ -60,13 +63,33 @@ def _policy(args: argparse.Namespace, world, protocol, train):  # type: ignore[n
     return build_tiny_policy(texts, cfg, tags=tags, seed=args.seed)
 
 
-def _median_time(fn, repeats: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]
-    times, out = [], None
+def _median_times(fns: dict, repeats: int) -> dict:  # type: ignore[type-arg]
+    """Each function's median wall time over `repeats` rounds, the functions taking turns within
+    a round, so that a burst of load from another process falls on all rows alike."""
+    times: dict = {name: [] for name in fns}  # type: ignore[type-arg]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _turn_batches(trajs) -> list[list[tuple[list[int], int]]]:  # type: ignore[no-untyped-def]
+    """Per turn index, each trajectory's (context before the turn, tokens it sampled in the turn):
+    the model-token runs (loss mask 1) of its response, after the prompt and what came before."""
+    batches: list[list[tuple[list[int], int]]] = []
+    for t in trajs:
+        turn, start = 0, None
+        for k, m in enumerate([*t.loss_mask, 0]):
+            if m == 1 and start is None:
+                start = k
+            elif m != 1 and start is not None:
+                if len(batches) <= turn:
+                    batches.append([])
+                batches[turn].append((list(t.prompt_ids) + list(t.response_ids[:start]), k - start))
+                turn, start = turn + 1, None
+    return batches
 
 
 HOTPOT = Path("/work/shared/data/hotpotqa_mini")
@@ -193,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", default=None, help="HF model dir (default: tiny random Qwen2)")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--block-size", type=int, default=None, help="vLLM KV block size (default: the platform's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--warm-start-steps",
@@ -220,7 +244,10 @@ def main(argv: list[str] | None = None) -> None:
     examples = [train[i % len(train)] for i in range(args.prompts)]
     policy = _policy(args, world, protocol, train)
     # Before bm25s: it imports numba/llvmlite, which vLLM 0.32's CPU kernel-override scan trips on.
-    engine = build_engine("vllm", model=policy.model, tokenizer=policy.tokenizer, dtype=args.dtype, seed=args.seed)
+    extra = {"llm_kwargs": {"block_size": args.block_size}} if args.block_size else {}
+    engine = build_engine(
+        "vllm", model=policy.model, tokenizer=policy.tokenizer, dtype=args.dtype, seed=args.seed, **extra
+    )
     tmp = Path(tempfile.mkdtemp(prefix="pvpo-bench-rollout-"))
     build_index(world.write_corpus(tmp / "corpus.jsonl"), tmp / "index", index_type="bm25", show_progress=False)
     searcher = load_retriever(tmp / "index")
@@ -253,8 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         engine.llm.reset_prefix_cache()  # every row starts cold; the loop's own turns reuse the cache
         return run_agent_loop(engine, policy.tokenizer, examples, searcher, epcfg, loop, seed=args.seed)
 
-    agent_loop()  # warm-up
-    t_loop, trajs = _median_time(agent_loop, args.repeats)
+    trajs = agent_loop()  # warm-up; the raw rows replay its token counts and contexts
     prompts = [t.prompt_ids for t in trajs]
     lengths = [t.num_model_tokens for t in trajs]
     n_tokens = sum(lengths)
@@ -272,8 +298,29 @@ def main(argv: list[str] | None = None) -> None:
         engine.llm.reset_prefix_cache()
         return engine.llm.generate(reqs, params, use_tqdm=False)
 
-    t_raw, outs = _median_time(raw, args.repeats)
-    assert sum(len(o.outputs[0].token_ids) for o in outs) == n_tokens
+    assert sum(len(o.outputs[0].token_ids) for o in raw()) == n_tokens
+
+    # The multi-turn floor: the contexts our loop built (prompt, turns, observations), one raw
+    # call per turn with that turn's token count; the prefix cache is kept across turns as in the
+    # loop. It pays the same re-prefill of each turn's new context (observation tokens) that the
+    # single call above never does, but waits for the slowest trajectory of each turn.
+    turn_batches = _turn_batches(trajs)
+
+    def raw_turns():  # type: ignore[no-untyped-def]
+        engine.llm.reset_prefix_cache()
+        return [
+            engine.llm.generate(
+                [TokensPrompt(prompt_token_ids=c) for c, _ in batch],
+                [
+                    vllm.SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, logprobs=0, seed=args.seed + i)
+                    for i, (_, n) in enumerate(batch)
+                ],
+                use_tqdm=False,
+            )
+            for batch in turn_batches
+        ]
+
+    assert sum(len(o.outputs[0].token_ids) for outs_t in raw_turns() for o in outs_t) == n_tokens
 
     one = SamplingConfig(
         temperature=1.0, max_new_tokens=args.max_new_tokens, stop=tuple(protocol.stop_strings), seed=args.seed
@@ -283,18 +330,24 @@ def main(argv: list[str] | None = None) -> None:
         engine.llm.reset_prefix_cache()
         return engine.generate(prompts, one)
 
-    t_turn, comps = _median_time(one_turn, args.repeats)
-    turn_tokens = sum(len(c.token_ids) for c in comps)
+    turn_tokens = sum(len(c.token_ids) for c in one_turn())
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    med = _median_times({"loop": agent_loop, "raw": raw, "turns": raw_turns, "turn": one_turn}, args.repeats)
+    t_loop, t_raw, t_turns, t_turn = med["loop"], med["raw"], med["turns"], med["turn"]
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
 
     print(
         f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"vllm {vllm.__version__} ({engine.platform}), python {platform.python_version()}"
+        f"vllm {vllm.__version__} ({engine.platform}, KV block "
+        f"{engine.llm.llm_engine.vllm_config.cache_config.block_size}), python {platform.python_version()}"
     )
-    print(f"command: python {' '.join(sys.argv)}")
+    print(
+        f"command: python {' '.join(sys.argv)}; load average before/after the timed runs: {load_before} / {load_after}"
+    )
     what = args.model or f"tiny Qwen2 (hidden 64, 2 layers), {args.warm_start_steps} oracle SFT steps"
     print(
         f"model: {what}; {args.prompts} prompts; "
-        f"median of {args.repeats}; {turns:.2f} turns and {searches:.2f} searches per trajectory, {env_tokens} env tokens; "
+        f"median of {args.repeats} (rows interleaved); {turns:.2f} turns and {searches:.2f} searches per trajectory, {env_tokens} env tokens; "
         f"search: BM25 in-process\n"
     )
     print("| what | model tokens | wall s | tokens/s | vs raw generate |")
@@ -302,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
     rate_raw = n_tokens / t_raw
     for name, tok, t in (
         ("raw `LLM.generate`, same prompts and per-prompt lengths, 1 call", n_tokens, t_raw),
+        ("raw `LLM.generate` turn by turn over the loop's contexts, 1 call a turn", n_tokens, t_turns),
         ("agent loop (vLLM engine, multi-turn, retrieval, env tokens)", n_tokens, t_loop),
         ("our engine `generate`, one turn with stop strings", turn_tokens, t_turn),
     ):

@@ -254,7 +254,8 @@ async def run_episodes_async(
     on_done: Callable[[int, Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """One trajectory per example, in order, each its own task (at most `loop.max_concurrency`
-    at once). Blocking work (engine steps, retriever calls) runs in `executor`'s threads.
+    at once). Blocking work (engine calls, retriever calls) runs in `executor`'s threads, except
+    vLLM's engine steps, which run in the event loop's thread (`vllm_engine._StepScheduler`).
     `indices`: the index each example samples with (`turn_seed`; default its position), so a
     subset of a dataset samples as it would within the whole; `on_done(i, trajectory)` is called
     as the i-th example's trajectory ends, before the others have (e.g. to save it)."""

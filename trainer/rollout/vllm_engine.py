@@ -289,7 +289,8 @@ class VLLMEngine(RolloutEngine):
 
 
 class _StepScheduler:
-    """One agent-loop run's requests on the engine's `LLMEngine`, stepped in a worker thread."""
+    """One agent-loop run's requests on the engine's `LLMEngine`, stepped in the event loop's
+    thread between the trajectories' turns."""
 
     def __init__(self, engine: VLLMEngine, executor: Executor) -> None:
         self.engine, self.executor = engine, executor
@@ -313,12 +314,15 @@ class _StepScheduler:
         return await fut
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while self.futures:
             await asyncio.sleep(0)  # let the trajectories woken by the last step submit first
             adds, self.to_add = self.to_add, []
             try:
-                outputs = await loop.run_in_executor(self.executor, self._step, adds)
+                # In the event loop's own thread, not the executor's: a step is short and nothing
+                # can join the batch before it ends anyway, while a hop to a worker thread and back
+                # per step (two blocking wake-ups) cost the bench's agent loop 0.53 s against 0.30 s
+                # for the same contexts turn by turn (2 shared cores, load average ~4).
+                outputs = self._step(adds)
             except BaseException as e:
                 for fut in self.futures.values():
                     if not fut.done():
