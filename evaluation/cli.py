@@ -93,7 +93,11 @@ def eval_cmd(
         typer.Option("--max-obs-chars", help="Trim a search result to this many characters (default: no trim)"),
     ] = None,
     batch_size: Annotated[
-        int, typer.Option("--batch-size", help="Questions in flight at once; each answer is saved as it ends (a resume redoes only unanswered ones)")
+        int,
+        typer.Option(
+            "--batch-size",
+            help="Questions in flight at once; each answer is saved as it ends (a resume redoes only unanswered ones)",
+        ),
     ] = 32,
     seed: Annotated[int, typer.Option(help="Sampling seed")] = 0,
     chat_template: Annotated[
