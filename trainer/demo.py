@@ -9,6 +9,7 @@ held-out accuracy, trains with PVPO, measures again, and writes `metrics.jsonl`,
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -320,6 +321,8 @@ def _run_demo(cfg: TrainConfig, run_dir: Path, *, fresh: bool, show_progress: bo
     files = RunDir(run_dir)
     plot_curves(result.metrics, files.curves, eval_before=result.eval_before, eval_after=result.eval_after)
     n_sft = len(data.warm_start) if cfg.model.warm_start_steps else 0
+    if n_sft and files.warm_start.exists():  # the questions that had a GT trajectory (dataset GT drops some)
+        n_sft = len(json.loads(files.warm_start.read_text()).get("questions", [])) or n_sft
     table = summary_table(cfg, result, timings, n_sft=n_sft, n_rl=len(data.train), load=f"{load_start} / {_load()}")
     files.summary.write_text(table + "\n")
     return f"{table}\n\nwrote {files.metrics}, {files.curves}, {files.summary}"
