@@ -190,7 +190,7 @@ def train_once(argv: list[str]) -> None:
             {
                 "wall_s": wall,
                 "questions": len(trajs),
-                "completion_tokens": sum(t.completion_tokens for t in trajs),
+                "completion_tokens": sum(sum(t.loss_mask) for t in trajs),  # model tokens (both trees have the mask)
                 "turns": sum(turns) / len(turns),
                 "turns_min_max": [min(turns), max(turns)],
                 "predictions": [t.prediction for t in trajs],

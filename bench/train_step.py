@@ -12,12 +12,14 @@ step time) and the peak resident memory of the process during the step (CPU; GPU
 - `ours (loss pass)`: `micro_batches` + `accumulate` over `micro_batch_loss` (clipped surrogate,
   entropy, KL to a reference's log-probs), grad clipping, `optimizer.step()`: the part of
   `policy_update` that a bare step also does;
-- `ours (policy_update)`: the whole `update.policy_update`, which also recomputes the trainer's
-  log-probs of the sampled tokens before updating and the reference's for the KL term (two more
-  forwards, no gradient: the sampler / trainer mismatch statistics, the PPO denominator under
-  importance correction, and KL).
+- `ours (policy_update)`: the whole `update.policy_update` with the trainer's defaults (one epoch of
+  one mini-batch, no KL term): the trainer's own log-probs of the sampled tokens before the update
+  (mismatch statistics, the PPO denominator under importance correction) come from the loss pass's
+  forwards, so it makes no forward a bare step does not;
+- `ours (policy_update, KL)`: the same with `optim.kl_coef=0.001`, which adds one no-grad forward of
+  the frozen reference model for the KL term (verl's `ref` pass).
 
-Target: ours (loss pass) / bare >= 0.9. Prints one table.
+Target: ours / bare >= 0.9. Prints one table.
 
     python bench/train_step.py                         # CPU, a small Qwen2 shape
     python bench/train_step.py --model smollm2-135m-instruct --rows 32 --prompt-len 256 --response-len 768 --repeats 1 --no-warmup
@@ -193,8 +195,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument(
         "--variants",
-        default="bare,loss,update",
-        help="which steps to run, comma-separated: bare, loss (ours, loss pass), update (ours, policy_update); "
+        default="bare,loss,update,update-kl",
+        help="which steps to run, comma-separated: bare, loss (ours, loss pass), update (ours, policy_update with "
+        "the defaults), update-kl (the same with a KL term to the frozen reference); "
         "e.g. `update` alone for the peak memory of one long training step",
     )
     ap.add_argument("--threads", type=int, default=None)
@@ -239,15 +242,13 @@ def main() -> None:
     max_tokens = args.max_tokens_per_micro_batch or default_max_tokens(
         ref, where.device, checkpointing=args.gradient_checkpointing, seq_len=batch.input_ids.shape[1]
     )
-    cfg = load_config(
-        None,
-        [
-            "optim.kl_coef=0.001",
-            "optim.mini_batches=1",
-            "optim.grad_clip=1.0",
-            f"optim.max_tokens_per_micro_batch={max_tokens or 'null'}",
-        ],
-    )
+    overrides = [
+        "optim.mini_batches=1",
+        "optim.grad_clip=1.0",
+        f"optim.max_tokens_per_micro_batch={max_tokens or 'null'}",
+    ]
+    cfg = load_config(None, [*overrides, "optim.kl_coef=0.001"])
+    cfg_default = load_config(None, overrides)  # kl_coef 0: the default
     adv = torch.linspace(-1, 1, len(batch), device=where.device)
     with torch.no_grad(), where.autocast():
         ref_lp = batch_logprobs(ref, batch, 1.0, max_tokens=max_tokens)
@@ -260,13 +261,20 @@ def main() -> None:
         if name == "ours (loss pass)":
             return lambda: loss_pass_step(model, opt, batch, adv, ref_lp, cfg.optim, where.autocast)
 
+        optim = cfg.optim if name.endswith("KL)") else cfg_default.optim
+
         def update() -> None:
             with where.autocast():
-                policy_update(model, opt, batch, adv, cfg.optim, temperature=1.0, seed=0, ref_model=ref)
+                policy_update(model, opt, batch, adv, optim, temperature=1.0, seed=0, ref_model=ref)
 
         return update
 
-    known = {"bare": "bare", "loss": "ours (loss pass)", "update": "ours (policy_update)"}
+    known = {
+        "bare": "bare",
+        "loss": "ours (loss pass)",
+        "update": "ours (policy_update)",
+        "update-kl": "ours (policy_update, KL)",
+    }
     asked = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not asked or any(v not in known for v in asked):
         sys.exit(f"--variants {args.variants!r}: choose from {', '.join(known)}")
@@ -313,9 +321,9 @@ def main() -> None:
         f"padded={batch.input_ids.numel()} checkpointing={args.gradient_checkpointing} "
         f"max_tokens_per_micro_batch={max_tokens} threads={torch.get_num_threads()} loadavg={os.getloadavg()[0]:.2f}"
     )
-    print(f"{'step':<24}{'median s':>10}{'tokens/s':>12}{'vs bare':>9}{'peak GiB':>10}{'peak RSS GiB':>14}")
+    print(f"{'step':<28}{'median s':>10}{'tokens/s':>12}{'vs bare':>9}{'peak GiB':>10}{'peak RSS GiB':>14}")
     for name, s, peak, rss_gib in rows:
-        print(f"{name:<24}{s:>10.3f}{tokens / s:>12.0f}{bare / s:>9.2f}{peak:>10.2f}{rss_gib:>14.2f}")
+        print(f"{name:<28}{s:>10.3f}{tokens / s:>12.0f}{bare / s:>9.2f}{peak:>10.2f}{rss_gib:>14.2f}")
 
 
 if __name__ == "__main__":

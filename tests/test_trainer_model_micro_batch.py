@@ -78,3 +78,43 @@ def test_the_warm_starts_sft_in_token_budgeted_micro_batches_has_the_whole_batch
     assert loss == pytest.approx(float(whole.detach()), rel=1e-5)
     for g, e in zip(gradients(model), expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("correction", [False, True])
+def test_one_epoch_of_one_mini_batch_takes_the_old_logprobs_from_the_loss_pass_with_the_same_update(tok, correction):
+    """On-policy (1 epoch, 1 mini-batch): no separate no-grad pass for the trainer's pre-update
+    log-probs, and the same weights, loss and mismatch statistics as with that pass."""
+    import copy
+
+    from pvpo.trainer.config.schema import ImportanceCorrectionConfig
+    from pvpo.trainer.model.update import policy_update
+
+    base = small_model(tok)
+    trajs = random_trajectories(8, len(tok), seed=5)
+    trajs[0].is_gt = True
+    batch = collate(trajs, tok.pad_token_id)
+    cfg = load_config(None, ["optim.max_tokens_per_micro_batch=96", "optim.mini_batches=1", "optim.epochs=1"])
+    adv = torch.linspace(-1, 1, len(batch))
+    imp = ImportanceCorrectionConfig(enabled=correction, cap=2.0)
+    results, models, forwards = [], [], []
+    for separate in (True, False):
+        model = copy.deepcopy(base)
+        calls = [0]
+
+        def count(*_, calls=calls):
+            calls[0] += 1
+
+        model.register_forward_pre_hook(count)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out = policy_update(
+            model, opt, batch, adv, cfg.optim, temperature=1.0, seed=0, importance=imp, separate_old_pass=separate
+        )
+        results.append(out)
+        models.append(model)
+        forwards.append(calls[0])
+    n_micro = len(micro_batches(batch, list(range(len(batch))), agg="token-mean", max_tokens=96))
+    assert forwards[1] == n_micro < forwards[0]  # the fused update makes only the loss pass's forwards
+    for k in ("loss/mini_batch", "mismatch/abs_mean", "mismatch/abs_max", "mismatch/tokens", "grad_norm"):
+        assert results[1][k] == pytest.approx(results[0][k], rel=1e-4, abs=1e-6), k
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -5,8 +5,12 @@ surrogate + KL to the frozen reference + entropy bonus) is masked by the loss ma
 padding tokens contribute nothing, and the engine receives the new weights after every
 optimizer step.
 
-Before the first optimizer step the trainer's own log-probs of the sampled tokens are computed
-once (`lp_train_old`) and compared with the sampler's (`mismatch/*` stats, whatever the engine).
+Before the first optimizer step the trainer's own log-probs of the sampled tokens are known
+(`lp_train_old`) and compared with the sampler's (`mismatch/*` stats, whatever the engine). With
+one epoch of one mini-batch (the default, on-policy GRPO / PVPO), every micro-batch's forward runs
+before the only optimizer step, so `lp_train_old` is that forward's own detached log-probs and no
+separate no-grad pass is made (TRL's GRPO does the same when `num_iterations == 1`); otherwise one
+no-grad pass computes it first.
 With importance correction on, `lp_train_old` is the PPO ratio's denominator and each token's loss
 is weighted by the truncated ratio `min(exp(lp_train_old - lp_sampler), cap)` (TRL's
 `vllm_importance_sampling_correction`, verl's `tis_imp_ratio_cap`). Injected GT trajectories
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -73,12 +78,17 @@ def micro_batch_loss(
     ref_logprobs: torch.Tensor | None = None,
     old_logprobs: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    denominator: Callable[[torch.Tensor], tuple[torch.Tensor | None, torch.Tensor | None]] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
     """(loss, stats, logits) of one micro-batch; `advantages` is `[B]` per trajectory, or `[B, T]`
     per token (PPO's GAE), masked to the model tokens either way.
-    `old_logprobs` replaces the batch's sampler log-probs as the ratio denominator."""
+    `old_logprobs` replaces the batch's sampler log-probs as the ratio denominator. `denominator`,
+    when given, is called with this forward's own detached log-probs (the weights that sampled the
+    batch, before any optimizer step) and returns the (denominator, importance weights) to use."""
     logits = response_logits(model, batch)
     logp = token_logprobs(logits, batch.response_ids, temperature)
+    if denominator is not None:
+        old_logprobs, is_weights = denominator(logp.detach())
     entropy = (
         entropy_from_logits(logits, temperature)
         if loss_cfg.entropy_coef
@@ -118,25 +128,47 @@ def gt_ratio_stats(logp: torch.Tensor, batch: Batch) -> dict[str, float]:
     return {"gt/ratio_mean": float(ratio.mean()), "gt/ratio_max": float(ratio.max())}
 
 
-def importance_terms(
+def _sampled(batch: Batch) -> torch.Tensor:
+    """The loss mask of the policy's own samples (GT tokens excluded: their denominator is pi_gt)."""
+    return batch.loss_mask * (~batch.is_gt).unsqueeze(1).to(batch.loss_mask.dtype)
+
+
+def mismatch_stats(
     lp_train_old: torch.Tensor, batch: Batch, correction: ImportanceCorrectionConfig | None
-) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
-    """(ratio denominator, per-token weights, mismatch stats) for `batch`, given the trainer's
-    log-probs of its tokens before the update; the first two are None when correction is off."""
-    sampled = batch.loss_mask * (~batch.is_gt).unsqueeze(1).to(batch.loss_mask.dtype)  # GT tokens: pi_gt's
+) -> dict[str, float]:
+    """`mismatch/*`: the trainer's log-probs of `batch`'s sampled tokens before the update against
+    the sampler's, and the fraction of tokens the importance cap would truncate."""
     cap = correction.cap if correction is not None else 2.0
-    stats = {
+    sampled = _sampled(batch)
+    return {
         **logprob_mismatch(lp_train_old, batch.old_logprobs, sampled),
         "mismatch/truncated_frac": truncated_fraction(lp_train_old, batch.old_logprobs, sampled, cap=cap),
     }
+
+
+def importance_denominator(
+    lp_train_old: torch.Tensor, batch: Batch, correction: ImportanceCorrectionConfig | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(ratio denominator, per-token weights) for `batch` given the trainer's log-probs of its
+    tokens before the update; both None when correction is off (the sampler's log-probs are the
+    denominator then)."""
     if correction is None or not correction.enabled:
-        return None, None, stats
+        return None, None
     gt = batch.is_gt.unsqueeze(1)
     # seam for GT injection: its rows keep pi_gt as denominator and an importance weight of 1
     old = torch.where(gt, batch.old_logprobs, lp_train_old)
-    weights = truncated_importance_weights(lp_train_old, batch.old_logprobs, sampled, cap=cap)
+    weights = truncated_importance_weights(lp_train_old, batch.old_logprobs, _sampled(batch), cap=correction.cap)
     weights = torch.where(gt, batch.loss_mask, weights)
-    return old, weights, stats
+    return old, weights
+
+
+def importance_terms(
+    lp_train_old: torch.Tensor, batch: Batch, correction: ImportanceCorrectionConfig | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None, dict[str, float]]:
+    """(ratio denominator, per-token weights, mismatch stats) for `batch`: `importance_denominator`
+    and `mismatch_stats` together."""
+    old, weights = importance_denominator(lp_train_old, batch, correction)
+    return old, weights, mismatch_stats(lp_train_old, batch, correction)
 
 
 def _split(idx: torch.Tensor, parts: int) -> list[torch.Tensor]:
@@ -157,10 +189,12 @@ def policy_update(
     importance: ImportanceCorrectionConfig | None = None,
     default_agg: str = "token-mean",
     norm_len: int | None = None,
+    separate_old_pass: bool = False,
 ) -> dict[str, float]:
     """Run the configured epochs of updates on `batch`; returns the mean of each stat, plus the
     sampler/trainer `mismatch/*` stats and, with `importance.enabled`, the corrected loss.
-    `default_agg` / `norm_len`: see `loss_config`."""
+    `default_agg` / `norm_len`: see `loss_config`. `separate_old_pass`: compute the trainer's
+    pre-update log-probs in their own no-grad pass even where the loss pass gives them (a check)."""
     loss_cfg = loss_config(optim, default_agg=default_agg, norm_len=norm_len)
     if loss_cfg.norm_len is None:  # micro-batches are trimmed: keep the batch's width as the constant divisor
         loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
@@ -176,16 +210,24 @@ def policy_update(
         else None
     )
     model.train()
-    lp_train_old = batch_logprobs(
-        model, batch, temperature, max_tokens=max_tokens
-    )  # the weights that sampled the batch
-    old_lp, is_w, mismatch = importance_terms(lp_train_old, batch, importance)
+    # every rank takes the same number of optimizer steps (FSDP's collectives)
+    n_minis = min(optim.mini_batches, all_reduce_min(len(batch)))
+    # One epoch of one mini-batch: every forward of the loss pass sees the weights that sampled the
+    # batch, so its own log-probs are lp_train_old (filled in as it goes). Measured with SmolLM2 on
+    # CPU (README, "Memory on a real vocabulary"): the separate no-grad pass cost a third of a step.
+    fused = optim.epochs == 1 and n_minis <= 1 and not separate_old_pass
+    old_lp: torch.Tensor | None = None
+    is_w: torch.Tensor | None = None
+    if fused:
+        lp_train_old = torch.zeros_like(batch.old_logprobs)
+    else:
+        lp_train_old = batch_logprobs(model, batch, temperature, max_tokens=max_tokens)  # the weights that sampled
+        old_lp, is_w = importance_denominator(lp_train_old, batch, importance)
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, list[float]] = defaultdict(list)
     for _ in range(optim.epochs):
         order = torch.randperm(len(batch), generator=gen)
-        # every rank takes the same number of optimizer steps (FSDP's collectives)
-        for mini in _split(order, min(optim.mini_batches, all_reduce_min(len(batch)))):
+        for mini in _split(order, n_minis):
             optimizer.zero_grad(set_to_none=True)
             micros = micro_batches(
                 batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum
@@ -195,6 +237,11 @@ def policy_update(
 
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r
+
+                def own(lp: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                    lp_train_old[ix, :r] = lp
+                    return importance_denominator(lp, mb.batch, importance)
+
                 loss, stats, _ = micro_batch_loss(
                     model,
                     mb.batch,
@@ -204,6 +251,7 @@ def policy_update(
                     ref_logprobs=ref_lp[ix, :r] if ref_lp is not None else None,
                     old_logprobs=old_lp[ix, :r] if old_lp is not None else None,
                     is_weights=is_w[ix, :r] if is_w is not None else None,
+                    denominator=own if fused else None,
                 )
                 return loss, stats
 
@@ -216,5 +264,6 @@ def policy_update(
             optimizer.step()
             if engine is not None:
                 engine.sync_weights(model)
+    mismatch = mismatch_stats(lp_train_old, batch, importance)
     budget = {"micro_batch/max_tokens": float(max_tokens)} if max_tokens is not None else {}
     return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch, **budget}

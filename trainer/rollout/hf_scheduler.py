@@ -180,8 +180,15 @@ class ContinuousBatcher:
             attn[i, width - len(r.prompt) :] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        from pvpo.trainer.rollout.hf_engine import last_logits_only
+
         res = self.engine.model(
-            input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=None, use_cache=True
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=positions,
+            past_key_values=None,
+            use_cache=True,
+            **last_logits_only(self.engine.model),
         )
         self._pick(res.logits[:, -1, :], rows)
         pos = attn.sum(-1)
