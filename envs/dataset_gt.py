@@ -35,11 +35,13 @@ class NoPlan(ValueError):
 
 @dataclass(frozen=True)
 class Hop:
-    """One search of a plan: the query, the paragraph it must bring back, what the agent learns."""
+    """One search of a plan: the query, the paragraph it must bring back, what the agent learns;
+    `need` is what the agent says it looks for (default: the query)."""
 
     query: str
     paragraph: Paragraph
     finding: str
+    need: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,22 @@ def _fact(paragraph: Paragraph, sentence_ids: Sequence[int]) -> str:
     return " ".join(picked)
 
 
+def _base_title(title: str) -> str:
+    """A Wikipedia title without its disambiguation: `Lilu (mythology)` -> `Lilu`."""
+    return re.sub(r"\s*\([^)]*\)\s*$", "", title).strip()
+
+
+def _mentions(question: str, title: str) -> bool:
+    base = _base_title(title).lower()
+    return bool(base) and base in question.lower()
+
+
 def hotpotqa_plan(example: QAExample) -> Plan:
     """The plan of a HotpotQA question: one search per gold paragraph, queried by its title.
     Bridge: the paragraph holding the answer is read last (the other is the bridge entity's);
-    comparison: both entities in the order the annotation lists them."""
+    comparison: both entities in the order the annotation lists them. A first paragraph whose
+    title the question does not name is searched with the question itself: a policy cannot guess
+    a title it has not read (later titles come from the passages already read)."""
     facts = example.metadata.get("supporting_facts") or []
     if isinstance(facts, dict):  # Hugging Face layout: {"title": [...], "sent_id": [...]}
         facts = list(zip(facts.get("title", []), facts.get("sent_id", []), strict=False))
@@ -127,8 +141,17 @@ def hotpotqa_plan(example: QAExample) -> Plan:
         has_answer = [t for t in order if answer.lower() in by_title[t].text.lower()]
         if len(has_answer) == 1:  # read the bridge entity first, the answer's paragraph last
             order = [t for t in order if t != has_answer[0]] + has_answer
-    hops = tuple(Hop(t, by_title[t], _fact(by_title[t], sentence_ids[t])) for t in order)
-    return Plan(example.uid, hops, answer)
+    given = example.metadata.get("supporting_sentences") or {}
+
+    def finding(title: str) -> str:
+        return " ".join(given[title]) if given.get(title) else _fact(by_title[title], sentence_ids[title])
+
+    hops = [Hop(t, by_title[t], finding(t)) for t in order]
+    if not _mentions(example.question, order[0]):
+        hops[0] = Hop(
+            example.question.rstrip("?").strip(), by_title[order[0]], finding(order[0]), need="what the question asks"
+        )
+    return Plan(example.uid, tuple(hops), answer)
 
 
 def _answer(example: QAExample) -> str:
@@ -153,7 +176,7 @@ def plan_turns(plan: Plan, protocol: TagProtocol = SEARCH_R1) -> list[str]:
     t, s, a = protocol.think, protocol.search, protocol.answer
     turns, known = [], ""
     for hop in plan.hops:
-        turns.append(f"<{t}>{known}I need to find {hop.query}.</{t}>\n<{s}>{hop.query}</{s}>")
+        turns.append(f"<{t}>{known}I need to find {hop.need or hop.query}.</{t}>\n<{s}>{hop.query}</{s}>")
         known = f"{hop.finding} "
     answer = f"\\boxed{{{plan.answer}}}" if protocol.boxed_answer else plan.answer
     turns.append(f"<{t}>{known}So the answer is {plan.answer}.</{t}>\n<{a}>{answer}</{a}>")

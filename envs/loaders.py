@@ -276,6 +276,27 @@ def _context_paragraphs(context: Any, supporting_titles: set[str]) -> tuple[Para
     )
 
 
+def _supporting_sentences(context: Any, facts: Any) -> dict[str, list[str]]:
+    """The sentences `supporting_facts` point at, by title, as the context splits them (HotpotQA
+    numbers a paragraph's sentences; re-splitting the joined text does not give the same list)."""
+    if isinstance(context, Mapping):
+        pairs = list(zip(context.get("title", []), context.get("sentences", context.get("content", []))))
+    else:
+        pairs = [(c[0], c[1]) for c in context or [] if len(c) > 1]
+    bodies = {str(t): b for t, b in pairs if not isinstance(b, str)}
+    if isinstance(facts, Mapping):
+        facts = list(zip(facts.get("title", []), facts.get("sent_id", [])))
+    out: dict[str, list[str]] = {}
+    for fact in facts or []:
+        if len(fact) < 2:
+            continue
+        title, sid = str(fact[0]), fact[1]
+        body = bodies.get(title)
+        if body is not None and isinstance(sid, int) and 0 <= sid < len(body) and str(body[sid]).strip():
+            out.setdefault(title, []).append(str(body[sid]).strip())
+    return out
+
+
 def _supporting_titles(facts: Any) -> set[str]:
     if isinstance(facts, Mapping):
         return {str(t) for t in facts.get("title", [])}
@@ -326,6 +347,9 @@ def _parse_musique(r: Record, name: str, i: int) -> QAExample:
 def _parse_hotpot_like(r: Record, name: str, i: int) -> QAExample:
     supporting = _supporting_titles(r.get("supporting_facts", []))
     meta = {k: r[k] for k in ("type", "level", "supporting_facts", "evidences") if k in r}
+    sentences = _supporting_sentences(r.get("context", []), r.get("supporting_facts", []))
+    if sentences:
+        meta["supporting_sentences"] = sentences
     return QAExample(
         uid=f"{name}/{r.get('_id', r.get('id', i))}",
         question=str(r["question"]).strip(),
@@ -344,6 +368,9 @@ def _parse_flashrag(r: Record, name: str, i: int) -> QAExample:
         meta["question_decomposition"] = _musique_decomposition(meta.get("question_decomposition", []), position)
     elif "context" in meta:  # FlashRAG HotpotQA / 2Wiki keep a Hugging Face style context
         paragraphs = _context_paragraphs(meta["context"], _supporting_titles(meta.get("supporting_facts", [])))
+        sentences = _supporting_sentences(meta["context"], meta.get("supporting_facts", []))
+        if sentences:
+            meta["supporting_sentences"] = sentences
     return QAExample(
         uid=f"{name}/{r.get('id', i)}",
         question=str(r["question"]).strip(),

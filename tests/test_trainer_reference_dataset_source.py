@@ -97,6 +97,41 @@ def test_hotpotqa_comparison_looks_up_both_entities_in_annotation_order():
     assert plan_turns(plan)[-1].endswith("<answer>yes</answer>")
 
 
+def test_a_first_paragraph_the_question_does_not_name_is_searched_with_the_question():
+    question = "Which demon of the Akkadian lore is a spirit?"
+    ex = QAExample("hotpotqa/q", question, ("a spirit",), (P_ALU, P_LILU), dict(HOTPOT_BRIDGE.metadata))
+    plan = hotpotqa_plan(ex)
+    assert [h.query for h in plan.hops] == ["Which demon of the Akkadian lore is a spirit", "Alû"]
+    assert plan_turns(plan)[0].startswith("<think>I need to find what the question asks.</think>")
+
+
+def test_hotpotqa_findings_are_the_sentences_the_annotation_numbers_as_the_file_splits_them(tmp_path: Path):
+    from pvpo.envs.loaders import load_dataset
+
+    raw = [
+        {
+            "_id": "x1",
+            "question": "Which river flows through Town A?",
+            "answer": "Blue River",
+            "type": "bridge",
+            "supporting_facts": [["Town A", 1], ["Blue River", 0]],
+            "context": [
+                ["Town A", ["( c.", " 1200) Town A is old.", " The Blue River flows through it."]],
+                ["Blue River", ["Blue River is a river.", " It is blue."]],
+            ],
+        }
+    ]
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps(raw))
+    (ex,) = load_dataset(path)
+    assert ex.metadata["supporting_sentences"] == {
+        "Town A": ["1200) Town A is old."],
+        "Blue River": ["Blue River is a river."],
+    }
+    plan = hotpotqa_plan(ex)
+    assert plan.hops[0].finding == "1200) Town A is old."  # not "( c.", which a re-split of the joined text gave
+
+
 def test_examples_without_an_annotation_have_no_plan():
     with pytest.raises(NoPlan, match="neither"):
         dataset_plan(QAExample("nq/1", "who wrote hamlet", ("Shakespeare",)))
