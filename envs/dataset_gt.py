@@ -46,11 +46,20 @@ class Hop:
 
 @dataclass(frozen=True)
 class Plan:
-    """How an annotated question is answered: its hops in order, then `answer`."""
+    """How an annotated question is answered: its hops in order, then `answer`; `fallback`, the
+    plan to try when one of this plan's searches misses its paragraph."""
 
     uid: str
     hops: tuple[Hop, ...]
     answer: str
+    fallback: Plan | None = None
+
+    def candidates(self) -> list[Plan]:
+        """This plan, then its fallbacks in order."""
+        out = [self]
+        while (nxt := out[-1].fallback) is not None:
+            out.append(nxt)
+        return out
 
 
 def substitute(question: str, answers: Sequence[str]) -> str:
@@ -85,13 +94,26 @@ def musique_plan(example: QAExample) -> Plan:
         answer = str(step.get("answer", "")).strip()
         if not query or not answer:
             raise NoPlan(f"hop {i + 1} has an empty sub-question or answer")
-        hops.append(Hop(query, example.paragraphs[int(pos)], f"The answer to '{query}' is {answer}."))
+        paragraph = example.paragraphs[int(pos)]
+        said = f"The answer to '{query}' is {answer}."
+        evidence = _sentence_with(paragraph.text, answer)
+        hops.append(Hop(query, paragraph, f"{evidence} {said}" if evidence else said))
         answers.append(answer)
     return Plan(example.uid, tuple(hops), _answer(example))
 
 
 def _sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def _sentence_with(text: str, answer: str, max_words: int = 40) -> str | None:
+    """The first sentence of `text` that holds `answer` (case aside), the evidence a hop's
+    finding quotes before stating the answer (copy, then extract); None when no sentence of at
+    most `max_words` words holds it."""
+    needle = answer.lower().strip()
+    if not needle:
+        return None
+    return next((x for x in _sentences(text) if needle in x.lower() and len(x.split()) <= max_words), None)
 
 
 def _fact(paragraph: Paragraph, sentence_ids: Sequence[int]) -> str:
@@ -147,11 +169,12 @@ def hotpotqa_plan(example: QAExample) -> Plan:
         return " ".join(given[title]) if given.get(title) else _fact(by_title[title], sentence_ids[title])
 
     hops = [Hop(t, by_title[t], finding(t)) for t in order]
-    if not _mentions(example.question, order[0]):
-        hops[0] = Hop(
-            example.question.rstrip("?").strip(), by_title[order[0]], finding(order[0]), need="what the question asks"
-        )
-    return Plan(example.uid, tuple(hops), answer)
+    titled = Plan(example.uid, tuple(hops), answer)
+    if _mentions(example.question, order[0]):
+        return titled
+    question = example.question.rstrip("?").strip()
+    hops[0] = Hop(question, by_title[order[0]], finding(order[0]), need="what the question asks")
+    return Plan(example.uid, tuple(hops), answer, fallback=titled)
 
 
 def _answer(example: QAExample) -> str:

@@ -105,6 +105,36 @@ def test_a_first_paragraph_the_question_does_not_name_is_searched_with_the_quest
     assert plan_turns(plan)[0].startswith("<think>I need to find what the question asks.</think>")
 
 
+def test_a_question_query_that_misses_its_paragraph_falls_back_to_the_titled_plan():
+    question = "Which demon of the Akkadian lore is a spirit?"
+    ex = QAExample("hotpotqa/q", question, ("a spirit",), (P_ALU, P_LILU), dict(HOTPOT_BRIDGE.metadata))
+    first, titled = hotpotqa_plan(ex).candidates()
+    assert titled.hops[0].query == "Lilu (mythology)" and titled.fallback is None
+    searcher = OverlapSearcher(_passages(P_LILU, P_ALU))  # the question's words are Alû's passage's
+    assert check_retrieval([first, titled], searcher, 1) == [1, None]
+
+
+def test_the_dataset_source_writes_the_fallback_plan_and_counts_it(tiny_tokenizer):
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.trainer.reference.dataset_source import dataset_trajectories
+
+    question = "Which demon of the Akkadian lore is a spirit?"
+    ex = QAExample("hotpotqa/q", question, ("a spirit",), (P_ALU, P_LILU), dict(HOTPOT_BRIDGE.metadata))
+    searcher = OverlapSearcher(_passages(P_LILU, P_ALU))
+    (traj,), counts = dataset_trajectories([ex], tiny_tokenizer, searcher, EpisodeConfig(max_turns=4, topk=1))
+    assert traj is not None and counts["fallback_plan"] == 1 and counts["written"] == 1
+    assert "<search>Lilu (mythology)</search>" in tiny_tokenizer.decode(traj.response_ids)
+
+
+def test_musique_findings_quote_the_sentence_holding_the_hops_answer_before_stating_it():
+    plan = musique_plan(MUSIQUE)
+    assert plan.hops[0].finding.endswith(
+        "The answer to 'What company published Journal of Psychotherapy Integration' is American Psychological Association."
+    )
+    evidence = plan.hops[0].finding.split(" The answer to ")[0]
+    assert "American Psychological Association" in evidence and evidence in P_JOURNAL.text
+
+
 def test_hotpotqa_findings_are_the_sentences_the_annotation_numbers_as_the_file_splits_them(tmp_path: Path):
     from pvpo.envs.loaders import load_dataset
 

@@ -100,14 +100,23 @@ def dataset_trajectories(
             continue
         plans[i] = plan
     searcher = _Memo(searcher)
-    misses = check_retrieval(list(plans.values()), searcher, episode_config.topk)
-    for (i, plan), miss in zip(list(plans.items()), misses, strict=True):
-        if miss is not None:
-            counts["search_missed_paragraph"] += 1
+    # every candidate of every plan checked in one retriever call; the first whose searches all
+    # retrieve their paragraphs is kept
+    tries = [(i, c) for i, plan in plans.items() for c in plan.candidates()]
+    misses = check_retrieval([c for _, c in tries], searcher, episode_config.topk)
+    chosen: dict[int, Plan] = {}
+    for (i, cand), miss in zip(tries, misses, strict=True):
+        if miss is None and i not in chosen:
+            chosen[i] = cand
+        elif miss is not None:
             log.debug(
-                "dataset GT: %s: hop %d's search %r misses its paragraph", plan.uid, miss, plan.hops[miss - 1].query
+                "dataset GT: %s: hop %d's search %r misses its paragraph", cand.uid, miss, cand.hops[miss - 1].query
             )
-            del plans[i]
+    counts["search_missed_paragraph"] += len(plans) - len(chosen)
+    fallbacks = sum(chosen[i] is not plans[i] for i in chosen)
+    if fallbacks:
+        counts["fallback_plan"] += fallbacks
+    plans = chosen
     keep = sorted(plans)
     turns = {examples[i].uid: plan_turns(plans[i], episode_config.tag_protocol) for i in keep}
     trajs = oracle_trajectories(
