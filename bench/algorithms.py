@@ -39,6 +39,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = HERE.parent
 HEADLINE_ALGORITHMS = "pvpo+gs,pvpo,grpo,dr_grpo,rloo"
-DEFAULT_LR_GRID = "1e-4,3e-4,1e-3"
+DEFAULT_LR_GRID = "3e-5,1e-4,3e-4,1e-3"
 DEFAULT_WARM_STEPS = "362,360,364,366,368,370"
 
 
@@ -132,28 +133,51 @@ def picks_from(
     return {k: pick_lr(scores[k]) for k in need if sum(len(v) for v in scores.get(k, {}).values()) == need[k]}
 
 
-def run_jobs(
-    settings: Settings, testbed: Any, warm: dict[str, Any], jobs: Sequence[Job], searcher: Any, url: str, n_jobs: int
-) -> None:
-    """Run the unfinished `jobs`, `n_jobs` processes at a time (each one torch thread), the longest
-    (largest N) first; one line per finished run."""
-    todo = sorted((j for j in jobs if not (j.run_dir(settings.out) / "result.json").exists()), key=lambda j: -j.n)
-    t0 = time.perf_counter()
+@dataclass(frozen=True)
+class Plan:
+    """The benchmark's runs: the sweep's, and the final seeds of each (algorithm, N) once its sweep
+    has picked a learning rate."""
 
-    def line(k: int, j: Job, r: dict[str, Any]) -> None:
+    algs: tuple[str, ...]
+    ns: tuple[int, ...]
+    grid: tuple[float, ...]
+    sweep: tuple[Job, ...]
+    seeds: tuple[int, ...]
+
+    def ready_finals(self, out: Path) -> list[Job]:
+        """The final runs of every (algorithm, N) whose sweep has finished."""
+        return final_jobs(picks_from(self.algs, self.ns, self.grid, self.sweep, finished(out, self.sweep)), self.seeds)
+
+
+def run_plan(
+    settings: Settings, testbed: Any, warm: dict[str, Any], plan: Plan, searcher: Any, url: str, n_jobs: int
+) -> None:
+    """Run every unfinished run of `plan`, `n_jobs` processes at a time (one torch thread each),
+    the largest N first; an (algorithm, N)'s final runs are queued as soon as its sweep is done, so
+    no process waits for the whole sweep. One line per finished run."""
+    out, t0, k = settings.out, time.perf_counter(), 0
+
+    def todo(jobs: Sequence[Job]) -> list[Job]:
+        return sorted((j for j in jobs if not (j.run_dir(out) / "result.json").exists()), key=lambda j: -j.n)
+
+    def line(j: Job, r: dict[str, Any]) -> None:
+        nonlocal k
+        k += 1
         print(
-            f"[{k}/{len(todo)}] {j.stage} {j.alg} N={j.n} lr={j.lr:g} seed={j.seed}: {r['split']} EM {r['em']:.3f}, "
+            f"[{k}] {j.stage} {j.alg} N={j.n} lr={j.lr:g} seed={j.seed}: {r['split']} EM {r['em']:.3f}, "
             f"{r['wall_s']:.0f} s ({time.perf_counter() - t0:.0f} s so far)",
             file=sys.stderr,
             flush=True,
         )
 
-    if n_jobs <= 1 or len(todo) <= 1:
-        for k, j in enumerate(todo, 1):
-            line(k, j, run_one(settings, testbed, warm, j, searcher))
+    if n_jobs <= 1:
+        for j in todo(plan.sweep):
+            line(j, run_one(settings, testbed, warm, j, searcher))
+        for j in todo(plan.ready_finals(out)):
+            line(j, run_one(settings, testbed, warm, j, searcher))
         return
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
     from algorithms_runs import init_worker, work
 
@@ -163,9 +187,22 @@ def run_jobs(
         initializer=init_worker,
         initargs=(settings, testbed, warm, url),
     ) as pool:
-        futures = {pool.submit(work, j): j for j in todo}
-        for k, f in enumerate(as_completed(futures), 1):
-            line(k, futures[f], f.result())
+        running: dict[Future[dict[str, Any]], Job] = {}
+        queued: set[Job] = set()
+
+        def submit(jobs: Sequence[Job]) -> None:
+            for j in todo(jobs):
+                if j not in queued:
+                    queued.add(j)
+                    running[pool.submit(work, j)] = j
+
+        submit(plan.sweep)
+        submit(plan.ready_finals(out))
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                line(running.pop(f), f.result())
+            submit(plan.ready_finals(out))
 
 
 def machine() -> str:
@@ -252,9 +289,8 @@ def main(argv: list[str] | None = None) -> None:
         topk = _topk(settings)
         with BackgroundServer(str(index)) as server, RetrieverClient(server.url, topk=topk) as searcher:
             warm = warm_phase(settings, testbed, searcher)
-            run_jobs(settings, testbed, warm, sweep, searcher, server.url, args.jobs)
-            picks = picks_from(algs, ns, grid, sweep, finished(args.out, sweep))
-            run_jobs(settings, testbed, warm, final_jobs(picks, seeds), searcher, server.url, args.jobs)
+            plan = Plan(tuple(algs), tuple(ns), tuple(grid), tuple(sweep), tuple(seeds))
+            run_plan(settings, testbed, warm, plan, searcher, server.url, args.jobs)
     warm_path = args.out / "warm" / "summary.json"
     if not warm_path.exists():
         raise SystemExit(f"{args.out}: no finished warm start ({warm_path}); run without --report-only first")

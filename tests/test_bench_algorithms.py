@@ -247,3 +247,25 @@ def test_an_out_dir_refuses_settings_its_runs_were_not_trained_with(tmp_path: Pa
     cfg.write_text("run: {steps: 4}\n")
     with pytest.raises(SystemExit, match="other config_text"):
         runs.check_settings(s)
+
+
+@pytest.mark.slow
+def test_every_registered_estimator_runs_in_the_benchmark(tmp_path: Path):
+    """`--algorithms all` (pvpo+gs and every estimator of the registry), 2 steps each on a small
+    world, without a sweep (one lr); each ends with a test evaluation and its cost."""
+    from pvpo.trainer.algorithms.spec import available_estimators
+
+    out = tmp_path / "b"
+    tiny = [
+        "data.synthetic.n_entities=12", "data.synthetic.questions_per_hop=30", "data.max_train_examples=16",
+        "data.warm_start_examples=8", "data.prompts_per_step=4", "algorithm.anchor.num_rollouts=2",
+        "rollout.max_turns=2", "rollout.max_new_tokens=16", "rollout.max_response_tokens=96",
+    ]  # fmt: skip
+    argv = ["--algorithms", "all", "--n", "2", "--seeds", "0", "--lr-grid", "3e-4", "--steps", "2", "--evals", "1"]
+    algorithms.main([*argv, "--warm-steps", "4", "--warm-band", "0,1", "--jobs", "1", "--out", str(out), *tiny])
+    final = {json.loads(p.read_text())["alg"]: json.loads(p.read_text()) for p in out.glob("final/*/result.json")}
+    assert set(final) == {"pvpo+gs", *available_estimators()} and not list(out.glob("sweep/*"))
+    assert all(r["steps"] == 2 and r["split"] == "test" and len(r["curve"]) == 2 for r in final.values())
+    assert final["pvpo"]["uses_anchor"] and not final["pvpo"]["group_sampling"] and not final["grpo"]["uses_anchor"]
+    text = (out / "results.md").read_text()
+    assert all(f"| {a} | 2 | 0.0003 | 1 |" in text for a in final)
