@@ -18,15 +18,41 @@ Algorithms are estimator names (`pvpo`, `grpo`, `dr_grpo`, `rloo`, `gdpo`, `v05`
 estimator plus `pvpo+gs`. A finished run is kept (an interrupted benchmark resumes), and
 `--report-only` writes the report from the finished runs.
 
-Learning-rate grid: 1e-4, 3e-4, 1e-3 for every estimator. AdamW's step is invariant to the loss's
-scale, so GRPO's division by the group's std or Dr.GRPO's constant-length normaliser does not move
-an estimator's good lr by their factor; the demo's 3e-4 (tuned for PVPO with GT) is in the middle.
+Learning-rate grid: 3e-5, 1e-4, 3e-4, 1e-3, the same for every estimator (none gets a finer
+search). AdamW's step is invariant to the loss's scale, so GRPO's division by the group's std or
+Dr.GRPO's constant-length normaliser does not shift an estimator's good lr by their factor. The grid
+reaches down to 3e-5 because trial runs (one seed each, test EM from 0.538 after 60 steps) had
+GRPO at N=5 collapse at the demo's 3e-4 (0.013) and gain at 1e-4 (0.609) and 3e-5 (0.641), while
+PVPO+GS at N=2 gained at 3e-4 (0.737); 1e-3 brackets PVPO+GS from above. One sweep seed: lrs
+whose validation EM differs by less than a seed's spread (about 0.1 EM for GRPO) are not told
+apart, and results.md flags a pick at the grid's edge.
 
-Sizing (SIZING, filled from measurements): see the module's closing notes in `SIZING`.
+Warm start: the demo's SFT (128 oracle questions, lr 3e-3, batch 16) from seed 0. Validation EM
+against its length, on this machine: 360 steps 0.161, 362 0.510, 365 0.090, 370 0.697, 380 0.768,
+400 0.826, 480 0.852: the policy learns two-hop questions between 360 and 370 steps, where the EM
+is not monotone in the length and another CPU's float kernels may move it. So `--warm-steps` is a
+list tried in order until one lands in `--warm-band` (validation EM 0.3-0.6; the closest to its
+centre when none does): 362 steps here, validation 0.510, test 0.538 (1-hop 0.69, 2-hop 0.50),
+room to gain and to lose.
 
-    python bench/algorithms.py [--algorithms pvpo+gs,pvpo,grpo,dr_grpo,rloo] [--n 2,5] [--seeds 0,1,2,3,4]
-        [--sweep-seeds 100] [--lr-grid 1e-4,3e-4,1e-3] [--steps S] [--evals 3] [--jobs 2]
-        [--amortise-epochs 10] [--out runs/bench_algorithms] [--report-only] [key=value ...]
+Sizing, for <= 90 minutes on 2 cores. Measured on this 2-core AMD EPYC VM under `nice -n 19` beside
+another engineer's experiment (load average 2.6-3.0; each run got a whole core, its retriever
+queries included), so upper bounds: the warm phase 113 s (SFT 82 s; anchor 339 prompts x M=4 =
+1,356 rollouts 25 s; 128 GT replays; 155 + 156 greedy evaluations, 3 s each); one run of 60 steps
+x 8 prompts with 4 test evaluations: N=5 95-106 s, N=2 36-49 s. The headline benchmark has 5
+algorithms x 2 N = 10 (algorithm, N): the sweep 4 lrs x 1 seed = 40 runs, the final 6 seeds = 60
+runs; 50 runs at N=5 x 105 s + 50 at N=2 x 50 s = 7,750 core-seconds, over --jobs 2 (two processes
+of one torch thread; the loopback retriever in the parent) 3,875 s = 65 min, plus the warm phase:
+about 67 min, leaving a quarter of the 90 for load and the last run's tail. Each extra final seed
+adds about 6.5 minutes. Trial runs' seed spread (3 seeds): PVPO+GS N=2 at 3e-4 EM 0.737 / 0.731 /
+0.827, GRPO N=5 at 1e-4 0.609 / 0.814 / 0.635: the headline difference's s.e. is 0.019 over
+questions (paired) and 0.072 over seeds at 3 seeds, about 0.054 together extrapolated to 6 seeds
+(8 would reach 0.048): the seeds, not the questions, set the power.
+
+    python bench/algorithms.py [--algorithms pvpo+gs,pvpo,grpo,dr_grpo,rloo | all] [--n 2,5]
+        [--seeds 0,1,2,3,4,5] [--sweep-seeds 100] [--lr-grid 3e-5,1e-4,3e-4,1e-3] [--steps 60]
+        [--evals 4] [--jobs 2] [--amortise-epochs 10] [--warm-steps 362,360,...] [--warm-band 0.3,0.6]
+        [--out runs/bench_algorithms] [--report-only] [key=value ...]
 """
 
 from __future__ import annotations
@@ -218,11 +244,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--algorithms", default=HEADLINE_ALGORITHMS, help="comma list, or 'all'")
     ap.add_argument("--n", default="2,5", help="rollouts per prompt, comma-separated")
-    ap.add_argument("--seeds", default="0,1,2,3,4", help="RL seeds of the final (test) runs")
+    ap.add_argument("--seeds", default="0,1,2,3,4,5", help="RL seeds of the final (test) runs")
     ap.add_argument("--sweep-seeds", default="100", help="RL seeds of the lr sweep (validation)")
     ap.add_argument("--lr-grid", default=DEFAULT_LR_GRID, help="learning rates swept per (algorithm, N)")
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    ap.add_argument("--evals", type=int, default=3, help="test evaluations per final run (the last at its end)")
+    ap.add_argument("--evals", type=int, default=4, help="test evaluations per final run (the last at its end)")
     ap.add_argument(
         "--warm-steps",
         default=DEFAULT_WARM_STEPS,

@@ -24,8 +24,10 @@ The Fig. 4 question (arXiv:2508.21104 Fig. 4: PVPO at N=2 reaches 55.0 vs GRPO's
 for a cost of 4.3 vs 11.7, 37%): both train the same steps, so PVPO+GS at N=2 is compared with GRPO
 at N=5 at the end of their runs. The accuracy side holds when EM(PVPO) - 0.97 EM(GRPO) is at least
 0 by 2 s.e. (a non-inferiority test with the paper's 3% margin), fails when it is below 0 by 2 s.e.,
-and is not decided otherwise; the cost side holds when the cost ratio is <= `COST_RATIO` under the
-measure. Reproduced: both hold; refuted: either fails; otherwise not decidable at this power.
+and is not decided otherwise. The cost side, under each measure, is the ratio of the mean costs
+(its s.e. over seeds by the delta method): it holds when the ratio is <= `COST_RATIO` by 2 s.e.,
+fails when it is above by 2 s.e., and is not decided otherwise. Reproduced: both sides hold;
+refuted: either fails; otherwise not decidable at this power.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pvpo.stats import mean, paired_difference, standard_error
 
 ACCURACY_RATIO = 0.97  # Fig. 4: 55.0 / 56.8
 COST_RATIO = 0.40  # Fig. 4: 4.3 / 11.7 = 0.37, read as "at most 40% of the cost"
+SE_BAR = 0.05  # issue 26: the headline comparison's s.e., so that a 0.1 difference is visible
 HEADLINE = (("pvpo+gs", 2), ("grpo", 5))
 MEASURES = {
     "paper": "paper's Fig. 4 cost (training rollouts' tool calls)",
@@ -224,8 +227,10 @@ def fig4_verdict(
         f"({len(pv)} seeds) vs GRPO N=5 {em_g:.3f} ({len(gr)} seeds), difference {head.diff:+.3f} +- {head.se:.3f} "
         f"(s.e. over questions, paired, {head.se_questions:.3f}; over seeds {head.se_seeds:.3f}); "
         f"EM(PVPO) - 0.97 EM(GRPO) = {margin.diff:+.3f} +- {margin.se:.3f}: PVPO's accuracy is {acc_words}. "
-        f"Power: differences smaller than 2 s.e. = {2 * head.se:.3f} EM are not resolved "
-        f"(the issue's bar, s.e. <= 0.05, is {'met' if head.se <= 0.05 else 'not met'}).",
+        f"Power: differences smaller than 2 s.e. = {2 * head.se:.3f} EM are not resolved. The issue's bar, s.e. <= "
+        f"{SE_BAR}, is {'met' if head.se <= SE_BAR else 'not met'} by the s.e. over questions and seeds ({head.se:.3f}), "
+        f"{'met' if head.se_questions <= SE_BAR else 'not met'} by the paired s.e. over questions alone "
+        f"({head.se_questions:.3f}, which leaves out how much other RL seeds would move the result).",
     ]
     if g_gain.diff - 2 * g_gain.se <= 0:
         lines.append(
@@ -233,21 +238,40 @@ def fig4_verdict(
             "says little about sample efficiency."
         )
     for m, words in MEASURES.items():
-        c_p = mean([cost(r, r["curve"][-1], warm, m, epochs) for r in pv])
-        c_g = mean([cost(r, r["curve"][-1], warm, m, epochs) for r in gr])
-        ratio = c_p / c_g if c_g else float("nan")
-        cost_ok = ratio <= COST_RATIO
-        if cost_ok and acc == "holds":
+        ratio, r_se = cost_ratio(
+            [cost(r, r["curve"][-1], warm, m, epochs) for r in pv],
+            [cost(r, r["curve"][-1], warm, m, epochs) for r in gr],
+        )
+        if ratio + 2 * r_se <= COST_RATIO:
+            side = "holds"
+        elif ratio - 2 * r_se > COST_RATIO:
+            side = "fails"
+        else:
+            side = "undecided"
+        if side == "holds" and acc == "holds":
             v = "reproduced"
-        elif not cost_ok or acc == "fails":
+        elif "fails" in (side, acc):
             v = "refuted"
         else:
-            v = f"not decidable at this power (2 s.e. = {2 * margin.se:.3f} EM)"
+            v = f"not decidable at this power (2 s.e. = {2 * margin.se:.3f} EM, {2 * r_se:.2f} in the cost ratio)"
+        c_p = mean([cost(r, r["curve"][-1], warm, m, epochs) for r in pv])
+        c_g = mean([cost(r, r["curve"][-1], warm, m, epochs) for r in gr])
         lines.append(
-            f"- By the {words}: PVPO N=2 {c_p:.0f} vs GRPO N=5 {c_g:.0f}, ratio {ratio:.2f} "
-            f"({'within' if cost_ok else 'above'} {COST_RATIO:.0%}); accuracy side {acc}: **{v}**."
+            f"- By the {words}: PVPO N=2 {c_p:.0f} vs GRPO N=5 {c_g:.0f}, ratio {ratio:.2f} +- {r_se:.2f} "
+            f"(cost side {side} at {COST_RATIO:.0%}); accuracy side {acc}: **{v}**."
         )
     return "\n".join(lines)
+
+
+def cost_ratio(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """mean(a) / mean(b) over seeds and its standard error (delta method: the ratio times the root
+    of the squared relative standard errors of the two means)."""
+    ma, mb = mean(a), mean(b)
+    if not mb:
+        return float("nan"), float("nan")
+    r = ma / mb
+    rel = math.hypot(standard_error(a) / ma if ma else 0.0, standard_error(b) / mb)
+    return r, abs(r) * rel
 
 
 def plot(
@@ -279,7 +303,9 @@ def plot(
         ax.axhline(0, color="0.6", lw=0.8)
     axes[0].set_ylabel("test EM - EM of the shared warm start")
     axes[0].legend(fontsize=8, ncol=2)
-    fig.suptitle("one warm start, each (algorithm, N) at its validation-picked lr; band: +- s.e. (questions and seeds)")
+    fig.suptitle(
+        "one shared warm start; each (algorithm, N) at its lr (picked on validation when swept); band: +- s.e. (questions and seeds)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -83,9 +83,17 @@ def test_the_three_cost_measures_charge_the_one_off_work_as_stated():
         rep.cost(grpo, end, WARM, "tokens", 10)
 
 
-def _fig4(pv_em: list[list[float]], gr_em: list[list[float]], pv_calls: float, gr_calls: float) -> str:
+def test_the_cost_ratio_carries_the_seeds_spread_of_both_costs():
+    r, se = rep.cost_ratio([1.0, 1.2], [2.0, 2.0])
+    assert r == pytest.approx(0.55) and se == pytest.approx(0.55 * 0.1 / 1.1)
+    assert rep.cost_ratio([1.0], [2.0]) == (0.5, 0.0)
+    assert all(math.isnan(x) for x in rep.cost_ratio([1.0], [0.0]))
+
+
+def _fig4(pv_em: list[list[float]], gr_em: list[list[float]], pv_calls: float | list[float], gr_calls: float) -> str:
+    calls = pv_calls if isinstance(pv_calls, list) else [pv_calls] * len(pv_em)
     final = {
-        ("pvpo+gs", 2): [_run(e, pv_calls, anchor=True, gs=True) for e in pv_em],
+        ("pvpo+gs", 2): [_run(e, c, anchor=True, gs=True) for e, c in zip(pv_em, calls)],
         ("grpo", 5): [_run(e, gr_calls) for e in gr_em],
     }
     return rep.fig4_verdict(final, [0.0] * len(pv_em[0]), WARM, 10)
@@ -112,6 +120,9 @@ def test_the_fig4_verdict_is_written_from_the_numbers_under_each_cost_measure():
     coin = [[float(rng.random() < 0.5) for _ in range(q)] for _ in range(10)]
     text = _fig4(coin[:5], coin[5:], 100, 1000)
     assert "**not decidable at this power (2 s.e. = " in text.splitlines()[-3]
+    # accuracy holds, but the cost ratio's spread over seeds straddles 40%: not decidable by the paper's measure
+    text = _fig4(good, half, [300.0, 500.0, 300.0, 500.0, 400.0], 1000)
+    assert "ratio 0.40 +- 0.04 (cost side undecided at 40%)" in text and "**not decidable" in text.splitlines()[-3]
     assert "needs pvpo+gs at N=2" in rep.fig4_verdict({("grpo", 5): []}, [0.0], WARM, 10)
 
 
