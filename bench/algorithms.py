@@ -124,6 +124,7 @@ def sweep_jobs(algs: Sequence[str], ns: Sequence[int], grid: Sequence[float], se
 
 
 def final_jobs(picks: dict[Key, float], seeds: Sequence[int]) -> list[Job]:
+    """The final (test) runs: every seed of each (algorithm, N) at its picked lr."""
     return [Job("final", a, n, lr, s) for (a, n), lr in picks.items() for s in seeds]
 
 
@@ -222,13 +223,17 @@ def run_plan(
                     queued.add(j)
                     running[pool.submit(work, j)] = j
 
-        submit(plan.sweep)
-        submit(plan.ready_finals(out))
-        while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for f in done:
-                line(running.pop(f), f.result())
+        try:
+            submit(plan.sweep)
             submit(plan.ready_finals(out))
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    line(running.pop(f), f.result())
+                submit(plan.ready_finals(out))
+        except BaseException:  # a failed run or ^C: stop queueing (the finished runs are kept)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 def machine() -> str:
