@@ -31,35 +31,6 @@ def test_the_pvpo_paper_preset_resolves_by_name_with_the_papers_method_keys():
             assert "#" in line, line
 
 
-def test_the_algorithm_benchmark_reports_both_cost_measures():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_algorithms", Path(__file__).resolve().parents[1] / "bench" / "algorithms.py"
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-
-    def run(em: float, curve: list[tuple[float, float, float, float]], all_in: float, paper: float) -> dict:
-        return {
-            "em": em, "em_before": 0.1, "steps": 10, "rollouts": 100, "tool_calls": all_in,
-            "pvpo_cost": all_in, "paper_cost": paper, "wall_s": 1.0, "adv_var": 0.1, "curve": curve,
-        }  # fmt: skip
-
-    # GRPO N=5: all-in 1000, paper 1000 (no anchor). PVPO N=2: its anchor makes the all-in cost large
-    gr = run(0.5, [(0, 0, 0.1, 0), (1000, 100, 0.5, 1000)], 1000, 1000)
-    pv = run(0.5, [(0, 0, 0.1, 0), (300, 50, 0.2, 100), (900, 90, 0.5, 390)], 900, 390)
-    res = {("grpo", 5): [gr], ("pvpo+gs", 2): [pv]}
-    text = bench.fig4_answer(res)
-    paper, all_in = text.splitlines()
-    assert "the paper's cost" in paper and "EM 0.500" in paper and "is reproduced" in paper  # 390 <= 400
-    assert "the all-in cost" in all_in and "EM 0.200" in all_in and "not reproduced" in all_in  # 900 > 400
-    table = bench.table(res)
-    assert "cost, paper's Fig. 4 (train tool calls)" in table and "| 900 | 390 |" in table
-
-
 def test_a_yaml_syntax_error_is_one_line_with_the_file_line_and_column_rc_2(tmp_path):
     from typer.testing import CliRunner
 
