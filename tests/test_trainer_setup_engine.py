@@ -26,6 +26,21 @@ def test_choosing_the_vllm_engine_without_vllm_fails_at_config_load_naming_the_f
         load_config(None, ["rollout.engine=vllm"])
 
 
+@pytest.mark.parametrize("installed", [False, True])
+def test_the_auto_engine_is_vllm_where_vllm_is_installed_and_hf_otherwise(
+    monkeypatch: pytest.MonkeyPatch, installed: bool
+) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        if name == "vllm":
+            return object() if installed else None
+        return real(name, *args)
+
+    monkeypatch.setattr(engine_mod.importlib.util, "find_spec", find_spec)
+    assert load_config(None, ["rollout.engine=auto"]).rollout.engine == ("vllm" if installed else "hf")
+
+
 @pytest.fixture
 def vllm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let configs name the vllm engine on a machine without vLLM (the engine is never built)."""

@@ -257,7 +257,7 @@ class ImportanceCorrectionConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: str = Field("hf", description="rollout engine: hf | vllm")
+    engine: str = Field("hf", description="rollout engine: hf | vllm | auto (vllm where installed, else hf)")
     vllm: VLLMConfig = VLLMConfig()
     importance_correction: ImportanceCorrectionConfig = ImportanceCorrectionConfig()
     temperature: float = Field(1.0, gt=0, description="sampling temperature of training rollouts")

@@ -165,9 +165,15 @@ def available_engines() -> list[str]:
     return ENGINES.names()
 
 
+AUTO_ENGINE = "auto"  # vllm where the vllm package is installed, hf otherwise
+
+
 def check_engine(name: str) -> str:
-    """`name` if it is a registered engine whose package is installed; UnknownNameError listing the
-    engines, or a ValueError naming the install, otherwise. Imports no engine."""
+    """`name` if it is a registered engine whose package is installed (`auto`: `vllm` where vllm
+    is installed, else `hf`); UnknownNameError listing the engines, or a ValueError naming the
+    install, otherwise. Imports no engine."""
+    if name == AUTO_ENGINE:
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if name not in ENGINES:
         ENGINES.get(name)  # raises, listing the known names
     package, hint = REQUIRED_PACKAGES.get(name, ("", ""))
