@@ -33,9 +33,14 @@ def _run(em_q: list[float], calls: float, *, anchor: bool = False, gs: bool = Fa
     start = {"step": 0, "em_q": [0.0] * len(em_q), "train_rollouts": 0.0, "train_tool_calls": 0.0}
     end = {"step": steps, "em_q": em_q, "train_rollouts": calls / 2, "train_tool_calls": calls}
     return {
-        "uses_anchor": anchor, "group_sampling": gs, "steps": steps, "lr": lr, "adv_var": 0.1, "wall_s": 1.0,
+        "uses_anchor": anchor,
+        "group_sampling": gs,
+        "steps": steps,
+        "lr": lr,
+        "adv_var": 0.1,
+        "wall_s": 1.0,
         "curve": [start, end],
-    }  # fmt: skip
+    }
 
 
 def test_compare_pairs_questions_and_adds_the_seed_spread():
@@ -179,10 +184,16 @@ def test_the_lr_of_a_pair_is_picked_only_once_its_whole_sweep_has_finished():
 def test_the_report_writes_results_and_the_plot(tmp_path: Path):
     warm = {
         **WARM,
-        "warm_steps": 362, "warm_seed": 0, "warm_s": 1.0, "warm_band": [0.3, 0.6], "in_band": True,
-        "tries": [{"steps": 362, "validation_em": 0.5}], "anchor_m": 4, "group_sampling": {"gs/gt_frac": 0.5},
+        "warm_steps": 362,
+        "warm_seed": 0,
+        "warm_s": 1.0,
+        "warm_band": [0.3, 0.6],
+        "in_band": True,
+        "tries": [{"steps": 362, "validation_em": 0.5}],
+        "anchor_m": 4,
+        "group_sampling": {"gs/gt_frac": 0.5},
         "start": {"validation": {"em_q": [0.0, 1.0]}, "test": {"em_q": [0.0] * 4}},
-    }  # fmt: skip
+    }
     final = {
         ("pvpo+gs", 2): [_run([1.0, 1.0, 0.0, 1.0], 100, anchor=True, gs=True) for _ in range(2)],
         ("grpo", 5): [_run([1.0, 0.0, 0.0, 1.0], 400), _run([1.0, 1.0, 0.0, 0.0], 400)],
@@ -205,20 +216,27 @@ def test_the_report_writes_results_and_the_plot(tmp_path: Path):
     assert "Shared warm start: 362 SFT steps" in text and "(tried: 362 steps 0.500)" in text
 
 
+# a small world and short episodes: a benchmark run in seconds
+TINY_WORLD = [
+    "data.synthetic.n_entities=12",
+    "data.synthetic.questions_per_hop=30",
+    "data.max_train_examples=16",
+    "data.warm_start_examples=8",
+    "data.prompts_per_step=4",
+    "algorithm.anchor.num_rollouts=2",
+    "rollout.max_turns=2",
+    "rollout.max_new_tokens=16",
+    "rollout.max_response_tokens=96",
+]
+
+
 @pytest.mark.slow
 def test_a_tiny_benchmark_runs_resumes_and_reports(tmp_path: Path):
     """Two algorithms, a 2-value sweep and two final seeds on a small world, two processes; run
     again it redoes nothing, and --report-only writes the same report."""
     out = tmp_path / "b"
-    tiny = [
-        "data.synthetic.n_entities=12", "data.synthetic.questions_per_hop=30", "data.max_train_examples=16",
-        "data.warm_start_examples=8", "data.prompts_per_step=4", "algorithm.anchor.num_rollouts=2",
-        "rollout.max_turns=2", "rollout.max_new_tokens=16", "rollout.max_response_tokens=96",
-    ]  # fmt: skip
-    argv = [
-        "--algorithms", "pvpo+gs,grpo", "--n", "2", "--seeds", "0,1", "--sweep-seeds", "7", "--lr-grid", "1e-4,1e-3",
-        "--steps", "2", "--evals", "2", "--warm-steps", "4,6", "--warm-band", "0.99,1", "--jobs", "2", "--out", str(out), *tiny,
-    ]  # fmt: skip
+    argv = "--algorithms pvpo+gs,grpo --n 2 --seeds 0,1 --sweep-seeds 7 --lr-grid 1e-4,1e-3 --steps 2 --evals 2"
+    argv = [*argv.split(), *"--warm-steps 4,6 --warm-band 0.99,1 --jobs 2".split(), "--out", str(out), *TINY_WORLD]
     algorithms.main(argv)
     warm = json.loads((out / "warm" / "summary.json").read_text())
     assert set(warm["uids"]) == {"rl", "sft", "val", "test"}
@@ -267,13 +285,8 @@ def test_every_registered_estimator_runs_in_the_benchmark(tmp_path: Path):
     from pvpo.trainer.algorithms.spec import available_estimators
 
     out = tmp_path / "b"
-    tiny = [
-        "data.synthetic.n_entities=12", "data.synthetic.questions_per_hop=30", "data.max_train_examples=16",
-        "data.warm_start_examples=8", "data.prompts_per_step=4", "algorithm.anchor.num_rollouts=2",
-        "rollout.max_turns=2", "rollout.max_new_tokens=16", "rollout.max_response_tokens=96",
-    ]  # fmt: skip
     argv = ["--algorithms", "all", "--n", "2", "--seeds", "0", "--lr-grid", "3e-4", "--steps", "2", "--evals", "1"]
-    algorithms.main([*argv, "--warm-steps", "4", "--warm-band", "0,1", "--jobs", "1", "--out", str(out), *tiny])
+    algorithms.main([*argv, "--warm-steps", "4", "--warm-band", "0,1", "--jobs", "1", "--out", str(out), *TINY_WORLD])
     final = {json.loads(p.read_text())["alg"]: json.loads(p.read_text()) for p in out.glob("final/*/result.json")}
     assert set(final) == {"pvpo+gs", *available_estimators()} and not list(out.glob("sweep/*"))
     assert all(r["steps"] == 2 and r["split"] == "test" and len(r["curve"]) == 2 for r in final.values())
