@@ -212,6 +212,11 @@ def eval_speed(argv: list[str], mode: str = "eval") -> None:
     ap.add_argument("--questions-file", default=str(HOTPOT / "questions.json"))
     ap.add_argument("--corpus", default=str(HOTPOT / "corpus.json"))
     ap.add_argument("--baseline", default="efe3bcf", help="commit of the synchronous per-turn loop")
+    ap.add_argument(
+        "--baseline-tree",
+        default=None,
+        help="that commit already extracted (`git archive REV | tar -x -C DIR`), for a copy with no .git",
+    )
     ap.add_argument("--batch-size", type=int, default=32, help="eval: questions in flight (before: a batch)")
     ap.add_argument("--max-new-tokens", type=int, default=512 if mode == "eval" else 64)
     ap.add_argument("--n", type=int, default=4, help="train: rollouts per question")
@@ -227,10 +232,13 @@ def eval_speed(argv: list[str], mode: str = "eval") -> None:
     repo = Path(__file__).resolve().parents[1]
     tmp = Path(tempfile.mkdtemp(prefix="pvpo-bench-eval-"))
     build_index(a.corpus, tmp / "index", index_type="bm25", show_progress=False)
-    base = tmp / "baseline"
-    base.mkdir()
-    archive = subprocess.run(["git", "-C", str(repo), "archive", a.baseline], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
+    if a.baseline_tree:
+        base = Path(a.baseline_tree).resolve()
+    else:
+        base = tmp / "baseline"
+        base.mkdir()
+        archive = subprocess.run(["git", "-C", str(repo), "archive", a.baseline], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
     common = [f"--model={a.model}", f"--index={tmp / 'index'}", f"--questions-file={a.questions_file}"]
     common += [f"--questions={a.questions}", f"--max-new-tokens={a.max_new_tokens}"]
     if mode == "eval":
@@ -245,13 +253,18 @@ def eval_speed(argv: list[str], mode: str = "eval") -> None:
         runs.append(("this tree, vLLM engine", repo, [*args, "--engine=vllm"]))
     rows = {}
     for name, tree, run_args in runs:
-        env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)  # tree first
+        env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), *run_args], env=env, capture_output=True, text=True
         )
         if proc.returncode:
             raise SystemExit(proc.stderr[-3000:])
         rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name(0)} (both trees put the HF engine on it)" if torch.cuda.is_available() else ""
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}{gpu}")
     print(f"command: python {' '.join(sys.argv)}; load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
     print(f"model: {a.model}; {a.questions} questions; {setting}; max_new_tokens {a.max_new_tokens}\n")
     unit = "question" if mode == "eval" else "rollout"
