@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -16,13 +17,15 @@ BM25_DIR = "bm25"
 STOPWORDS = "en"
 
 
+@functools.cache
 def import_bm25s() -> Any:
     """`bm25s`, imported without letting JAX take the GPU: where JAX is installed, `import bm25s` runs
     a JAX op, and JAX's default is to preallocate 75% of the GPU's memory at its first op. Measured
     on an H200 (143,771 MiB) with the image's JAX: nvidia-smi read 108,197 MiB used as soon as
     bench/rollout.py's eval loaded its BM25 index, and the policy on the same GPU ran out of memory.
     A user's own XLA_PYTHON_CLIENT_PREALLOCATE wins; top-k selection runs in numpy
-    (`backend_selection="numpy"` below), so JAX does no work after the import."""
+    (`backend_selection="numpy"` below), so JAX does no work after the import. Cached: searches
+    call it and pay nothing."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import bm25s
 
