@@ -145,6 +145,11 @@ def test_miniature_demo_writes_finite_metrics_a_plot_and_a_before_after_summary(
     em_row = next(line for line in summary.splitlines() if line.startswith("| EM |"))
     before, after = (float(x) for x in em_row.split("|")[2:4])
     assert 0 <= before <= 1 and 0 <= after <= 1
+    per_q = json.loads((run_dir / "held_out_em.json").read_text())  # paired comparisons between runs
+    n_eval = len(per_q["questions"])
+    assert n_eval > 0 and sorted(per_q["em"]) == ["after", "before"]
+    assert all(len(v) == n_eval and set(v) <= {0.0, 1.0} for v in per_q["em"].values())
+    assert sum(per_q["em"]["before"]) / n_eval == pytest.approx(before, abs=5e-4)
     ws = json.loads((run_dir / "warm_start.json").read_text())
     assert len(ws["losses"]) == 6 and all(math.isfinite(x) for x in ws["losses"])
     rl_uids = set(json.loads((run_dir / "anchor.json").read_text())["stats"])

@@ -270,3 +270,21 @@ def test_turns_stop_at_the_chat_templates_end_of_turn_token(policy):
     assert tok.convert_tokens_to_ids("<|im_end|>") not in stop_token_ids(tok)
     tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
     assert stop_token_ids(tok) == {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
+
+
+def test_the_schedulers_kv_cache_writes_decode_steps_in_place_and_grows_on_overrun():
+    from pvpo.trainer.rollout.hf_scheduler import _rebuild
+
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    cache = _rebuild([(k, v)], spare=2)
+    layer = cache.layers[0]
+    buf = layer.k_buf.data_ptr()
+    steps = [(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)) for _ in range(3)]
+    for i, (dk, dv) in enumerate(steps[:2]):
+        keys, values = cache.update(dk, dv, 0)
+        assert keys.shape[-2] == 6 + i and cache.get_seq_length() == 6 + i
+    assert layer.k_buf.data_ptr() == buf, "a step within the spare room reallocated the cache"
+    keys, values = cache.update(*steps[2], 0)  # past the room: grows, content kept
+    assert layer.k_buf.data_ptr() != buf and layer.k_buf.shape[-2] > 8
+    assert torch.equal(keys, torch.cat([k, *(s[0] for s in steps)], dim=-2))
+    assert torch.equal(values, torch.cat([v, *(s[1] for s in steps)], dim=-2))

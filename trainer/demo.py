@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pvpo.atomic import atomic_write_json
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.loop import Trainer, TrainResult
@@ -325,4 +326,6 @@ def _run_demo(cfg: TrainConfig, run_dir: Path, *, fresh: bool, show_progress: bo
         n_sft = len(json.loads(files.warm_start.read_text()).get("questions", [])) or n_sft
     table = summary_table(cfg, result, timings, n_sft=n_sft, n_rl=len(data.train), load=f"{load_start} / {_load()}")
     files.summary.write_text(table + "\n")
+    if result.eval_em:
+        atomic_write_json(files.held_out_em, {"questions": [q.uid for q in data.eval], "em": result.eval_em})
     return f"{table}\n\nwrote {files.metrics}, {files.curves}, {files.summary}"

@@ -53,12 +53,57 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
 
 
-def _rebuild(cache: Any, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+def _growing_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A `DynamicLayer` whose keys/values live in a buffer with room for the tokens still to
+        come: a decoding step writes its token in place instead of `torch.cat`-ing the whole cache
+        (transformers' `DynamicLayer.update` copies every layer's K and V at every step, which costs
+        more memory traffic than the attention that reads them). `keys`/`values` are views of the
+        filled part; the buffer grows (copied once) if a step overruns it."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
+            super().__init__()
+            self.device, self.is_initialized, self.length = keys.device, True, keys.shape[-2]
+            self.k_buf, self.v_buf = (_with_room(x, spare) for x in (keys, values))
+            self._views()
+
+        def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values = self.k_buf[..., : self.length, :], self.v_buf[..., : self.length, :]
+            self.keys, self.values = keys, values
+            return keys, values
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            n = key_states.shape[-2]
+            if self.length + n > self.k_buf.shape[-2]:  # overrun: grow by half again at least
+                room = max(n, self.length // 2)
+                self.k_buf, self.v_buf = (_with_room(x, room) for x in self._views())
+            self.k_buf[..., self.length : self.length + n, :] = key_states
+            self.v_buf[..., self.length : self.length + n, :] = value_states
+            self.length += n
+            return self._views()
+
+    return GrowingLayer
+
+
+def _with_room(x: torch.Tensor, spare: int) -> torch.Tensor:
+    """A copy of `x` ([batch, heads, length, dim]) in a buffer with `spare` free positions after it."""
+    b, h, n, d = x.shape
+    buf = torch.empty((b, h, n + max(0, spare), d), dtype=x.dtype, device=x.device)
+    buf[:, :, :n] = x
+    return buf
+
+
+def _rebuild(layers: list[tuple[torch.Tensor, torch.Tensor]], spare: int) -> Any:
+    """A KV cache holding `layers`, each with room for `spare` more tokens (`_growing_layer_class`)."""
     from transformers import DynamicCache
 
+    grow = _growing_layer_class()
     new = DynamicCache()
-    for i, (k, v) in enumerate(layers):
-        new.update(k, v, i)
+    new.layers = [grow(k, v, spare) for k, v in layers]
     return new
 
 
@@ -193,7 +238,8 @@ class ContinuousBatcher:
         self._pick(res.logits[:, -1, :], rows)
         pos = attn.sum(-1)
         if not self.rows:
-            self.cache, self.attn, self.pos, self.rows = res.past_key_values, attn, pos, list(rows)
+            self.attn, self.pos, self.rows = attn, pos, list(rows)
+            self.cache = _rebuild(_kv(res.past_key_values), self._spare())
             return
         # the new rows' cache (width + 1 after their first token is fed) joins the batch's
         t = max(self.attn.shape[1], attn.shape[1])
@@ -204,10 +250,10 @@ class ContinuousBatcher:
             )
             for (ka, va), (kb, vb) in zip(_kv(self.cache), _kv(res.past_key_values), strict=True)
         ]
-        self.cache = _rebuild(self.cache, merged)
+        self.rows = self.rows + list(rows)
+        self.cache = _rebuild(merged, self._spare())
         self.attn = torch.cat([_left_pad(self.attn, t, 1), _left_pad(attn, t, 1)], dim=0)
         self.pos = torch.cat([self.pos, pos])
-        self.rows = self.rows + list(rows)
 
     def _pick(self, logits: torch.Tensor, rows: list[_Row]) -> None:
         """Sample (or take the argmax of) each row's next token with its own generator; record its
@@ -252,5 +298,9 @@ class ContinuousBatcher:
         used = attn.any(dim=0).nonzero()
         start = int(used[0]) if len(used) else 0
         self.attn, self.pos = attn[:, start:], self.pos[ix]
-        self.cache = _rebuild(self.cache, [(k[ix, :, start:], v[ix, :, start:]) for k, v in _kv(self.cache)])
+        self.cache = _rebuild([(k[ix, :, start:], v[ix, :, start:]) for k, v in _kv(self.cache)], self._spare())
         return done
+
+    def _spare(self) -> int:
+        """Cache positions the running rows may still fill: the most new tokens any row has left."""
+        return max((r.sampling.max_new_tokens - len(r.tokens) for r in self.rows), default=0)

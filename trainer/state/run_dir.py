@@ -22,6 +22,7 @@ RUN_ENTRIES = (
     "summary.md",
     "ranks",
     "held_out.jsonl",
+    "held_out_em.json",
 )
 
 
@@ -107,6 +108,12 @@ class RunDir:
     def held_out(self) -> Path:
         """The held-out questions of a QA-file run (FlashRAG jsonl), for `pvpo eval` of its policy."""
         return self.root / "held_out.jsonl"
+
+    @property
+    def held_out_em(self) -> Path:
+        """Each held-out question's EM at every evaluation (uids in `held_out.jsonl`'s order), for
+        paired comparisons between runs on the same questions."""
+        return self.root / "held_out_em.json"
 
     @property
     def index(self) -> Path:

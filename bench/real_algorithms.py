@@ -1,0 +1,221 @@
+"""PVPO + Group Sampling vs GRPO on the real model and real questions (issue 26's smaller
+comparison), from one warm-started policy, at an equal rollout budget.
+
+Both arms start from the same policy (the real-data recipe's `initial_policy`: SmolLM2-135M-Instruct
+after SFT on dataset GT), train on the same RL prompts for the same steps, and are evaluated
+greedily on the same held-out questions (the recipe's split: same files, same `shuffle_seed`).
+Equal cost, all-in: PVPO+GS at N=2 spends 2 anchor rollouts on each of its prompts once, plus
+N=2 per prompt and step (the GT it injects comes from the dataset, not the model); GRPO at N=4
+spends 4 per prompt and step. With 8 steps of 4 prompts over 32 prompts both generate 128 rollouts
+(PVPO fewer, one per group it gives a GT trajectory). Tool calls are reported beside, measured.
+
+    python bench/real_algorithms.py --start /tmp/real1/initial_policy --out runs/real_algorithms \\
+        --data ../shared/data/hotpotqa_mini/questions.json ../shared/data/musique_mini/questions.json
+
+Each arm is a `pvpo demo` run of the recipe config under OUT/<arm>/ (skipped when it finished
+earlier: resumable); the report, OUT/results.md, compares the arms' per-question held-out EM
+(`held_out_em.json`) with paired standard errors. One RL seed per arm: the s.e. is over questions
+only, stated as the power.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pvpo.stats import paired_difference, standard_error
+
+CONFIG = "real_smollm2_hotpotqa_musique"
+DEFAULT_ARMS = "pvpo+gs:2,grpo:4"
+ESTIMATORS = {"pvpo+gs": ("pvpo", True), "pvpo": ("pvpo", False), "grpo": ("grpo", False), "rloo": ("rloo", False)}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One estimator at one group size."""
+
+    algorithm: str
+    n: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.algorithm}_n{self.n}"
+
+
+def parse_arms(spec: str) -> list[Arm]:
+    """`"pvpo+gs:2,grpo:4"` -> arms; a name outside `ESTIMATORS` or a bad N is refused."""
+    arms = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        algo, _, n = part.partition(":")
+        if algo not in ESTIMATORS:
+            raise ValueError(f"--arms: unknown algorithm {algo!r}; options: {', '.join(ESTIMATORS)}")
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"--arms: {part!r} needs a group size, e.g. {algo}:4")
+        arms.append(Arm(algo, int(n)))
+    if len(arms) < 2:
+        raise ValueError(f"--arms {spec!r}: give at least two arms to compare")
+    return arms
+
+
+def arm_overrides(arm: Arm, *, start: Path, data: Sequence[Path], steps: int, seed: int) -> list[str]:
+    """The recipe config's overrides for `arm`: RL only, from `start`, no base-model evaluation."""
+    estimator, gs = ESTIMATORS[arm.algorithm]
+    return [
+        f"data.source=[{', '.join(str(p) for p in data)}]",
+        f"model.path={start}",
+        "model.warm_start_steps=0",
+        "run.eval_base=false",
+        f"run.steps={steps}",
+        f"run.seed={seed}",
+        f"algorithm.estimator={estimator}",
+        f"algorithm.group_sampling.enabled={'true' if gs else 'false'}",
+        f"rollout.n={arm.n}",
+    ]
+
+
+def finished(run_dir: Path) -> bool:
+    """A demo run that wrote its summary and per-question EM."""
+    return (run_dir / "summary.md").is_file() and (run_dir / "held_out_em.json").is_file()
+
+
+def run_arm(arm: Arm, out: Path, overrides: list[str]) -> float:
+    """Run `arm`'s demo into OUT/<arm>; its wall time in seconds (0 when it had finished)."""
+    run_dir = out / arm.name
+    if finished(run_dir):
+        print(f"[{arm.name}] finished earlier, kept", flush=True)
+        return 0.0
+    resume = (run_dir / "checkpoints" / "latest").exists()  # a killed arm goes on from its last checkpoint
+    cmd = [sys.executable, "-m", "pvpo.cli", "demo", "--config", CONFIG, "--run-dir", str(run_dir)]
+    cmd += ["--resume", *overrides] if resume else overrides
+    print(f"[{arm.name}] {shlex.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    wall = time.perf_counter() - t0
+    (run_dir / "bench_wall_s.txt").write_text(f"{wall:.1f}\n")
+    return wall
+
+
+def load_arm(run_dir: Path) -> dict[str, Any]:
+    """What the report needs from a finished run: per-question EM, last metrics, wall time."""
+    em = json.loads((run_dir / "held_out_em.json").read_text())
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    wall = run_dir / "bench_wall_s.txt"
+    return {
+        "questions": em["questions"],
+        "before": em["em"]["before"],
+        "after": em["em"]["after"],
+        "last": rows[-1],
+        "eval_row": next((r for r in reversed(rows) if "eval/accuracy" in r), {}),
+        "wall_s": float(wall.read_text()) if wall.exists() else None,
+    }
+
+
+def _f(v: float | None, fmt: str = ".3f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def report(arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str, machine: str) -> str:
+    """results.md: one row per arm, then each arm against the first, paired on the same questions."""
+    first = runs[arms[0].name]
+    for arm in arms[1:]:
+        if runs[arm.name]["questions"] != first["questions"]:
+            raise ValueError(f"{arm.name} was evaluated on other held-out questions than {arms[0].name}")
+    n_q = len(first["questions"])
+    lines = [
+        "# PVPO + Group Sampling vs GRPO on the real model (SmolLM2-135M-Instruct, HotpotQA + MuSiQue)",
+        "",
+        f"machine: {machine}",
+        f"command: `{command}`",
+        "",
+        f"Held-out: {n_q} questions, greedy, in neither SFT nor RL. One RL seed per arm: standard errors are "
+        "over questions only (paired where two columns share questions).",
+        "",
+        "| arm | model rollouts (anchor incl.) | tool calls (all-in) | policy tokens | EM start | EM after "
+        "| gain (paired s.e.) | F1 after | format ok after | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        r = runs[arm.name]
+        c, e = r["last"], r["eval_row"]
+        model_rollouts = c.get("cost/cum_rollouts", 0) - c.get("cost/cum_gt_rollouts", 0)
+        gain, se = paired_difference(r["before"], r["after"])
+        lines.append(
+            f"| {arm.algorithm} N={arm.n} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
+            f"| {c.get('cost/cum_policy_tokens', 0):.0f} | {sum(r['before']) / n_q:.3f} | {sum(r['after']) / n_q:.3f} "
+            f"(s.e. {standard_error(r['after']):.3f}) | {gain:+.3f} ({se:.3f}) | {_f(e.get('eval/f1'))} "
+            f"| {_f(e.get('eval/format_ok'))} | {_f(r['wall_s'], '.0f')} |"
+        )
+    lines.append("")
+    for arm in arms[1:]:
+        diff, se = paired_difference(runs[arm.name]["after"], first["after"])
+        z = diff / se if se else 0.0
+        verdict = "resolved" if abs(z) >= 2 else "not resolved"
+        lines.append(
+            f"- {arms[0].algorithm} N={arms[0].n} - {arm.algorithm} N={arm.n}, held-out EM after RL: {diff:+.3f} "
+            f"(paired s.e. {se:.3f}, {z:+.1f} s.e.: {verdict} at 2 s.e.; this design resolves differences of about "
+            f"{2 * se:.2f} EM)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    """CPU, cores and load at the time of the report."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}, load {load}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--start", type=Path, required=True, help="warm-started policy folder (the recipe's initial_policy)"
+    )
+    ap.add_argument("--data", type=Path, nargs="+", required=True, help="the recipe's QA files, in the recipe's order")
+    ap.add_argument("--out", type=Path, default=Path("runs/real_algorithms"), help="one folder per arm + results.md")
+    ap.add_argument(
+        "--arms",
+        default=DEFAULT_ARMS,
+        help=f"algorithm:N pairs; the first is compared with each other one (default {DEFAULT_ARMS})",
+    )
+    ap.add_argument("--steps", type=int, default=8, help="RL steps per arm (the recipe's 8: each of 32 prompts once)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--report-only", action="store_true", help="rewrite results.md from finished arms")
+    args = ap.parse_args(argv)
+    try:
+        arms = parse_arms(args.arms)
+    except ValueError as e:
+        ap.error(str(e))
+    if not (args.start / "config.json").is_file():
+        ap.error(f"--start {args.start}: no config.json there; give a policy folder (e.g. <recipe run>/initial_policy)")
+    missing = [str(p) for p in args.data if not p.exists()]
+    if missing:
+        ap.error(f"--data: no such file: {', '.join(missing)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        for arm in arms:
+            run_arm(
+                arm, args.out, arm_overrides(arm, start=args.start, data=args.data, steps=args.steps, seed=args.seed)
+            )
+    unfinished = [a.name for a in arms if not finished(args.out / a.name)]
+    if unfinished:
+        ap.error(f"unfinished arms under {args.out}: {', '.join(unfinished)}; run without --report-only")
+    runs = {a.name: load_arm(args.out / a.name) for a in arms}
+    text = report(
+        arms, runs, command=shlex.join(["python", "bench/real_algorithms.py", *sys.argv[1:]]), machine=machine()
+    )
+    (args.out / "results.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
