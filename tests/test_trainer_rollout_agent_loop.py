@@ -288,3 +288,50 @@ def test_the_schedulers_kv_cache_writes_decode_steps_in_place_and_grows_on_overr
     assert layer.k_buf.data_ptr() != buf and layer.k_buf.shape[-2] > 8
     assert torch.equal(keys, torch.cat([k, *(s[0] for s in steps)], dim=-2))
     assert torch.equal(values, torch.cat([v, *(s[1] for s in steps)], dim=-2))
+
+
+def test_a_next_turn_prefills_only_past_its_saved_turn_and_samples_as_if_prefilled_whole(policy):
+    from concurrent.futures import ThreadPoolExecutor
+
+    eng = HFEngine(policy.model, policy.tokenizer)
+    tok = policy.tokenizer
+    first = tok.encode(WORLD.questions("train")[0].question)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=6)
+    turn1 = eng.generate([first], greedy)[0]
+    second = first + turn1.token_ids + tok.encode(" observation: Paris is a city.")
+    alone = eng.generate([second], SamplingConfig(temperature=0.0, max_new_tokens=9))[0]
+
+    async def go():
+        with ThreadPoolExecutor(1) as pool:
+            sched = ContinuousBatcher(eng, pool, max_batch=4)
+            a = await sched.generate(first, greedy)
+            b = await sched.generate(first + a.token_ids + second[len(first) + len(a.token_ids) :], alone_sampling)
+            return a, b, sched.prefixes
+
+    alone_sampling = SamplingConfig(temperature=0.0, max_new_tokens=9)
+    a, b, store = asyncio.run(go())
+    assert a.token_ids == turn1.token_ids
+    assert store.hits == 1 and store.reused_tokens == len(first) + len(a.token_ids) - 1
+    assert b.token_ids == alone.token_ids and b.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_the_prefix_store_returns_the_longest_saved_prefix_once_and_evicts_the_oldest_past_its_budget():
+    from pvpo.trainer.rollout.kv_prefix import PrefixStore
+
+    def kv(n):  # one layer, 16 bytes a position for keys and values together
+        return [(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))]
+
+    store = PrefixStore(max_bytes=16 * 10)
+    store.save([1, 2, 3, 4], kv(4))
+    assert store.take([1, 2, 3, 4]) is None, "nothing left to prefill: the next token needs a prefill"
+    store.save([1, 2], kv(2))
+    got = store.take([1, 2, 3, 4, 5])
+    assert got is not None and got.ids == [1, 2, 3, 4] and store.take([1, 2, 3, 4, 5]).ids == [1, 2]
+    assert store.take([1, 2, 3, 4, 5]) is None and store.nbytes == 0
+    store.save([7], kv(4))
+    store.save([8], kv(4))
+    store.save([9], kv(4))  # 12 positions > 10: the oldest goes
+    assert [e.ids for e in store.entries.values()] == [[8], [9]] and store.nbytes == 16 * 8
+    store.save([5], kv(11))  # larger than the whole budget: not kept, nothing evicted
+    assert [e.ids for e in store.entries.values()] == [[8], [9]]
+    assert store.take([3, 3]) is None and store.hits == 2
