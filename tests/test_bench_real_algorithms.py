@@ -1,0 +1,64 @@
+"""bench/real_algorithms.py: arms parsed and refused by name, each arm's recipe overrides (RL only
+from the given start), and the report's paired comparison of finished runs on the same questions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.append(str(BENCH))
+
+import real_algorithms as ra  # noqa: E402
+
+
+def test_arms_are_parsed_and_a_bad_name_or_size_is_refused_with_the_options():
+    assert ra.parse_arms("pvpo+gs:2, grpo:4") == [ra.Arm("pvpo+gs", 2), ra.Arm("grpo", 4)]
+    with pytest.raises(ValueError, match="unknown algorithm 'ppo'.*pvpo\\+gs"):
+        ra.parse_arms("ppo:2,grpo:4")
+    with pytest.raises(ValueError, match="needs a group size"):
+        ra.parse_arms("pvpo+gs,grpo:4")
+    with pytest.raises(ValueError, match="at least two arms"):
+        ra.parse_arms("grpo:4")
+
+
+def test_each_arm_trains_from_the_start_policy_without_a_warm_start_with_its_estimator():
+    over = ra.arm_overrides(ra.Arm("grpo", 4), start=Path("/s"), data=[Path("a.json"), Path("b.json")], steps=8, seed=3)
+    assert "model.path=/s" in over and "model.warm_start_steps=0" in over and "run.eval_base=false" in over
+    assert "data.source=[a.json, b.json]" in over and "run.steps=8" in over and "run.seed=3" in over
+    assert "algorithm.estimator=grpo" in over and "algorithm.group_sampling.enabled=false" in over
+    assert "rollout.n=4" in over
+    gs = ra.arm_overrides(ra.Arm("pvpo+gs", 2), start=Path("/s"), data=[Path("a.json")], steps=8, seed=0)
+    assert "algorithm.estimator=pvpo" in gs and "algorithm.group_sampling.enabled=true" in gs
+
+
+def _run(root: Path, name: str, before: list[float], after: list[float], questions: list[str], **cost: float) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "held_out_em.json").write_text(json.dumps({"questions": questions, "em": {"before": before, "after": after}}))
+    (d / "summary.md").write_text("table\n")
+    last = {"step": 8, **{f"cost/{k}": v for k, v in cost.items()}, "eval/f1": 0.2, "eval/format_ok": 0.9}
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n" + json.dumps({**last, "eval/accuracy": 0.5}) + "\n")
+
+
+def test_the_report_pairs_the_arms_on_the_same_questions_and_states_the_power(tmp_path):
+    qs = ["q1", "q2", "q3", "q4"]
+    _run(
+        tmp_path, "pvpo+gs_n2", [0, 0, 1, 0], [1, 1, 1, 0], qs, cum_rollouts=121, cum_gt_rollouts=23, cum_tool_calls=246
+    )
+    _run(tmp_path, "grpo_n4", [0, 0, 1, 0], [0, 1, 1, 0], qs, cum_rollouts=128, cum_gt_rollouts=0, cum_tool_calls=300)
+    arms = ra.parse_arms("pvpo+gs:2,grpo:4")
+    runs = {a.name: ra.load_arm(tmp_path / a.name) for a in arms}
+    text = ra.report(arms, runs, command="cmd", machine="m")
+    assert "| pvpo+gs N=2 | 98 | 246 |" in text and "| grpo N=4 | 128 | 300 |" in text
+    assert "| 0.250 | 0.750 (s.e. 0.250) | +0.500 (0.289) |" in text  # paired gain over the start
+    # pvpo+gs - grpo after RL: +0.25 over 4 questions, paired s.e. 0.25: not resolved at 2 s.e.
+    assert "+0.250 (paired s.e. 0.250, +1.0 s.e.: not resolved at 2 s.e." in text
+    _run(tmp_path / "other", "grpo_n4", [0, 0, 1, 0], [0, 1, 1, 0], ["q1", "q2", "q3", "q9"], cum_rollouts=1)
+    runs["grpo_n4"] = ra.load_arm(tmp_path / "other" / "grpo_n4")
+    with pytest.raises(ValueError, match="other held-out questions"):
+        ra.report(arms, runs, command="cmd", machine="m")
