@@ -237,3 +237,15 @@ def test_a_run_with_a_base_evaluation_reports_three_points_and_both_paired_gains
     assert line2 in text and "+0.500" in line2 and ok2
     # a gain below its bar says so
     assert not paired_gain([0.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0], what="x", min_se=2)[0]
+
+
+def test_a_run_without_a_warm_start_says_rl_starts_from_the_given_model(tmp_path):
+    from pvpo.trainer.demo import summary_table
+    from pvpo.trainer.loop import TrainResult
+
+    ev = {"eval/accuracy": 0.1, "eval/accuracy_se": 0.05, "eval/n": 10}
+    result = TrainResult(tmp_path, 2, eval_before=ev, eval_after=ev)
+    cfg = config_from_dict({"model": {"warm_start_steps": 0, "path": "/runs/real/initial_policy"}})
+    text = summary_table(cfg, result, {}, n_sft=0, n_rl=4)
+    assert "| warm start | none: RL starts from /runs/real/initial_policy as given |" in text
+    assert "SFT steps" not in text

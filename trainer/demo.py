@@ -223,7 +223,9 @@ def summary_table(
             f"{len(ws)} SFT steps on {n_sft} {'oracle' if cfg.data.source == 'synthetic' else 'dataset GT'} trajectories ("
             + ("disjoint from RL and test" if cfg.data.warm_start_examples else "the RL prompts'")
             + "), loss "
-            + (f"{ws[0]:.3f} -> {ws[-1]:.3f}" if ws else "n/a"),
+            + (f"{ws[0]:.3f} -> {ws[-1]:.3f}" if ws else "n/a")
+            if cfg.model.warm_start_steps
+            else f"none: RL starts from {cfg.model.path or 'the tiny policy'} as given",
         ),
         (
             "RL",
