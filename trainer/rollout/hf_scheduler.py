@@ -359,21 +359,17 @@ class ContinuousBatcher:
 
     def _save(self, done: list[_Row]) -> None:
         """Keep each finished row's cache (its prompt and sampled tokens but the last, which was
-        never fed) for the trajectory's next turn."""
+        never fed: the rightmost `len(ids)` positions of its row) for the trajectory's next turn."""
         index = {id(r): i for i, r in enumerate(self.rows)}
         layers = _kv(self.cache)
         for r in done:
-            i, n = index[id(r)], int(self.pos[index[id(r)]])
-            ids = r.prompt + r.tokens[:-1]
-            if n != len(ids):  # not the layout this scheduler writes: nothing to reuse safely
-                continue
-            self.prefixes.save(
-                ids,
-                [
-                    (k[i : i + 1, :, k.shape[2] - n :].clone(), v[i : i + 1, :, v.shape[2] - n :].clone())
-                    for k, v in layers
-                ],
-            )
+            i, ids = index[id(r)], r.prompt + r.tokens[:-1]
+            n = len(ids)
+            kv = [
+                (k[i : i + 1, :, k.shape[2] - n :].clone(), v[i : i + 1, :, v.shape[2] - n :].clone())
+                for k, v in layers
+            ]
+            self.prefixes.save(ids, kv)
 
     def _spare(self) -> int:
         """Cache positions the running rows may still fill: the most new tokens any row has left."""
