@@ -12,6 +12,10 @@ spends 4 per prompt and step. With 8 steps of 4 prompts over 32 prompts both gen
     python bench/real_algorithms.py --start /tmp/real1/initial_policy --out runs/real_algorithms \\
         --data ../shared/data/hotpotqa_mini/questions.json ../shared/data/musique_mini/questions.json
 
+An arm may carry config overrides of its own (`--arms "pvpo+gs:4,pvpo+gs:4:optim.lr=5e-5,
+pvpo+gs:4:optim.kl_coef=0.05"`): the recipe's learning rate, KL term or step count against its own
+setting, from the same start, on the same questions.
+
 Each arm is a `pvpo demo` run of the recipe config under OUT/<arm>/ (skipped when it finished
 earlier: resumable); the report, OUT/results.md, compares the arms' per-question held-out EM
 (`held_out_em.json`) with paired standard errors. One RL seed per arm: the s.e. is over questions
@@ -24,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -42,33 +47,51 @@ ESTIMATORS = {"pvpo+gs": ("pvpo", True), "pvpo": ("pvpo", False), "grpo": ("grpo
 
 @dataclass(frozen=True)
 class Arm:
-    """One estimator at one group size."""
+    """One estimator at one group size, with optional config overrides of its own (a learning
+    rate, a KL coefficient, more steps: the recipe's other knobs)."""
 
     algorithm: str
     n: int
+    extra: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
-        return f"{self.algorithm}_n{self.n}"
+        tail = "".join(f"_{k.rsplit('.', 1)[-1]}{v}" for k, _, v in (e.partition("=") for e in self.extra))
+        return f"{self.algorithm}_n{self.n}{tail}"
+
+    @property
+    def label(self) -> str:
+        return " ".join([f"{self.algorithm} N={self.n}", *self.extra])
 
 
 def parse_arms(spec: str) -> list[Arm]:
-    """`"pvpo+gs:2,grpo:4"` -> arms; a name outside `ESTIMATORS` or a bad N is refused."""
+    """`"pvpo+gs:4,pvpo+gs:4:optim.lr=5e-5,grpo:4"` -> arms (`algorithm:N[:key=value...]`); a name
+    outside `ESTIMATORS`, a bad N, an override without `=` or two arms of one name are refused."""
     arms = []
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        algo, _, n = part.partition(":")
+        algo, n, *extra = [x.strip() for x in part.split(":")] + ([""] if ":" not in part else [])
         if algo not in ESTIMATORS:
             raise ValueError(f"--arms: unknown algorithm {algo!r}; options: {', '.join(ESTIMATORS)}")
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"--arms: {part!r} needs a group size, e.g. {algo}:4")
-        arms.append(Arm(algo, int(n)))
+        bad = [e for e in extra if not re.fullmatch(r"[A-Za-z_][\w.]*=\S+", e)]
+        if bad:
+            raise ValueError(f"--arms: {part!r}: {bad[0]!r} is not a key=value override (e.g. optim.lr=5e-5)")
+        arms.append(Arm(algo, int(n), tuple(extra)))
     if len(arms) < 2:
         raise ValueError(f"--arms {spec!r}: give at least two arms to compare")
+    names = [a.name for a in arms]
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice:
+        raise ValueError(f"--arms {spec!r}: {', '.join(twice)} given twice")
     return arms
 
 
-def arm_overrides(arm: Arm, *, start: Path, data: Sequence[Path], steps: int, seed: int) -> list[str]:
-    """The recipe config's overrides for `arm`: RL only, from `start`, no base-model evaluation."""
+def arm_overrides(
+    arm: Arm, *, start: Path, data: Sequence[Path], steps: int, seed: int, common: Sequence[str] = ()
+) -> list[str]:
+    """The recipe config's overrides for `arm`: RL only, from `start`, no base-model evaluation;
+    then `common` (every arm's, e.g. a larger held-out split), then the arm's own."""
     estimator, gs = ESTIMATORS[arm.algorithm]
     return [
         f"data.source=[{', '.join(str(p) for p in data)}]",
@@ -80,6 +103,8 @@ def arm_overrides(arm: Arm, *, start: Path, data: Sequence[Path], steps: int, se
         f"algorithm.estimator={estimator}",
         f"algorithm.group_sampling.enabled={'true' if gs else 'false'}",
         f"rollout.n={arm.n}",
+        *common,
+        *arm.extra,
     ]
 
 
@@ -132,7 +157,7 @@ def report(arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str
             raise ValueError(f"{arm.name} was evaluated on other held-out questions than {arms[0].name}")
     n_q = len(first["questions"])
     lines = [
-        "# PVPO + Group Sampling vs GRPO on the real model (SmolLM2-135M-Instruct, HotpotQA + MuSiQue)",
+        "# RL arms from one warm start on the real model (SmolLM2-135M-Instruct, HotpotQA + MuSiQue)",
         "",
         f"machine: {machine}",
         f"command: `{command}`",
@@ -150,7 +175,7 @@ def report(arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str
         model_rollouts = c.get("cost/cum_rollouts", 0) - c.get("cost/cum_gt_rollouts", 0)
         gain, se = paired_difference(r["before"], r["after"])
         lines.append(
-            f"| {arm.algorithm} N={arm.n} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
+            f"| {arm.label} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
             f"| {c.get('cost/cum_policy_tokens', 0):.0f} | {sum(r['before']) / n_q:.3f} | {sum(r['after']) / n_q:.3f} "
             f"(s.e. {standard_error(r['after']):.3f}) | {gain:+.3f} ({se:.3f}) | {_f(e.get('eval/f1'))} "
             f"| {_f(e.get('eval/format_ok'))} | {_f(r['wall_s'], '.0f')} |"
@@ -161,7 +186,7 @@ def report(arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str
         z = diff / se if se else 0.0
         verdict = "resolved" if abs(z) >= 2 else "not resolved"
         lines.append(
-            f"- {arms[0].algorithm} N={arms[0].n} - {arm.algorithm} N={arm.n}, held-out EM after RL: {diff:+.3f} "
+            f"- {arms[0].label} - {arm.label}, held-out EM after RL: {diff:+.3f} "
             f"(paired s.e. {se:.3f}, {z:+.1f} s.e.: {verdict} at 2 s.e.; this design resolves differences of about "
             f"{2 * se:.2f} EM)"
         )
@@ -169,9 +194,12 @@ def report(arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str
 
 
 def machine() -> str:
-    """CPU, cores and load at the time of the report."""
+    """CPU, cores, load at the time of the report, and the CUDA device where the runs had one."""
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}, load {load}"
+    cpu = f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}, load {load}"
+    import torch
+
+    return cpu + (f"; {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,10 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--arms",
         default=DEFAULT_ARMS,
-        help=f"algorithm:N pairs; the first is compared with each other one (default {DEFAULT_ARMS})",
+        help=f"algorithm:N[:key=value...] arms (the overrides are the arm's own config keys); the first is "
+        f"compared with each other one (default {DEFAULT_ARMS})",
     )
     ap.add_argument("--steps", type=int, default=8, help="RL steps per arm (the recipe's 8: each of 32 prompts once)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--set",
+        dest="common",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every arm (repeatable), e.g. --set data.held_out_examples=100",
+    )
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from finished arms")
     args = ap.parse_args(argv)
     try:
@@ -196,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if not (args.start / "config.json").is_file():
         ap.error(f"--start {args.start}: no config.json there; give a policy folder (e.g. <recipe run>/initial_policy)")
+    bad = [c for c in args.common if not re.fullmatch(r"[A-Za-z_][\w.]*=\S+", c)]
+    if bad:
+        ap.error(f"--set {bad[0]!r}: give key=value (e.g. data.held_out_examples=100)")
     missing = [str(p) for p in args.data if not p.exists()]
     if missing:
         ap.error(f"--data: no such file: {', '.join(missing)}")
@@ -203,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for arm in arms:
             run_arm(
-                arm, args.out, arm_overrides(arm, start=args.start, data=args.data, steps=args.steps, seed=args.seed)
+                arm,
+                args.out,
+                arm_overrides(
+                    arm, start=args.start, data=args.data, steps=args.steps, seed=args.seed, common=args.common
+                ),
             )
     unfinished = [a.name for a in arms if not finished(args.out / a.name)]
     if unfinished:

@@ -26,6 +26,22 @@ def test_arms_are_parsed_and_a_bad_name_or_size_is_refused_with_the_options():
         ra.parse_arms("grpo:4")
 
 
+def test_an_arm_carries_its_own_overrides_into_its_name_label_and_config():
+    arms = ra.parse_arms("pvpo+gs:4, pvpo+gs:4:optim.lr=5e-5:optim.kl_coef=0.05")
+    assert arms[1] == ra.Arm("pvpo+gs", 4, ("optim.lr=5e-5", "optim.kl_coef=0.05"))
+    assert [a.name for a in arms] == ["pvpo+gs_n4", "pvpo+gs_n4_lr5e-5_kl_coef0.05"]
+    assert arms[1].label == "pvpo+gs N=4 optim.lr=5e-5 optim.kl_coef=0.05"
+    over = ra.arm_overrides(
+        arms[1], start=Path("/s"), data=[Path("a.json")], steps=8, seed=0, common=["optim.lr=1e-6", "run.steps=2"]
+    )
+    # every arm's common overrides come after the defaults, the arm's own last: the arm's win
+    assert over[-4:] == ["optim.lr=1e-6", "run.steps=2", "optim.lr=5e-5", "optim.kl_coef=0.05"]
+    with pytest.raises(ValueError, match="'optim.lr' is not a key=value override"):
+        ra.parse_arms("grpo:4,grpo:4:optim.lr")
+    with pytest.raises(ValueError, match="grpo_n4 given twice"):
+        ra.parse_arms("grpo:4,grpo:4")
+
+
 def test_each_arm_trains_from_the_start_policy_without_a_warm_start_with_its_estimator():
     over = ra.arm_overrides(ra.Arm("grpo", 4), start=Path("/s"), data=[Path("a.json"), Path("b.json")], steps=8, seed=3)
     assert "model.path=/s" in over and "model.warm_start_steps=0" in over and "run.eval_base=false" in over

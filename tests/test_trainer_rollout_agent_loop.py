@@ -315,6 +315,61 @@ def test_a_next_turn_prefills_only_past_its_saved_turn_and_samples_as_if_prefill
     assert b.token_ids == alone.token_ids and b.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
+def test_a_lookup_draft_is_what_followed_the_latest_earlier_occurrence_of_the_longest_suffix():
+    from pvpo.trainer.rollout.hf_scheduler import lookup_draft
+
+    assert lookup_draft([5, 1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3) == [7, 8, 1]  # latest 3-gram match
+    assert lookup_draft([1, 2, 3, 4, 9, 2], 2) == [3, 4]  # no 2-gram match: the 1-gram's
+    assert lookup_draft([1, 2, 1, 2], 5) == [1, 2]  # the draft may run into the suffix itself
+    assert lookup_draft([1, 2, 3], 4) == [] and lookup_draft([4], 4) == [] and lookup_draft([3, 1, 3], 0) == []
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_drafted_greedy_decoding_gives_the_tokens_of_one_at_a_time(policy, monkeypatch, compact):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pvpo.trainer.rollout import hf_scheduler
+
+    if compact:  # compact the cache whenever a rejected draft left a masked position inside a row
+        monkeypatch.setattr(hf_scheduler, "COMPACT_RATIO", 1)
+        monkeypatch.setattr(hf_scheduler, "COMPACT_MIN", 0)
+    eng = HFEngine(policy.model, policy.tokenizer)
+    tok = policy.tokenizer
+    vocab = policy.model.config.vocab_size
+    # a nudge towards a short cycle of tokens makes the policy repeat itself often, but not always,
+    # so drafts are kept in part: rows keep different numbers of tokens a step
+    nudge = policy.model.lm_head.register_forward_hook(
+        lambda m, i, o: o + 2.5 * torch.nn.functional.one_hot((o.argmax(-1) % 5) + 7, vocab).to(o.dtype)
+    )
+    prompts = [tok.encode(q.question) for q in WORLD.questions("train")[:4]]
+    budgets = [9, 40, 17, 30]
+    obs = tok.encode(" observation: Paris is a city.")
+
+    async def run(draft_tokens):
+        with ThreadPoolExecutor(1) as pool:
+            sched = ContinuousBatcher(eng, pool, max_batch=3, draft_tokens=draft_tokens)
+
+            async def chain(i):  # two turns: the second continues from the first's saved cache
+                g = SamplingConfig(temperature=0.0, max_new_tokens=budgets[i])
+                a = await sched.generate(prompts[i], g)
+                b = await sched.generate(prompts[i] + a.token_ids + obs, g)
+                return a, b
+
+            out = await asyncio.gather(*(chain(i) for i in range(4)))
+            return [c for pair in out for c in pair], sched
+
+    try:
+        plain, _ = asyncio.run(run(0))
+        drafted, sched = asyncio.run(run(4))
+    finally:
+        nudge.remove()
+    assert 0 < sched.accepted < sched.drafted, "the test must keep some drafts and reject others"
+    assert sched.prefixes.hits > 0
+    for d, p in zip(drafted, plain, strict=True):
+        assert (d.token_ids, d.finish_reason) == (p.token_ids, p.finish_reason)
+        assert d.logprobs == pytest.approx(p.logprobs, abs=1e-4)
+
+
 def test_the_prefix_store_returns_the_longest_saved_prefix_once_and_evicts_the_oldest_past_its_budget():
     from pvpo.trainer.rollout.kv_prefix import PrefixStore
 

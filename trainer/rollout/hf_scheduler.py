@@ -4,7 +4,9 @@ Trajectories submit one turn at a time; the scheduler keeps one running batch wi
 and, between decoding steps, lets finished rows leave the batch (their cache rows are dropped and
 the left padding no row needs any more is cut) and admits waiting prompts (prefilled together,
 their cache left-padded to the batch's length and appended). A row ends at a stop string, at EOS
-or the chat template's end-of-turn token (`HFEngine.stop_ids`), or at its `max_new_tokens`.
+or the chat template's end-of-turn token (`HFEngine.stop_ids`), or at its `max_new_tokens`. When
+few rows are left and all decode greedily, each step verifies a prompt-lookup draft of several
+tokens a row in one forward (`lookup_draft`; the tokens are the same as one at a time).
 
 Each request samples with its own `torch.Generator`, seeded from its `SamplingConfig.seed` (the
 agent loop derives one per trajectory and turn), so a trajectory's samples do not depend on
@@ -89,6 +91,11 @@ def _growing_layer_class() -> type:
             self.length += n
             return self._views()
 
+        def trim(self, n: int) -> None:
+            """Forget the last `n` positions (written by a step, needed by no row)."""
+            self.length -= n
+            self._views()
+
     return GrowingLayer
 
 
@@ -124,6 +131,33 @@ class _Group:
     rows: list[_Row]
 
 
+# Greedy rows of a small batch decode several tokens a step: each row's draft is what followed the
+# latest earlier occurrence of its last n-gram in its own context (prompt lookup: retrieved passages
+# quoted back, and a small model's repetition loops), verified in one forward; a row keeps the
+# drafted tokens its argmax agrees with, plus the argmax after them. The tokens are the same as one at
+# a time (the forward computes the same argmax over the same context), up to the float rounding of
+# a wider forward. At <= 4 rows a CPU step is weight-bound (one row ~43 ms, four ~50 ms with
+# SmolLM2-135M on 2 cores), so the extra positions cost little; larger batches decode one at a time.
+DRAFT_TOKENS = 4
+DRAFT_MAX_ROWS = 4
+DRAFT_NGRAM = 3
+# Rejected drafts leave masked positions inside rows; the cache is compacted once its width exceeds
+# COMPACT_RATIO x the longest row's kept positions + COMPACT_MIN.
+COMPACT_RATIO, COMPACT_MIN = 2, 64
+
+
+def lookup_draft(ids: list[int], k: int, ngram: int = DRAFT_NGRAM) -> list[int]:
+    """Up to `k` tokens that followed the latest earlier occurrence of the longest suffix of `ids`
+    (`ngram` tokens down to 1) found earlier in `ids`; [] when none occurs (Saxena 2023, prompt
+    lookup decoding)."""
+    for n in range(min(ngram, len(ids) - 1), 0, -1):
+        tail = ids[-n:]
+        for j in range(len(ids) - n - 1, -1, -1):
+            if ids[j : j + n] == tail:
+                return ids[j + n : j + n + k]
+    return []
+
+
 # Finished turns' caches kept for the trajectory's next turn (`kv_prefix.PrefixStore`): 1 GiB holds
 # ~22 SmolLM2-135M rows of 1,000 tokens (float32), or ~9 of Qwen2.5-3B's at 3,000 (bfloat16).
 PREFIX_CACHE_BYTES = 1 << 30
@@ -133,9 +167,16 @@ class ContinuousBatcher:
     """One agent-loop run's scheduler over an `HFEngine`: `await generate(prompt, sampling)`."""
 
     def __init__(
-        self, engine: HFEngine, executor: Executor, max_batch: int, *, prefix_cache_bytes: int = PREFIX_CACHE_BYTES
+        self,
+        engine: HFEngine,
+        executor: Executor,
+        max_batch: int,
+        *,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        draft_tokens: int = DRAFT_TOKENS,
     ) -> None:
         self.engine, self.executor, self.max_batch = engine, executor, max(1, max_batch)
+        self.draft_tokens = draft_tokens  # 0: one token a step always
         self.prefixes = PrefixStore(prefix_cache_bytes)
         self.waiting: deque[_Row] = deque()
         self.rows: list[_Row] = []
@@ -144,6 +185,7 @@ class ContinuousBatcher:
         self.pos = torch.zeros(0, dtype=torch.long)  # each row's next position
         self.task: asyncio.Task[None] | None = None
         self.batch_sizes: list[int] = []  # rows decoded at each step (instrumentation)
+        self.drafted = self.accepted = 0  # draft tokens verified / kept (instrumentation)
 
     def session(self) -> AsyncGenerate:
         return AsyncGenerate(self.generate, self.close)
@@ -224,6 +266,10 @@ class ContinuousBatcher:
             model.train(was_training)
 
     def _decode(self) -> None:
+        drafts = self._drafts()
+        if drafts:
+            self._decode_drafts(drafts)
+            return
         dev = self.engine.device
         last = torch.tensor([r.tokens[-1] for r in self.rows], dtype=torch.long, device=dev)[:, None]
         self.attn = torch.cat([self.attn, torch.ones((len(self.rows), 1), dtype=torch.long, device=dev)], dim=1)
@@ -237,6 +283,76 @@ class ContinuousBatcher:
         self.cache = res.past_key_values
         self.pos = self.pos + 1
         self._pick(res.logits[:, -1, :], self.rows)
+
+    def _drafts(self) -> list[list[int]] | None:
+        """Each row's draft, padded to one length (a pad is a guess like any other), or None where
+        this step decodes one token a row: sampling rows, a large batch, or no draft at all."""
+        k = self.draft_tokens
+        if not k or len(self.rows) > DRAFT_MAX_ROWS or any(r.sampling.temperature > 0 for r in self.rows):
+            return None
+        drafts = [
+            lookup_draft(r.prompt + r.tokens, max(0, min(k, r.sampling.max_new_tokens - len(r.tokens) - 1)))
+            for r in self.rows
+        ]
+        width = max(map(len, drafts))
+        if not width:
+            return None
+        return [d + [r.tokens[-1]] * (width - len(d)) for r, d in zip(self.rows, drafts, strict=True)]
+
+    def _decode_drafts(self, drafts: list[list[int]]) -> None:
+        """One forward over each row's last token and its draft; each row keeps the tokens up to its
+        first disagreement (at least one), the cache positions past them are masked, and the
+        positions no row kept are cut."""
+        dev, width = self.engine.device, len(drafts[0]) + 1
+        ids = torch.tensor([[r.tokens[-1], *d] for r, d in zip(self.rows, drafts, strict=True)], device=dev)
+        start = self.attn.shape[1]
+        self.attn = torch.cat([self.attn, torch.ones((len(self.rows), width), dtype=torch.long, device=dev)], dim=1)
+        res = self.engine.model(
+            input_ids=ids,
+            attention_mask=self.attn,
+            position_ids=self.pos[:, None] + torch.arange(width, device=dev),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.cache = res.past_key_values
+        logp = torch.log_softmax(res.logits.float(), dim=-1)
+        best = logp.argmax(dim=-1)
+        picked = logp.gather(-1, best[..., None])[..., 0].tolist()
+        best_ids = best.tolist()
+        kept = []
+        for i, (r, d) in enumerate(zip(self.rows, drafts, strict=True)):
+            n = 0  # tokens taken: each after a draft token the argmax agreed with
+            while True:
+                self._append(r, best_ids[i][n], picked[i][n])
+                n += 1
+                if r.finish is not None or n == width or d[n - 1] != best_ids[i][n - 1]:
+                    break
+            kept.append(n)
+            self.attn[i, start + n :] = 0  # fed tokens past the last kept one: never seen again
+        self.drafted += (width - 1) * len(self.rows)
+        self.accepted += sum(kept) - len(kept)
+        self.pos = self.pos + torch.tensor(kept, device=self.pos.device)
+        cut = width - max(kept)
+        if cut:
+            for layer in self.cache.layers:
+                layer.trim(cut)
+            self.attn = self.attn[:, :-cut]
+        if self.attn.shape[1] > COMPACT_RATIO * int(self.attn.sum(dim=1).max()) + COMPACT_MIN:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the masked positions inside rows (left by rejected drafts): each row's kept positions,
+        in order, left-padded to the longest."""
+        counts = self.attn.sum(dim=1)
+        t = int(counts.max())
+        order = torch.argsort(self.attn, dim=1, stable=True)[:, -t:]  # kept positions last, in order
+        attn = torch.gather(self.attn, 1, order)
+        idx = order[:, None, :, None]
+        layers = []
+        for k, v in _kv(self.cache):
+            ix = idx.expand(-1, k.shape[1], -1, k.shape[3])
+            layers.append((torch.gather(k, 2, ix), torch.gather(v, 2, ix)))
+        self.attn, self.cache = attn, _rebuild(layers, self._spare())
 
     def _prefill(self, rows: list[_Row]) -> None:
         """Prefill the admitted rows (those continuing a saved turn only past it) and join them to
@@ -325,17 +441,22 @@ class ContinuousBatcher:
                 filtered = _top_p_filter(_top_k_filter(row[None], s.top_k), s.top_p)[0]
                 probs = torch.softmax(filtered, dim=-1).cpu()
                 t = int(torch.multinomial(probs, 1, generator=r.gen))
-            r.tokens.append(t)
-            r.logps.append(float(torch.log_softmax(row, dim=-1)[t]))
-            if t in self.engine.stop_ids:
-                r.finish = "eos"
-            elif r.max_stop:
-                tail = self.engine._decode_tail(r.tokens, r.max_stop)
-                hit = next((x for x in s.stop if x in tail), None)
-                if hit is not None:
-                    r.finish, r.stop = "stop", hit
-            if r.finish is None and len(r.tokens) >= s.max_new_tokens:
-                r.finish = "length"
+            self._append(r, t, float(torch.log_softmax(row, dim=-1)[t]))
+
+    def _append(self, r: _Row, t: int, logp: float) -> None:
+        """`t` is `r`'s next token: record it and whether it ends the row (EOS, a stop string, length)."""
+        s = r.sampling
+        r.tokens.append(t)
+        r.logps.append(logp)
+        if t in self.engine.stop_ids:
+            r.finish = "eos"
+        elif r.max_stop:
+            tail = self.engine._decode_tail(r.tokens, r.max_stop)
+            hit = next((x for x in s.stop if x in tail), None)
+            if hit is not None:
+                r.finish, r.stop = "stop", hit
+        if r.finish is None and len(r.tokens) >= s.max_new_tokens:
+            r.finish = "length"
 
     def _retire(self) -> list[_Row]:
         """Drop the finished rows from the batch (and the left padding no remaining row uses)."""
@@ -359,16 +480,15 @@ class ContinuousBatcher:
 
     def _save(self, done: list[_Row]) -> None:
         """Keep each finished row's cache (its prompt and sampled tokens but the last, which was
-        never fed: the rightmost `len(ids)` positions of its row) for the trajectory's next turn."""
+        never fed: the unmasked positions of its row) for the trajectory's next turn."""
         index = {id(r): i for i, r in enumerate(self.rows)}
         layers = _kv(self.cache)
         for r in done:
             i, ids = index[id(r)], r.prompt + r.tokens[:-1]
-            n = len(ids)
-            kv = [
-                (k[i : i + 1, :, k.shape[2] - n :].clone(), v[i : i + 1, :, v.shape[2] - n :].clone())
-                for k, v in layers
-            ]
+            at = self.attn[i].nonzero()[:, 0]
+            if len(at) != len(ids):  # a finishing step's unused drafts are masked already
+                raise RuntimeError(f"scheduler: row holds {len(at)} cached positions for {len(ids)} tokens")
+            kv = [(k[i : i + 1, :, at], v[i : i + 1, :, at]) for k, v in layers]
             self.prefixes.save(ids, kv)
 
     def _spare(self) -> int:
