@@ -45,6 +45,11 @@ DEFAULT_ARMS = "pvpo+gs:2,grpo:4"
 ESTIMATORS = {"pvpo+gs": ("pvpo", True), "pvpo": ("pvpo", False), "grpo": ("grpo", False), "rloo": ("rloo", False)}
 
 
+def is_override(text: str) -> bool:
+    """`key.sub=value` with a non-empty value (the shape `pvpo demo` overrides take)."""
+    return re.fullmatch(r"[A-Za-z_][\w.]*=\S+", text) is not None
+
+
 @dataclass(frozen=True)
 class Arm:
     """One estimator at one group size, with optional config overrides of its own (a learning
@@ -74,7 +79,7 @@ def parse_arms(spec: str) -> list[Arm]:
             raise ValueError(f"--arms: unknown algorithm {algo!r}; options: {', '.join(ESTIMATORS)}")
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"--arms: {part!r} needs a group size, e.g. {algo}:4")
-        bad = [e for e in extra if not re.fullmatch(r"[A-Za-z_][\w.]*=\S+", e)]
+        bad = [e for e in extra if not is_override(e)]
         if bad:
             raise ValueError(f"--arms: {part!r}: {bad[0]!r} is not a key=value override (e.g. optim.lr=5e-5)")
         arms.append(Arm(algo, int(n), tuple(extra)))
@@ -106,6 +111,19 @@ def arm_overrides(
         *common,
         *arm.extra,
     ]
+
+
+def check_configs(arms: Sequence[Arm], **overrides: Any) -> None:
+    """Load every arm's recipe config with its overrides before the first arm runs: an unknown key
+    or a bad value in the last arm is a ValueError now, not after the other arms' hours."""
+    from pvpo.trainer.config.presets import preset_path
+    from pvpo.trainer.config.schema import ConfigError, load_config
+
+    for arm in arms:
+        try:
+            load_config(preset_path(CONFIG), arm_overrides(arm, **overrides))
+        except ConfigError as e:
+            raise ValueError(f"arm {arm.label}: {' '.join(str(e).split())}") from None
 
 
 def finished(run_dir: Path) -> bool:
@@ -233,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if not (args.start / "config.json").is_file():
         ap.error(f"--start {args.start}: no config.json there; give a policy folder (e.g. <recipe run>/initial_policy)")
-    bad = [c for c in args.common if not re.fullmatch(r"[A-Za-z_][\w.]*=\S+", c)]
+    bad = [c for c in args.common if not is_override(c)]
     if bad:
         ap.error(f"--set {bad[0]!r}: give key=value (e.g. data.held_out_examples=100)")
     missing = [str(p) for p in args.data if not p.exists()]
@@ -241,14 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--data: no such file: {', '.join(missing)}")
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
+        common = {"start": args.start, "data": args.data, "steps": args.steps, "seed": args.seed, "common": args.common}
+        try:
+            check_configs(arms, **common)
+        except ValueError as e:
+            ap.error(str(e))
         for arm in arms:
-            run_arm(
-                arm,
-                args.out,
-                arm_overrides(
-                    arm, start=args.start, data=args.data, steps=args.steps, seed=args.seed, common=args.common
-                ),
-            )
+            run_arm(arm, args.out, arm_overrides(arm, **common))
     unfinished = [a.name for a in arms if not finished(args.out / a.name)]
     if unfinished:
         ap.error(f"unfinished arms under {args.out}: {', '.join(unfinished)}; run without --report-only")

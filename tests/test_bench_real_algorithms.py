@@ -42,6 +42,15 @@ def test_an_arm_carries_its_own_overrides_into_its_name_label_and_config():
         ra.parse_arms("grpo:4,grpo:4")
 
 
+def test_every_arms_config_is_checked_before_any_arm_runs():
+    kw = {"start": Path("/s"), "data": [Path("a.json")], "steps": 8, "seed": 0}
+    ra.check_configs(ra.parse_arms("pvpo+gs:4,pvpo+gs:4:optim.lr=5e-5"), **kw)  # the recipe's keys load
+    with pytest.raises(ValueError, match="arm grpo N=4 optim.lrr=5e-5: .*optim.lrr: unknown key"):
+        ra.check_configs(ra.parse_arms("pvpo+gs:4,grpo:4:optim.lrr=5e-5"), **kw)
+    with pytest.raises(ValueError, match="optim.lr: Input should be a valid number"):
+        ra.check_configs(ra.parse_arms("pvpo+gs:4,grpo:4:optim.lr=abc"), **kw)
+
+
 def test_each_arm_trains_from_the_start_policy_without_a_warm_start_with_its_estimator():
     over = ra.arm_overrides(ra.Arm("grpo", 4), start=Path("/s"), data=[Path("a.json"), Path("b.json")], steps=8, seed=3)
     assert "model.path=/s" in over and "model.warm_start_steps=0" in over and "run.eval_base=false" in over

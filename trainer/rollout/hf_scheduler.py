@@ -270,19 +270,24 @@ class ContinuousBatcher:
         if drafts:
             self._decode_drafts(drafts)
             return
-        dev = self.engine.device
-        last = torch.tensor([r.tokens[-1] for r in self.rows], dtype=torch.long, device=dev)[:, None]
-        self.attn = torch.cat([self.attn, torch.ones((len(self.rows), 1), dtype=torch.long, device=dev)], dim=1)
+        logits = self._forward([[r.tokens[-1]] for r in self.rows])
+        self.pos = self.pos + 1
+        self._pick(logits[:, -1, :], self.rows)
+
+    def _forward(self, ids: list[list[int]]) -> torch.Tensor:
+        """Feed each running row its next tokens (one width for all) on top of the cache; the
+        logits at every fed position."""
+        dev, width = self.engine.device, len(ids[0])
+        self.attn = torch.cat([self.attn, torch.ones((len(ids), width), dtype=torch.long, device=dev)], dim=1)
         res = self.engine.model(
-            input_ids=last,
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             attention_mask=self.attn,
-            position_ids=self.pos[:, None],
+            position_ids=self.pos[:, None] + torch.arange(width, device=dev),
             past_key_values=self.cache,
             use_cache=True,
         )
         self.cache = res.past_key_values
-        self.pos = self.pos + 1
-        self._pick(res.logits[:, -1, :], self.rows)
+        return res.logits
 
     def _drafts(self) -> list[list[int]] | None:
         """Each row's draft, padded to one length (a pad is a guess like any other), or None where
@@ -303,19 +308,9 @@ class ContinuousBatcher:
         """One forward over each row's last token and its draft; each row keeps the tokens up to its
         first disagreement (at least one), the cache positions past them are masked, and the
         positions no row kept are cut."""
-        dev, width = self.engine.device, len(drafts[0]) + 1
-        ids = torch.tensor([[r.tokens[-1], *d] for r, d in zip(self.rows, drafts, strict=True)], device=dev)
-        start = self.attn.shape[1]
-        self.attn = torch.cat([self.attn, torch.ones((len(self.rows), width), dtype=torch.long, device=dev)], dim=1)
-        res = self.engine.model(
-            input_ids=ids,
-            attention_mask=self.attn,
-            position_ids=self.pos[:, None] + torch.arange(width, device=dev),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        self.cache = res.past_key_values
-        logp = torch.log_softmax(res.logits.float(), dim=-1)
+        width, start = len(drafts[0]) + 1, self.attn.shape[1]
+        logits = self._forward([[r.tokens[-1], *d] for r, d in zip(self.rows, drafts, strict=True)])
+        logp = torch.log_softmax(logits.float(), dim=-1)
         best = logp.argmax(dim=-1)
         picked = logp.gather(-1, best[..., None])[..., 0].tolist()
         best_ids = best.tolist()
@@ -343,8 +338,7 @@ class ContinuousBatcher:
     def _compact(self) -> None:
         """Drop the masked positions inside rows (left by rejected drafts): each row's kept positions,
         in order, left-padded to the longest."""
-        counts = self.attn.sum(dim=1)
-        t = int(counts.max())
+        t = int(self.attn.sum(dim=1).max())
         order = torch.argsort(self.attn, dim=1, stable=True)[:, -t:]  # kept positions last, in order
         attn = torch.gather(self.attn, 1, order)
         idx = order[:, None, :, None]
@@ -486,7 +480,7 @@ class ContinuousBatcher:
         for r in done:
             i, ids = index[id(r)], r.prompt + r.tokens[:-1]
             at = self.attn[i].nonzero()[:, 0]
-            if len(at) != len(ids):  # a finishing step's unused drafts are masked already
+            if len(at) != len(ids):  # the invariant every step keeps: cached = prompt + tokens[:-1]
                 raise RuntimeError(f"scheduler: row holds {len(at)} cached positions for {len(ids)} tokens")
             kv = [(k[i : i + 1, :, at], v[i : i + 1, :, at]) for k, v in layers]
             self.prefixes.save(ids, kv)
