@@ -12,8 +12,9 @@ Real multi-hop datasets say how each question is answered:
 A plan is the list of hops (what to search, which paragraph it must retrieve, what was learnt) and
 the answer; `plan_turns` writes it as the agent's turns (think, search, ..., think, answer), each
 ending with its stop string so the env can replay it turn by turn, as the synthetic world's oracle
-does. Whether a plan's searches really retrieve their paragraphs is the caller's check (it needs
-the retriever); this module is pure.
+does. Whether a plan's searches really retrieve their paragraphs, with the sentences each finding
+quotes (`Hop.evidence`) inside what the observation shows, is the caller's check (it needs the
+retriever); this module is pure.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ class NoPlan(ValueError):
 @dataclass(frozen=True)
 class Hop:
     """One search of a plan: the query, the paragraph it must bring back, what the agent learns;
-    `need` is what the agent says it looks for (default: the query)."""
+    `need` is what the agent says it looks for (default: the query); `evidence`, the sentences of
+    the paragraph that `finding` quotes, which the agent must be able to read in the observation."""
 
     query: str
     paragraph: Paragraph
     finding: str
     need: str | None = None
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,8 @@ def musique_plan(example: QAExample) -> Plan:
         paragraph = example.paragraphs[int(pos)]
         said = f"The answer to '{query}' is {answer}."
         evidence = _sentence_with(paragraph.text, answer)
-        hops.append(Hop(query, paragraph, f"{evidence} {said}" if evidence else said))
+        quoted = (evidence,) if evidence else ()
+        hops.append(Hop(query, paragraph, f"{evidence} {said}" if evidence else said, evidence=quoted))
         answers.append(answer)
     return Plan(example.uid, tuple(hops), _answer(example))
 
@@ -116,11 +120,10 @@ def _sentence_with(text: str, answer: str, max_words: int = 40) -> str | None:
     return next((x for x in _sentences(text) if needle in x.lower() and len(x.split()) <= max_words), None)
 
 
-def _fact(paragraph: Paragraph, sentence_ids: Sequence[int]) -> str:
+def _fact(paragraph: Paragraph, sentence_ids: Sequence[int]) -> list[str]:
     """The supporting sentences of a paragraph (its first sentence when the ids fall outside)."""
     sents = _sentences(paragraph.text)
-    picked = [sents[i] for i in sorted(set(sentence_ids)) if 0 <= i < len(sents)] or sents[:1]
-    return " ".join(picked)
+    return [sents[i] for i in sorted(set(sentence_ids)) if 0 <= i < len(sents)] or sents[:1]
 
 
 def _base_title(title: str) -> str:
@@ -165,15 +168,17 @@ def hotpotqa_plan(example: QAExample) -> Plan:
             order = [t for t in order if t != has_answer[0]] + has_answer
     given = example.metadata.get("supporting_sentences") or {}
 
-    def finding(title: str) -> str:
-        return " ".join(given[title]) if given.get(title) else _fact(by_title[title], sentence_ids[title])
+    def evidence(title: str) -> tuple[str, ...]:
+        return tuple(given[title]) if given.get(title) else tuple(_fact(by_title[title], sentence_ids[title]))
 
-    hops = [Hop(t, by_title[t], finding(t)) for t in order]
+    hops = [Hop(t, by_title[t], " ".join(evidence(t)), evidence=evidence(t)) for t in order]
     titled = Plan(example.uid, tuple(hops), answer)
     if _mentions(example.question, order[0]):
         return titled
     question = example.question.rstrip("?").strip()
-    hops[0] = Hop(question, by_title[order[0]], finding(order[0]), need="what the question asks")
+    hops[0] = Hop(
+        question, hops[0].paragraph, hops[0].finding, need="what the question asks", evidence=hops[0].evidence
+    )
     return Plan(example.uid, tuple(hops), answer, fallback=titled)
 
 

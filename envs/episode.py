@@ -58,6 +58,11 @@ class EpisodeConfig:
     def reward_fn(self) -> RewardFn:
         return get_reward(self.reward, **dict(self.reward_params))
 
+    def passages_text(self, passages: Sequence[Passage]) -> str:
+        """What a search result shows the agent inside the observation tags: the passages rendered
+        and cut to `max_obs_chars` (a passage past the budget is shown in part or not at all)."""
+        return format_passages(passages, self.max_obs_chars or OBS_CHARS_CAP)
+
     def prompt(self, example: QAExample) -> str:
         """`prompt_template`: a name in `pvpo.envs.templates` (`default`, `search_r1`) or a format string."""
         from pvpo.envs.templates import render_prompt
@@ -131,9 +136,7 @@ class Episode:
             self.queries.append(action.content)
             retrieved = [{"id": p.id, "title": p.title, "score": p.score} for p in passages or []]
             self.retrieved_ids.append([p.id for p in passages or []])
-            observation = cfg.tag_protocol.wrap_observation(
-                format_passages(passages or [], cfg.max_obs_chars or OBS_CHARS_CAP)
-            )
+            observation = cfg.tag_protocol.wrap_observation(cfg.passages_text(passages or []))
             self.judged += observation
         else:
             observation = cfg.tag_protocol.correction_message()

@@ -11,9 +11,10 @@ from trainer_support import OverlapSearcher
 
 from pvpo.envs.data import Paragraph, QAExample
 from pvpo.envs.dataset_gt import NoPlan, dataset_plan, hotpotqa_plan, musique_plan, plan_turns, substitute
+from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Passage, make_contents
 from pvpo.reward import SEARCH_R1
-from pvpo.trainer.reference.dataset_source import check_retrieval
+from pvpo.trainer.reference.dataset_source import CUT, MISSED, check_retrieval, dataset_trajectories
 from tests.conftest import shared_data
 
 P_JOURNAL = Paragraph(
@@ -111,13 +112,10 @@ def test_a_question_query_that_misses_its_paragraph_falls_back_to_the_titled_pla
     first, titled = hotpotqa_plan(ex).candidates()
     assert titled.hops[0].query == "Lilu (mythology)" and titled.fallback is None
     searcher = OverlapSearcher(_passages(P_LILU, P_ALU))  # the question's words are Alû's passage's
-    assert check_retrieval([first, titled], searcher, 1) == [1, None]
+    assert check_retrieval([first, titled], searcher, EpisodeConfig(topk=1)) == [(1, MISSED), None]
 
 
 def test_the_dataset_source_writes_the_fallback_plan_and_counts_it(tiny_tokenizer):
-    from pvpo.envs.episode import EpisodeConfig
-    from pvpo.trainer.reference.dataset_source import dataset_trajectories
-
     question = "Which demon of the Akkadian lore is a spirit?"
     ex = QAExample("hotpotqa/q", question, ("a spirit",), (P_ALU, P_LILU), dict(HOTPOT_BRIDGE.metadata))
     searcher = OverlapSearcher(_passages(P_LILU, P_ALU))
@@ -203,13 +201,12 @@ def test_a_plan_whose_search_misses_its_paragraph_is_reported_by_hop():
             return [_passages(P_JOURNAL, P_OTHER) for _ in queries]
 
     plans = [musique_plan(MUSIQUE), hotpotqa_plan(HOTPOT_COMPARISON)]
-    assert check_retrieval(plans, Fixed(), 2) == [2, 1]
+    assert check_retrieval(plans, Fixed(), EpisodeConfig(topk=2)) == [(2, MISSED), (1, MISSED)]
     searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER, P_NOLAN, P_SATHISH))
-    assert check_retrieval(plans, searcher, 1) == [None, None]
+    assert check_retrieval(plans, searcher, EpisodeConfig(topk=1)) == [None, None]
 
 
 def test_dataset_source_replays_kept_plans_through_the_env_and_drops_the_rest(tiny_tokenizer):
-    from pvpo.envs.episode import EpisodeConfig
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.reference.gt import GTCache, fetch_gt
     from pvpo.trainer.reference.sources import GTContext, build_gt_source
@@ -340,9 +337,6 @@ def result_held_out(cfg, run_dir: Path) -> list[QAExample]:
 
 
 def test_the_replay_reuses_the_retrieval_checks_results_each_hop_searched_once(tiny_tokenizer):
-    from pvpo.envs.episode import EpisodeConfig
-    from pvpo.trainer.reference.dataset_source import dataset_trajectories
-
     class Counting(OverlapSearcher):
         def __init__(self, passages) -> None:
             super().__init__(passages)
@@ -358,3 +352,41 @@ def test_the_replay_reuses_the_retrieval_checks_results_each_hop_searched_once(t
     assert sorted(searcher.asked) == sorted(
         h.query for p in (musique_plan(MUSIQUE), hotpotqa_plan(HOTPOT_COMPARISON)) for h in p.hops
     )
+
+
+def test_a_hop_whose_quoted_sentence_the_observation_cuts_is_dropped_and_counted(tiny_tokenizer):
+    # Alû's paragraph comes back first, but its supporting sentence (the third) starts at
+    # character 49 of the rendered result: a 60-character budget shows "Doc 1(Title: Alû) Alû is
+    # a demon. It has no..." and the GT turn would quote a sentence the policy never read.
+    class Ranked:
+        def search(self, queries, topk=None):
+            return [_passages(P_ALU if "Al" in q else P_LILU, P_OTHER)[:topk] for q in queries]
+
+    plan = hotpotqa_plan(HOTPOT_BRIDGE)
+    assert plan.hops[1].evidence == ("A Lilu is a spirit in the Akkadian lore.",)
+    assert check_retrieval([plan], Ranked(), EpisodeConfig(topk=2, max_obs_chars=60)) == [(2, CUT)]
+    assert check_retrieval([plan], Ranked(), EpisodeConfig(topk=2, max_obs_chars=400)) == [None]
+    (traj,), counts = dataset_trajectories(
+        [HOTPOT_BRIDGE], tiny_tokenizer, Ranked(), EpisodeConfig(max_turns=4, topk=2, max_obs_chars=60)
+    )
+    assert traj is None and counts[CUT] == 1 and counts[MISSED] == 0 and counts["written"] == 0
+
+
+def test_musique_hops_quote_their_evidence_and_hops_without_one_check_only_the_paragraph():
+    plan = musique_plan(MUSIQUE)
+    assert plan.hops[0].evidence == (P_JOURNAL.text,)
+    bare = QAExample(  # the hop's answer is in no sentence of its paragraph: nothing is quoted
+        "musique/2",
+        "Who led it?",
+        ("Hall",),
+        (P_APA,),
+        {"question_decomposition": [{"question": "Who led the APA?", "answer": "Granville Hall", "paragraph": 0}]},
+    )
+    (hop,) = musique_plan(bare).hops
+    assert hop.evidence == () and hop.finding == "The answer to 'Who led the APA' is Granville Hall."
+
+    class Cut:
+        def search(self, queries, topk=None):
+            return [_passages(P_APA) for _ in queries]
+
+    assert check_retrieval([musique_plan(bare)], Cut(), EpisodeConfig(topk=1, max_obs_chars=20)) == [None]

@@ -16,7 +16,8 @@ registered by name (`algorithm.gt.source`):
   (`gt.logprobs: reference`): the endpoint's own log-probs are over another tokenization.
 - `dataset`: the question's own annotation (MuSiQue's `question_decomposition`, HotpotQA's
   `supporting_facts`) written as search turns and replayed through the env with the run's
-  retriever (`dataset_source.py`); kept only where every search retrieves its gold paragraph.
+  retriever (`dataset_source.py`); kept only where every search retrieves its gold paragraph and
+  the observation shows the sentences the next turn quotes.
   Deterministic like `oracle`: pi_gt = 1 per token with `gt.logprobs: source`.
 
 What is kept and cached is `gt.py`'s. This module imports nothing heavy: the config checks
