@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pvpo.envs.data import Paragraph, QAExample
 from pvpo.reward import SEARCH_R1, TagProtocol
@@ -176,9 +176,7 @@ def hotpotqa_plan(example: QAExample) -> Plan:
     if _mentions(example.question, order[0]):
         return titled
     question = example.question.rstrip("?").strip()
-    hops[0] = Hop(
-        question, hops[0].paragraph, hops[0].finding, need="what the question asks", evidence=hops[0].evidence
-    )
+    hops[0] = replace(hops[0], query=question, need="what the question asks")
     return Plan(example.uid, tuple(hops), answer, fallback=titled)
 
 
