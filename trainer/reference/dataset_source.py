@@ -59,7 +59,7 @@ MISSED = "search_missed_paragraph"
 CUT = "evidence_cut"  # the paragraph came back, but the sentence its finding quotes is past the observation's budget
 
 
-def _shown(hop: Hop, passages: Sequence[Passage], episode_config: EpisodeConfig) -> str | None:
+def _unseen(hop: Hop, passages: Sequence[Passage], episode_config: EpisodeConfig) -> str | None:
     """Why the agent could not read what `hop` quotes in the observation of `passages` (MISSED or
     CUT), or None when it can."""
     if not retrieves(hop.paragraph, passages):
@@ -85,7 +85,7 @@ def check_retrieval(
     for plan in plans:
         miss = None
         for i, hop in enumerate(plan.hops):
-            why = _shown(hop, results[k + i], episode_config)
+            why = _unseen(hop, results[k + i], episode_config)
             if why is not None:
                 miss = (i + 1, why)
                 break
@@ -123,8 +123,8 @@ def dataset_trajectories(
             continue
         plans[i] = plan
     searcher = _Memo(searcher)
-    # every candidate of every plan checked in one retriever call; the first whose searches all
-    # retrieve their paragraphs is kept
+    # every candidate of every plan checked in one retriever call; the first whose observations all
+    # show what its turns quote is kept
     tries = [(i, c) for i, plan in plans.items() for c in plan.candidates()]
     misses = check_retrieval([c for _, c in tries], searcher, episode_config)
     chosen: dict[int, Plan] = {}
@@ -134,7 +134,7 @@ def dataset_trajectories(
             chosen[i] = cand
         elif miss is not None:
             hop, last_reason[i] = miss
-            log.debug("dataset GT: %s: hop %d's search %r: %s", cand.uid, hop, cand.hops[hop - 1].query, miss[1])
+            log.debug("dataset GT: %s: hop %d's search %r: %s", cand.uid, hop, cand.hops[hop - 1].query, last_reason[i])
     counts.update(last_reason[i] for i in plans if i not in chosen)
     fallbacks = sum(chosen[i] is not plans[i] for i in chosen)
     if fallbacks:
