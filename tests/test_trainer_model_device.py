@@ -3,6 +3,7 @@ auto device and the flash-attention fallback, and (on CUDA) bf16 training."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from trainer_support import gradients, random_trajectories, small_model, tok  # noqa: F401 (fixture)
 
 from pvpo.trainer.config.schema import load_config
-from pvpo.trainer.model.device import place_policy_model, placement
+from pvpo.trainer.model.device import place_policy_model, placement, step_optimizer
 from pvpo.trainer.model.update import batch_logprobs, loss_config, micro_batch_loss
 from pvpo.trainer.rollout.trajectory import collate
 
@@ -30,6 +31,51 @@ def test_bf16_autocast_computes_in_bf16_and_keeps_float32_master_weights(tok):
     m = batch.loss_mask > 0
     gap = (bf16 - fp32)[m].abs().max()
     assert 0 < float(gap) < 0.1  # bf16 rounding shows, but stays small on log-probs of ~-6
+
+
+def test_each_optimizer_step_inside_one_autocast_region_is_seen_by_the_next_forward(tok):
+    where = placement("cpu", "bfloat16")
+    model = place_policy_model(small_model(tok), where)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    with where.autocast():
+        before = model(input_ids=ids).logits.detach().clone()
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen)
+        step_optimizer(opt)
+        after = model(input_ids=ids).logits.detach()
+    with where.autocast():  # a new region casts the weights afresh: what the new weights give
+        expected = model(input_ids=ids).logits.detach()
+    assert not torch.equal(after, before)
+    torch.testing.assert_close(after, expected)
+
+
+def test_the_warm_start_trains_in_bf16_as_it_does_with_autocast_around_each_forward(tok, monkeypatch):
+    import pvpo.trainer.model.warmstart as warmstart
+
+    trajs = random_trajectories(4, len(tok), seed=2)
+    where = placement("cpu", "bfloat16")
+    losses = []
+    for per_forward in (False, True):
+        model = place_policy_model(small_model(tok), where)
+        if per_forward:  # the region closes after each SFT forward/backward: no cast outlives a step
+            real = warmstart.sft_backward
+
+            def own_region(*args, real=real, **kwargs):
+                with where.autocast():
+                    return real(*args, **kwargs)
+
+            monkeypatch.setattr(warmstart, "sft_backward", own_region)
+        # as setup.warm_start runs it, one region around all the steps; else a region per forward
+        with contextlib.nullcontext() if per_forward else where.autocast():
+            losses.append(
+                warmstart.warm_start(
+                    model, trajs, tok.pad_token_id, steps=4, lr=1e-2, batch_size=4, seed=0, show_progress=False
+                )
+            )
+    assert losses[0][-1] < losses[0][0]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tok):
@@ -81,6 +127,33 @@ def test_auto_device_is_cpu_without_cuda_and_flash_attention_falls_back_to_sdpa(
         assert where.device.type == "cpu" and where.attn_implementation == "sdpa"
         with pytest.raises(ValueError, match="CUDA is not available"):
             placement("cuda")
+
+
+def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(monkeypatch):
+    import pvpo.trainer.model.device as device
+
+    cpu = torch.device("cpu")
+    for avx512_bf16, amx, expected in ((True, False, "bfloat16"), (False, True, "bfloat16"), (False, False, "float32")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        assert device.resolve_dtype("auto", cpu) == expected
+        assert placement("cpu", "auto").dtype == device.DTYPES[expected]
+    assert device.resolve_dtype("float16", cpu) == "float16"  # a named dtype is kept as named
+    with pytest.raises(ValueError, match="unknown dtype 'half'; choose one of"):
+        device.resolve_dtype("half", cpu)
+
+
+def test_a_run_with_auto_dtype_records_the_dtype_it_resolved_to(tmp_path, monkeypatch):
+    from trainer_support import TINY as TINY_RUN
+    from trainer_support import WORLD, OverlapSearcher
+
+    from pvpo.trainer.loop import train
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    cfg = load_config(None, [*TINY_RUN, "run.steps=1", "model.dtype=auto", "model.device=cpu"])
+    train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    assert load_config(tmp_path / "run" / "config.yaml", []).model.dtype == "float32"
 
 
 # ---- GPU ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from trainer_support import OverlapSearcher
 
 from pvpo.envs.data import Paragraph, QAExample
@@ -328,6 +329,48 @@ def test_a_qa_file_warm_starts_on_its_dataset_gt_with_held_out_rl_and_sft_questi
     rl, held = {ex.uid for ex in data.train}, {ex.uid for ex in data.eval}
     assert len(sft) == 3 and len(rl) == 3 and len(held) == 2
     assert not (sft & rl) and not (sft & held) and not (rl & held)
+
+
+def test_the_warm_start_computes_in_the_runs_compute_dtype_like_the_update(tmp_path: Path, monkeypatch):
+    from trainer_support import TINY
+
+    import pvpo.trainer.model.warmstart as warmstart
+    from pvpo.trainer.algorithms.spec import get_spec
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.setup import build_model, load_data
+
+    seen: list[tuple[bool, torch.dtype]] = []
+    real = warmstart.warm_start
+
+    def recording(*args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(warmstart, "warm_start", recording)
+    source = tmp_path / "musique.json"
+    source.write_text(json.dumps(_musique_rows(6)))
+    searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))
+    for dtype in ("bfloat16", "float32"):
+        cfg = load_config(
+            None,
+            [
+                *TINY,
+                f"data.source={source}",
+                "data.held_out_examples=1",
+                "data.max_train_examples=2",
+                "data.warm_start_examples=3",
+                "model.warm_start_steps=1",
+                "model.warm_start_batch_size=2",
+                "model.device=cpu",
+                f"model.dtype={dtype}",
+                "rollout.max_turns=3",
+                "run.steps=1",
+            ],
+        )
+        run = tmp_path / f"run_{dtype}"
+        run.mkdir()
+        build_model(cfg, load_data(cfg, run), run, searcher, get_spec("grpo"), show_progress=False)
+    assert seen == [(True, torch.bfloat16), (False, torch.get_autocast_dtype("cpu"))]
 
 
 def result_held_out(cfg, run_dir: Path) -> list[QAExample]:

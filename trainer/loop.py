@@ -30,6 +30,7 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
+from pvpo.trainer.model.device import resolve_device, resolve_dtype
 from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
 from pvpo.trainer.model.update import batch_logprobs, policy_update
 from pvpo.trainer.parallel import distributed as ddp
@@ -108,6 +109,7 @@ class Trainer:
         resume: bool = False,
         show_progress: bool = True,
     ) -> None:
+        cfg = with_resolved_dtype(cfg, resolve_device(cfg.model.device))
         self.cfg, self.run_dir, self.files, self.data, self.searcher = (
             cfg,
             Path(run_dir),
@@ -403,6 +405,13 @@ def _maybe_searcher(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searc
             yield s
 
 
+def with_resolved_dtype(cfg: TrainConfig, device: torch.device) -> TrainConfig:
+    """`cfg` with `model.dtype: auto` replaced by what it resolves to on `device` (`resolve_dtype`),
+    so the run's config.yaml, the policy, the reference and the engines all name one dtype."""
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
+
+
 def train(
     cfg: TrainConfig,
     run_dir: str | Path,
@@ -415,10 +424,10 @@ def train(
     """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
     differs from the run's own config.yaml outside `resume.SAFE_ON_RESUME` (RunDirError)."""
-    from pvpo.trainer.model.device import placement
-
     run_dir = Path(run_dir)
-    ddp.init_from_env(placement(cfg.model.device).device)  # under torchrun: join the process group
+    device = resolve_device(cfg.model.device)
+    ddp.init_from_env(device)  # under torchrun: join the process group
+    cfg = with_resolved_dtype(cfg, device)
     try:
         with contextlib.ExitStack() as stack:
             with ddp.main_first():  # rank 0 checks the run dir, writes the corpus and builds the index

@@ -463,17 +463,18 @@ def warm_start(
                 f"has a dataset GT trajectory ({report}); use MuSiQue / HotpotQA-style annotated questions"
             )
         questions = [ex for ex in questions if any(t.uid == ex.uid for t in trajs)]
-    model.warm_start_losses = sft(
-        model.model,
-        trajs,
-        model.tokenizer.pad_token_id,
-        steps=m.warm_start_steps,
-        lr=m.warm_start_lr,
-        batch_size=m.warm_start_batch_size,
-        seed=cfg.run.seed,
-        max_tokens=cfg.optim.max_tokens_per_micro_batch,
-        show_progress=show_progress,
-    )
+    with model.where.autocast():  # model.dtype, as for the update (bf16 on CPU: see the recipe's config)
+        model.warm_start_losses = sft(
+            model.model,
+            trajs,
+            model.tokenizer.pad_token_id,
+            steps=m.warm_start_steps,
+            lr=m.warm_start_lr,
+            batch_size=m.warm_start_batch_size,
+            seed=cfg.run.seed,
+            max_tokens=cfg.optim.max_tokens_per_micro_batch,
+            show_progress=show_progress,
+        )
     model.engine.sync_weights(model.model)
     model.warm_start_seconds = time.perf_counter() - t0
     atomic_write_json(

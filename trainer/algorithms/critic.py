@@ -128,6 +128,7 @@ def critic_update(
         if grad_clip is not None:
             stats["critic/grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)))
         optimizer.step()
+        torch.clear_autocast_cache()  # the next epoch's forward sees these weights (model.device.step_optimizer)
     out = {k: sum(v) / len(v) for k, v in stats.items()}
     out["critic/explained_var"] = explained_variance(old_values, returns, batch.loss_mask)
     out["critic/value_mean"] = (

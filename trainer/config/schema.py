@@ -78,9 +78,9 @@ class ModelConfig(Section):
     )
     chat_template: bool = Field(False, description="wrap each prompt as a user turn with the tokenizer's chat template")
     tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "float32",
-        description="compute dtype: the trained policy keeps float32 master weights and AdamW state and computes in it (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded)",
+        description="compute dtype: the trained policy keeps float32 master weights and AdamW state and computes in it (autocast on one device, FSDP2 MixedPrecisionPolicy when sharded); auto = bfloat16 where the device computes it natively (CUDA with bf16, x86 CPUs with AVX512-BF16 or AMX), float32 elsewhere, resolved when the run starts",
     )
     device: str = Field(
         "auto", description="auto (CUDA when present) | cpu | cuda | cuda:N; under torchrun cuda = cuda:$LOCAL_RANK"

@@ -29,6 +29,7 @@ from pvpo.trainer.algorithms.advantages import broadcast_to_tokens
 from pvpo.trainer.algorithms.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
 from pvpo.trainer.algorithms.losses import CHUNK_ELEMENTS, LossConfig, entropy_from_logits, token_logprobs
 from pvpo.trainer.config.schema import ImportanceCorrectionConfig, OptimConfig
+from pvpo.trainer.model.device import step_optimizer
 from pvpo.trainer.model.memory import check_fits, checkpointing_enabled, default_max_tokens
 from pvpo.trainer.model.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
 from pvpo.trainer.parallel.distributed import all_reduce_min, clip_grad_norm
@@ -261,7 +262,7 @@ def policy_update(
                     sums[k].append(v)
             sums["loss/mini_batch"].append(mini_loss)  # the loss over the whole mini-batch, all ranks
             sums["grad_norm"].append(clip_grad_norm(list(model.parameters()), optim.grad_clip))
-            optimizer.step()
+            step_optimizer(optimizer)
             if engine is not None:
                 engine.sync_weights(model)
     mismatch = mismatch_stats(lp_train_old, batch, importance)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from pvpo.progress import Progress
+from pvpo.trainer.model.device import step_optimizer
 from pvpo.trainer.model.memory import checkpointing_enabled, default_max_tokens
 from pvpo.trainer.model.micro_batch import accumulate, micro_batches
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory, collate, response_logits
@@ -76,7 +77,7 @@ def warm_start(
         opt.zero_grad(set_to_none=True)
         loss = sft_backward(model, [trajs[i] for i in idx], pad_id, max_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        step_optimizer(opt)
         sched.step()
         losses.append(loss)
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
