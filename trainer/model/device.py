@@ -69,9 +69,8 @@ def native_bf16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    cpu = getattr(torch, "cpu", None)
     # private probes (torch 2.x names); a torch without them reads as "no native bf16"
-    probes = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    probes = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
     return any(bool(p()) for p in probes if callable(p))
 
 
