@@ -249,3 +249,39 @@ def test_a_run_without_a_warm_start_says_rl_starts_from_the_given_model(tmp_path
     text = summary_table(cfg, result, {}, n_sft=0, n_rl=4)
     assert "| warm start | none: RL starts from /runs/real/initial_policy as given |" in text
     assert "SFT steps" not in text
+
+
+def test_a_fresh_demo_over_a_checkpointed_run_says_it_starts_over_and_how_to_continue(tmp_path, caplog):
+    """A demo stopped at step 12 and run again without --resume started over unannounced (the H100
+    session's recipe lost its 12 steps so)."""
+    import logging
+
+    from pvpo.trainer.demo import _replace_demo
+
+    run_dir = tmp_path / "demo"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("x")
+    cfg = config_from_dict({})
+    with caplog.at_level(logging.WARNING, logger="pvpo.trainer.demo"):
+        with _replace_demo(run_dir, fresh=True, overwrite=False, cfg=cfg):
+            pass
+    assert not caplog.records  # no checkpoint: nothing to lose, nothing said
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run_dir / "checkpoints" / "latest").write_text("step_000012\n")
+    with caplog.at_level(logging.WARNING, logger="pvpo.trainer.demo"):
+        with _replace_demo(run_dir, fresh=True, overwrite=False, cfg=cfg):
+            pass
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "step_000012" in msg and "--resume" in msg and str(run_dir) in msg
+
+
+def test_the_cost_axis_ticks_stay_inside_the_costs_the_run_reached():
+    """The recipe's curves.png drew "75" and "100" on top of each other at step 1: costs below the
+    first step's map onto it."""
+    from pvpo.trainer.demo import cost_ticks
+
+    cost = [95.0, 111, 127, 143, 160, 176, 192, 208, 224, 240, 256, 266, 270, 274, 278, 282]
+    ticks = cost_ticks(cost)
+    assert len(ticks) >= 3 and ticks == sorted(set(ticks))
+    assert all(95 <= t <= 282 for t in ticks)  # matplotlib's own ticks ran from 75 to 300
+    assert cost_ticks([5.0, 5.0]) == [5.0]

@@ -324,6 +324,62 @@ def test_a_lookup_draft_is_what_followed_the_latest_earlier_occurrence_of_the_lo
     assert lookup_draft([1, 2, 3], 4) == [] and lookup_draft([4], 4) == [] and lookup_draft([3, 1, 3], 0) == []
 
 
+def _pick_row_by_row(batcher: ContinuousBatcher, logits: torch.Tensor, rows: list) -> None:
+    """The scheduler's pick one row at a time, as it was before it was batched (the reference)."""
+    from pvpo.trainer.rollout.hf_engine import _top_k_filter, _top_p_filter
+
+    logits = logits.float()
+    for i, r in enumerate(rows):
+        s = r.sampling
+        if s.temperature <= 0:
+            row = logits[i]
+            t = int(row.argmax())
+        else:
+            row = logits[i] / s.temperature
+            filtered = _top_p_filter(_top_k_filter(row[None], s.top_k), s.top_p)[0]
+            probs = torch.softmax(filtered, dim=-1).cpu()
+            t = int(torch.multinomial(probs, 1, generator=r.gen))
+        batcher._append(r, t, float(torch.log_softmax(row, dim=-1)[t]))
+
+
+def test_the_batched_pick_samples_and_scores_bit_for_bit_as_row_by_row():
+    """`_pick` takes all greedy rows in one argmax and each sampling setting's rows in one pass;
+    every row's token and log-prob equal the row-by-row reference's, its generator included."""
+    from types import SimpleNamespace
+
+    from pvpo.trainer.rollout.hf_scheduler import _Row
+
+    engine = SimpleNamespace(stop_ids=frozenset(), _decode_tail=lambda tokens, n: "")
+    settings = [
+        SamplingConfig(temperature=0.0, max_new_tokens=99),
+        SamplingConfig(temperature=0.8, max_new_tokens=99),
+        SamplingConfig(temperature=0.8, top_p=0.9, max_new_tokens=99),
+        SamplingConfig(temperature=1.0, top_k=20, max_new_tokens=99),
+        SamplingConfig(temperature=0.8, max_new_tokens=99),
+        SamplingConfig(temperature=0.0, max_new_tokens=99),
+    ]
+
+    def rows() -> list[_Row]:
+        out = []
+        for seed, s in enumerate(settings):
+            gen = None
+            if s.temperature > 0:
+                gen = torch.Generator().manual_seed(seed)
+            out.append(_Row([1], s, None, gen, 0))  # type: ignore[arg-type]
+        return out
+
+    batched, single = rows(), rows()
+    a, b = ContinuousBatcher(engine, None, 8), ContinuousBatcher(engine, None, 8)  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        logits = torch.randn(len(settings), 500, generator=gen) * 3
+        a._pick(logits, batched)
+        _pick_row_by_row(b, logits.clone(), single)
+    for x, y in zip(batched, single, strict=True):
+        assert x.tokens == y.tokens and x.logps == y.logps
+    assert len({tuple(r.tokens) for r in batched}) == len(settings)  # the rows did differ
+
+
 @pytest.mark.parametrize("compact", [False, True])
 def test_drafted_greedy_decoding_gives_the_tokens_of_one_at_a_time(policy, monkeypatch, compact):
     from concurrent.futures import ThreadPoolExecutor

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -139,3 +140,35 @@ def test_data_corpus_questions_is_refused_for_questions_without_paragraphs(tmp_p
     cfg = load_config(None, [f"data.source={src}", "data.corpus=questions"])
     with pytest.raises(ValueError, match="data.corpus=questions: the questions ship no paragraphs"):
         load_data(cfg, tmp_path / "run")
+
+
+def test_the_trained_policy_loads_a_float32_checkpoint_unrounded_when_the_run_computes_in_bf16(tmp_path: Path) -> None:
+    """`model.dtype` is the compute dtype: the master weights load in float32, so a float32
+    checkpoint (the catalog's SmolLM2) is not rounded through bf16, neither on a fresh run nor
+    when a resumed run reloads its saved initial policy."""
+    from types import SimpleNamespace
+
+    import torch
+    from trainer_support import TINY
+
+    from pvpo.trainer.model.policy import policy_from_config, save_policy
+    from pvpo.trainer.setup import initial_policy
+    from pvpo.trainer.state.run_dir import RunDir
+
+    texts = ["Berlin is the capital of Germany.", "Who wrote Faust?"]
+    tags = ("think", "search", "information", "answer")
+    saved = policy_from_config(load_config(None, TINY).model, corpus_texts=texts, tags=tags, seed=0)
+    folder = tmp_path / "checkpoint"
+    save_policy(saved, folder)
+    stored = {k: v.clone() for k, v in saved.model.state_dict().items()}
+    assert any(not torch.equal(v, v.bfloat16().float()) for v in stored.values())  # bf16 would round them
+
+    cfg = load_config(None, [f"model.path={folder}", "model.dtype=bfloat16"])
+    data: Any = SimpleNamespace(texts=[])
+    run_dir = tmp_path / "run"
+    for expect_fresh in (True, False):
+        policy, fresh = initial_policy(cfg, data, run_dir)
+        assert fresh is expect_fresh
+        loaded = policy.model.state_dict()
+        assert all(loaded[k].dtype == torch.float32 and torch.equal(loaded[k], v) for k, v in stored.items())
+        save_policy(policy, RunDir(run_dir).initial_policy)  # what a fresh run leaves for a resume

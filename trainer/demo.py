@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import time
@@ -25,6 +26,8 @@ from pvpo.trainer.setup import load_data, retriever_session
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
 from pvpo.trainer.state.run_dir import RunDir, foreign_entries
 
+logger = logging.getLogger(__name__)
+
 
 def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:
     """A second x-axis on top of `ax`: the cumulative rollout cost at each step."""
@@ -35,8 +38,21 @@ def _cost_axis(ax: Any, steps: Sequence[float], cost: Sequence[float]) -> None:
     # from step 1 on: the anchor's rollouts all land on step 1, so a (0, 0) point would crowd the ticks
     xs, cs = np.asarray(steps, dtype=float), np.asarray(cost, dtype=float)
     top = ax.secondary_xaxis("top", functions=(lambda x: np.interp(x, xs, cs), lambda c: np.interp(c, cs, xs)))
+    top.set_xticks(cost_ticks(cs.tolist()))
     top.set_xlabel("cumulative rollouts (anchor and GT generation included)", fontsize=8)
     top.tick_params(labelsize=7)
+
+
+def cost_ticks(cost: Sequence[float], bins: int = 6) -> list[float]:
+    """Round tick values for the cumulative-cost axis, inside the costs the run reached: the axis
+    maps a cost outside them onto the first or last step (`np.interp` clamps), where matplotlib's
+    own ticks drew two labels on top of each other ("75" and "100" at step 1 of the recipe)."""
+    from matplotlib.ticker import MaxNLocator
+
+    lo, hi = float(min(cost)), float(max(cost))
+    if hi <= lo:
+        return [lo]
+    return [float(t) for t in MaxNLocator(nbins=bins).tick_values(lo, hi) if lo <= t <= hi]
 
 
 def plot_curves(
@@ -290,6 +306,14 @@ def _replace_demo(
         raise RunDirError(
             f"--run-dir {run_dir} holds files a demo run does not write ({shown}): give a new or empty folder, "
             "or --overwrite to replace its contents (kept until the new run's first checkpoint)"
+        )
+    latest = RunDir(run_dir).checkpoints / "latest"
+    if latest.is_file():  # a crashed or stopped demo re-run without --resume would start over unannounced
+        logger.warning(
+            "replacing the demo run in %s (its last checkpoint, %s, is kept until this run's first one); "
+            "pvpo demo --resume continues it instead",
+            run_dir,
+            latest.read_text(encoding="utf-8", errors="replace").strip(),
         )
     return fresh_run_dir(run_dir, overwrite=True, inputs=run_inputs(cfg))
 

@@ -258,12 +258,13 @@ def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy,
     """The policy at step 0, and whether it was just created (not reloaded).
 
     It is saved to `<run>/initial_policy` once built (and warm-started), so a resumed run and the
-    frozen reference both reload the same weights and tokenizer."""
+    frozen reference both reload the same weights and tokenizer; in float32, the master weights'
+    dtype (`policy_from_config`)."""
     from pvpo.trainer.model.policy import load_policy, policy_from_config
 
     saved = RunDir(run_dir).initial_policy
     if (saved / "config.json").exists():
-        return load_policy(saved, dtype=cfg.model.dtype), False
+        return load_policy(saved, dtype="float32"), False
     protocol = episode_config(cfg).tag_protocol
     tags = (protocol.think, protocol.search, protocol.result, protocol.answer)
     return policy_from_config(cfg.model, corpus_texts=data.texts, tags=tags, seed=cfg.run.seed), True

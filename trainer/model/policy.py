@@ -130,7 +130,11 @@ def frozen_copy(model: M) -> M:
 
 
 def policy_from_config(cfg: ModelConfig, *, corpus_texts: Iterable[str], tags: Iterable[str], seed: int) -> Policy:
-    """`cfg.path` when set, else a tiny policy whose tokenizer is trained on `corpus_texts`."""
+    """`cfg.path` when set, else a tiny policy whose tokenizer is trained on `corpus_texts`.
+
+    Loaded in float32 whatever `cfg.dtype` says: these are the trained master weights, and loading
+    through bf16 first would round a float32 checkpoint once for good (`cfg.dtype` is the compute
+    dtype, applied by autocast; the frozen reference is cast to it by `place_reference_model`)."""
     if cfg.path:
-        return load_policy(cfg.path, dtype=cfg.dtype)
+        return load_policy(cfg.path, dtype="float32")
     return build_tiny_policy(corpus_texts, cfg.tiny, tags=tags, seed=seed)

@@ -421,21 +421,36 @@ class ContinuousBatcher:
 
     def _pick(self, logits: torch.Tensor, rows: list[_Row]) -> None:
         """Sample (or take the argmax of) each row's next token with its own generator; record its
-        log-prob under the temperature-scaled distribution (T = 1 when greedy)."""
+        log-prob under the temperature-scaled distribution (T = 1 when greedy).
+
+        Batched: the greedy rows in one argmax, the sampled rows in one pass per sampling setting,
+        each with one or two copies to the host, instead of several kernels and a host sync a row,
+        which stall a GPU's launch queue at every token (a 135M model's eval on an H100 ran at
+        > 1.5 s a question; no before/after on a GPU yet). On CPU it costs the same: 16 sampled rows of
+        SmolLM2's 49,152-token vocabulary 13.5 ms a step vs 13.0 row by row, 60 greedy rows 2.4 vs
+        3.1 ms. The tests hold it equal, bit for bit on CPU, to the row-by-row version it replaced."""
         from pvpo.trainer.rollout.hf_engine import _top_k_filter, _top_p_filter
 
         logits = logits.float()
+        greedy = [i for i, r in enumerate(rows) if r.sampling.temperature <= 0]
+        settings: dict[tuple[float, int, float], list[int]] = {}
         for i, r in enumerate(rows):
-            s = r.sampling
-            if s.temperature <= 0:
-                row = logits[i]
-                t = int(row.argmax())
-            else:
-                row = logits[i] / s.temperature
-                filtered = _top_p_filter(_top_k_filter(row[None], s.top_k), s.top_p)[0]
-                probs = torch.softmax(filtered, dim=-1).cpu()
-                t = int(torch.multinomial(probs, 1, generator=r.gen))
-            self._append(r, t, float(torch.log_softmax(row, dim=-1)[t]))
+            if r.sampling.temperature > 0:
+                s = r.sampling
+                settings.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+        if greedy:
+            g = logits[torch.tensor(greedy, device=logits.device)]
+            best = g.argmax(dim=-1)
+            logp = torch.log_softmax(g, dim=-1).gather(-1, best[:, None])[:, 0]
+            for i, t, lp in zip(greedy, best.tolist(), logp.tolist(), strict=True):
+                self._append(rows[i], int(t), float(lp))
+        for (temperature, top_k, top_p), idx in settings.items():
+            scaled = logits[torch.tensor(idx, device=logits.device)] / temperature
+            probs = torch.softmax(_top_p_filter(_top_k_filter(scaled, top_k), top_p), dim=-1)
+            host = torch.stack([probs, torch.log_softmax(scaled, dim=-1)]).cpu()
+            for j, i in enumerate(idx):
+                t = int(torch.multinomial(host[0, j], 1, generator=rows[i].gen))
+                self._append(rows[i], t, float(host[1, j, t]))
 
     def _append(self, r: _Row, t: int, logp: float) -> None:
         """`t` is `r`'s next token: record it and whether it ends the row (EOS, a stop string, length)."""
