@@ -74,6 +74,31 @@ def test_phase_memory_logs_peak_rss_on_cpu() -> None:
     assert mem.pop() == {}
 
 
+def test_a_runs_evaluations_log_their_peak_rss_with_the_step_they_follow(tmp_path) -> None:
+    """The recipe's run-level peak (17.5 GiB) lay outside the rollout and train phases, and nothing
+    said where: each held-out evaluation logs `mem/eval_peak_rss_gib`, on the row of the step it
+    follows (the one before RL on step 1's row)."""
+    import json
+
+    from trainer_support import TINY, WORLD, OverlapSearcher
+
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.loop import train
+    from pvpo.trainer.model.memory import reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("peak RSS is read from Linux's /proc/self (VmHWM)")
+    cfg = load_config(None, [*TINY, "run.steps=3", "run.eval_every=2", "model.device=cpu"])
+    train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [("mem/eval_peak_rss_gib" in r, "eval/accuracy" in r) for r in rows] == [
+        (True, False),  # the evaluation before RL
+        (True, True),  # eval_every=2
+        (True, True),  # the final one
+    ]
+    assert all(r["mem/eval_peak_rss_gib"] > 0 for r in rows)
+
+
 def test_response_logits_project_only_the_response_positions() -> None:
     torch.manual_seed(0)
     cfg = Qwen2Config(

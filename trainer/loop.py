@@ -265,11 +265,14 @@ class Trainer:
             return {}
         share = ddp.rank_share(self.data.eval)  # each rank evaluates its share; metrics weighted by share size
         per_question: list[float] = []
-        metrics = (
-            evaluate_policy(self.cfg, self.engine, self.tokenizer, self.where, share, self.searcher, tag, per_question)
-            if share
-            else {}
-        )
+        with self.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows (run)
+            metrics = (
+                evaluate_policy(
+                    self.cfg, self.engine, self.tokenizer, self.where, share, self.searcher, tag, per_question
+                )
+                if share
+                else {}
+            )
         if not ddp.is_distributed():
             self.result.eval_em[tag] = per_question
         return ddp.reduce_metrics(metrics, len(share))
@@ -375,6 +378,7 @@ class Trainer:
             if last and self.data.eval:
                 self.result.eval_after = self.evaluate("after")
                 metrics.update(self.result.eval_after)
+            metrics.update(self.memory.pop())  # the evaluation's peaks (the one before step 1 pops in step 1)
             self.logger.log(step, metrics)
             if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                 self.save(step)
