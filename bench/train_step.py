@@ -214,7 +214,7 @@ def main() -> None:
 
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.model.device import place_policy_model, place_reference_model, placement
-    from pvpo.trainer.model.memory import default_max_tokens, peak_rss_gib, reset_peak_rss
+    from pvpo.trainer.model.memory import default_max_tokens, peak_rss_gib, process_peak_rss_gib, reset_peak_rss
     from pvpo.trainer.model.update import batch_logprobs, policy_update
 
     where = placement(args.device, args.dtype, "sdpa", args.gradient_checkpointing)
@@ -324,6 +324,9 @@ def main() -> None:
     print(f"{'step':<28}{'median s':>10}{'tokens/s':>12}{'vs bare':>9}{'peak GiB':>10}{'peak RSS GiB':>14}")
     for name, s, peak, rss_gib in rows:
         print(f"{name:<28}{s:>10.3f}{tokens / s:>12.0f}{bare / s:>9.2f}{peak:>10.2f}{rss_gib:>14.2f}")
+    whole = process_peak_rss_gib()
+    if whole is not None:  # each variant resets the kernel's counter: /usr/bin/time sees only the last one's
+        print(f"process peak RSS, model loading included: {whole:.2f} GiB")
 
 
 if __name__ == "__main__":

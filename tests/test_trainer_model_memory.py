@@ -74,6 +74,25 @@ def test_phase_memory_logs_peak_rss_on_cpu() -> None:
     assert mem.pop() == {}
 
 
+def test_the_process_peak_survives_the_phase_resets_that_hide_it_from_usr_bin_time() -> None:
+    from pvpo.trainer.model.memory import peak_rss_gib, process_peak_rss_gib, reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("peak RSS is read from Linux's /proc/self (VmHWM)")
+    import mmap
+
+    size = 256 * 2**20
+    block = mmap.mmap(-1, size)  # fresh pages, returned to the system on close (a heap block may not be)
+    for i in range(0, size, mmap.PAGESIZE):
+        block[i] = 1
+    with_block = peak_rss_gib()
+    block.close()
+    reset_peak_rss()  # what each PhaseMemory phase does
+    assert peak_rss_gib() < with_block - 0.2  # the kernel's counter forgot it
+    # this one did not (VmHWM reads max(counter, current RSS), so a later read may sit a few kB lower)
+    assert process_peak_rss_gib() >= with_block - 0.01
+
+
 def test_a_runs_evaluations_log_their_peak_rss_with_the_step_they_follow(tmp_path) -> None:
     """The recipe's run-level peak (17.5 GiB) lay outside the rollout and train phases, and nothing
     said where: each held-out evaluation logs `mem/eval_peak_rss_gib`, on the row of the step it
@@ -97,6 +116,8 @@ def test_a_runs_evaluations_log_their_peak_rss_with_the_step_they_follow(tmp_pat
         (True, True),  # the final one
     ]
     assert all(r["mem/eval_peak_rss_gib"] > 0 for r in rows)
+    whole = [r["mem/process_peak_rss_gib"] for r in rows]
+    assert whole == sorted(whole) and whole[-1] >= max(r["mem/train_peak_rss_gib"] for r in rows)
 
 
 def test_response_logits_project_only_the_response_positions() -> None:

@@ -280,6 +280,9 @@ def summary_table(
                 f"{gs.get('gt/failed', 0):.0f} failed)",
             ),
         )
+    peak = m[-1].get("mem/process_peak_rss_gib") if m else None
+    if peak is not None:  # /usr/bin/time reports only the last phase's peak (trainer/model/memory.py)
+        rows.append(("peak resident memory of the process, up to the last step (GiB)", f"{peak:.1f}"))
     if load:
         rows.append(("load average at start / end", load))
     lines += ["", "| run | value |", "|---|---|"] + [f"| {k_} | {v} |" for k_, v in rows]

@@ -32,6 +32,7 @@ from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
 from pvpo.trainer.model.device import resolve_device, resolve_dtype
 from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
+from pvpo.trainer.model.memory import process_peak_rss_gib
 from pvpo.trainer.model.update import batch_logprobs, policy_update
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
@@ -379,6 +380,9 @@ class Trainer:
                 self.result.eval_after = self.evaluate("after")
                 metrics.update(self.result.eval_after)
             metrics.update(self.memory.pop())  # the evaluation's peaks (the one before step 1 pops in step 1)
+            whole = process_peak_rss_gib()  # the run so far: /usr/bin/time sees only the last phase's (memory.py)
+            if whole is not None:
+                metrics["mem/process_peak_rss_gib"] = whole
             self.logger.log(step, metrics)
             if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                 self.save(step)

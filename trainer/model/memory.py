@@ -135,17 +135,38 @@ def _status_kib(key: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# The kernel keeps one peak-RSS counter a process (VmHWM), which `reset_peak_rss` restarts for each
+# phase; the exit status that `/usr/bin/time` and `getrusage` report is that counter's value at exit,
+# so after a reset they give the peak since the last phase began, not the run's (measured: a process
+# that touched 1 GB, reset, then touched 100 MB reports 125 MB). The largest value seen before any
+# reset is kept here, so `process_peak_rss_gib` still gives the whole run's peak.
+_peak_before_resets_kib = 0
+
+
 def reset_peak_rss() -> bool:
-    """Restart this process's peak-RSS counter (Linux `/proc/self/clear_refs` 5); False where it cannot."""
+    """Restart this process's peak-RSS counter (Linux `/proc/self/clear_refs` 5), keeping the peak so
+    far for `process_peak_rss_gib`; False where it cannot."""
+    global _peak_before_resets_kib
+    before = _status_kib("VmHWM")
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        return True
     except OSError:
         return False
+    _peak_before_resets_kib = max(_peak_before_resets_kib, before or 0)
+    return True
 
 
 def peak_rss_gib() -> float | None:
     """This process's peak resident memory since the last `reset_peak_rss` (VmHWM), in GiB."""
     kib = _status_kib("VmHWM")
     return kib / 2**20 if kib is not None else None
+
+
+def process_peak_rss_gib() -> float | None:
+    """This process's peak resident memory since it started, across `reset_peak_rss` calls, in GiB
+    (what `/usr/bin/time` would report had nothing reset the counter)."""
+    kib = _status_kib("VmHWM")
+    if kib is None:
+        return None
+    return max(kib, _peak_before_resets_kib) / 2**20
