@@ -275,6 +275,29 @@ def test_a_fresh_demo_over_a_checkpointed_run_says_it_starts_over_and_how_to_con
     assert "step_000012" in msg and "--resume" in msg and str(run_dir) in msg
 
 
+def test_a_resumed_demo_keeps_the_evaluation_before_rl_and_says_its_wall_time_is_its_own(tmp_path):
+    """The H100 recipe, cut in step 16 and continued with --resume, printed "Held-out: 0 questions"
+    and n/a after the warm start: the evaluation before RL lived only in the first process."""
+    cfg = tmp_path / "mini.yaml"
+    cfg.write_text(yaml.safe_dump({**MINI, "run": {**MINI["run"], "steps": 1, "checkpoint_every": 1}}))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    run_dir = tmp_path / "demo"
+    base = [sys.executable, "-m", "pvpo.cli", "demo", "--config", str(cfg), "--run-dir", str(run_dir)]
+    first = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = json.loads((run_dir / "eval_before.json").read_text())
+    em_before = json.loads((run_dir / "held_out_em.json").read_text())["em"]["before"]
+    assert saved["em"] == em_before and saved["metrics"]["eval/n"] == len(em_before) > 0
+    em_row = next(x for x in (run_dir / "summary.md").read_text().splitlines() if x.startswith("| EM |"))
+    second = subprocess.run([*base, "--resume", "run.steps=2"], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    summary = (run_dir / "summary.md").read_text()
+    assert f"Held-out: {len(em_before)} test questions" in summary
+    assert next(x for x in summary.splitlines() if x.startswith("| EM |")).split("|")[2] == em_row.split("|")[2]
+    assert "this process only (resumed at step 1)" in summary
+    assert json.loads((run_dir / "held_out_em.json").read_text())["em"]["before"] == em_before
+
+
 def test_the_cost_axis_ticks_stay_inside_the_costs_the_run_reached():
     """The recipe's curves.png drew "75" and "100" on top of each other at step 1: costs below the
     first step's map onto it."""

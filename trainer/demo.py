@@ -189,6 +189,7 @@ def summary_table(
         return f(x, fmt), f(y, fmt), delta
 
     k = min(5, len(m))
+    n_held = int(b.get("eval/n") or a.get("eval/n") or 0)  # a resumed run from before eval_before.json has no b
     ws = result.warm_start_losses
     held = [
         ("EM", "eval/accuracy"),
@@ -208,7 +209,7 @@ def summary_table(
 
         em = result.eval_em
         lines = [
-            f"Held-out: {int(b.get('eval/n', 0))} questions, greedy, in neither the warm start nor RL "
+            f"Held-out: {n_held} questions, greedy, in neither the warm start nor RL "
             f"(s.e. of EM base / warm start / RL: {f(base.get('eval/accuracy_se'))} / "
             f"{f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
             "",
@@ -221,7 +222,7 @@ def summary_table(
         lines += [f"| {name} | {three(key)} |" for name, key in held]
     else:
         lines = [
-            f"Held-out: {int(b.get('eval/n', 0))} test questions, greedy, never trained on "
+            f"Held-out: {n_held} test questions, greedy, never trained on "
             f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
             "",
             learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[
@@ -265,7 +266,8 @@ def summary_table(
             else "n/a",
         ),
         (
-            "wall time (s): total / index+serve / warm start / RL+eval",
+            "wall time (s): total / index+serve / warm start / RL+eval"
+            + (f", this process only (resumed at step {result.resumed_from})" if result.resumed_from else ""),
             " / ".join(f"{timings.get(x, 0):.0f}" for x in ("total", "setup", "warm_start", "train")),
         ),
     ]

@@ -12,6 +12,7 @@ in `metrics.jsonl`.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 import zlib
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pvpo.atomic import read_jsonl
+from pvpo.atomic import atomic_write_json, read_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
@@ -80,6 +81,7 @@ class TrainResult:
     warm_start_seconds: float = 0.0
     eval_em: dict[str, list[float]] = field(default_factory=dict)  # evaluation tag -> each question's EM (one process)
     eval_base: dict[str, float] = field(default_factory=dict)  # before the warm start (run.eval_base)
+    resumed_from: int = 0  # the checkpoint's step this process resumed from; 0 for a fresh run
 
 
 def step_examples(train: Sequence[QAExample], step: int, k: int, seed: int) -> list[QAExample]:
@@ -149,6 +151,7 @@ class Trainer:
         self.reference = Reference(cfg, self.run_dir, uses_anchor=uses_anchor(cfg, self.spec))
         self.estimator_state = estimator_state(cfg, self.spec, m, self.run_dir)
         self.start_step = self._restore(ckpt) if ckpt is not None else 0
+        self.result.resumed_from = self.start_step
         if ddp.is_main():
             dump_config(cfg, self.files.config)
         # every rank logs the reduced metrics; rank 0's are the run's, the others' go under ranks/
@@ -278,6 +281,18 @@ class Trainer:
             self.result.eval_em[tag] = per_question
         return ddp.reduce_metrics(metrics, len(share))
 
+    def _reload_eval_before(self) -> None:
+        """A resumed run's evaluation before RL, as the first process measured it (eval_before.json;
+        a run from before that file existed has none, and its summary says n/a)."""
+        path = self.files.eval_before
+        if not path.exists():
+            log.warning("%s is missing: the summary has no evaluation before RL to compare with", path)
+            return
+        saved = json.loads(path.read_text())
+        self.result.eval_before = saved.get("metrics", {})
+        if saved.get("em") and not ddp.is_distributed():
+            self.result.eval_em["before"] = saved["em"]
+
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
         cfg, seed = self.cfg, self.cfg.run.seed
@@ -367,6 +382,13 @@ class Trainer:
         cfg = self.cfg
         if self.start_step == 0 and self.data.eval:
             self.result.eval_before = self.evaluate("before")
+            if ddp.is_main():
+                atomic_write_json(
+                    self.files.eval_before,
+                    {"metrics": self.result.eval_before, "em": self.result.eval_em.get("before", [])},
+                )
+        elif self.data.eval:
+            self._reload_eval_before()
         budget = cfg.run.rollout_budget  # when set, the run usually ends before run.steps: no step total to show
         total = cfg.run.steps if budget is None else None
         bar = Progress(desc="train", unit="step", initial=self.start_step, total=total, enabled=self.show_progress)

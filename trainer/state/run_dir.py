@@ -23,6 +23,7 @@ RUN_ENTRIES = (
     "ranks",
     "held_out.jsonl",
     "held_out_em.json",
+    "eval_before.json",
 )
 
 
@@ -114,6 +115,12 @@ class RunDir:
         """Each held-out question's EM at every evaluation (uids in `held_out.jsonl`'s order), for
         paired comparisons between runs on the same questions."""
         return self.root / "held_out_em.json"
+
+    @property
+    def eval_before(self) -> Path:
+        """The held-out evaluation before RL's first step (after any warm start): its metrics and
+        each question's EM, so a resumed run still compares RL against it."""
+        return self.root / "eval_before.json"
 
     @property
     def index(self) -> Path:
