@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pvpo.trainer.rollout.cache_args import kv_cache_kwargs, returned_kv_cache
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig, register_engine
 
 if TYPE_CHECKING:
@@ -162,11 +163,11 @@ class HFEngine(RolloutEngine):
                 input_ids=step_ids,
                 attention_mask=attn,
                 position_ids=step_pos,
-                past_key_values=past,
                 use_cache=True,
+                **kv_cache_kwargs(model, past),
                 **last_only,
             )
-            past = res.past_key_values
+            past = returned_kv_cache(res)
             greedy = sampling.temperature <= 0  # temperature 0: argmax, log-probs at T = 1
             logits = res.logits[:, -1, :].float() / (1.0 if greedy else sampling.temperature)
             # selective log-softmax: logsumexp [b] once, no second [b, V] log-softmax tensor

@@ -13,7 +13,7 @@ agent loop derives one per trajectory and turn), so a trajectory's samples do no
 which other rows shared its batch; greedy decoding is independent of scheduling too, up to the
 float rounding of different padding widths.
 
-Models whose forward returns no `past_key_values` (no KV cache) are not supported here; the
+Models whose forward returns no KV cache are not supported here; the
 synchronous `HFEngine.generate` serves them.
 """
 
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pvpo.trainer.rollout.cache_args import kv_cache_kwargs, returned_kv_cache
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, SamplingConfig
 from pvpo.trainer.rollout.kv_prefix import KV, PrefixStore
 
@@ -283,10 +284,10 @@ class ContinuousBatcher:
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             attention_mask=self.attn,
             position_ids=self.pos[:, None] + torch.arange(width, device=dev),
-            past_key_values=self.cache,
             use_cache=True,
+            **kv_cache_kwargs(self.engine.model, self.cache),
         )
-        self.cache = res.past_key_values
+        self.cache = returned_kv_cache(res)
         return res.logits
 
     def _drafts(self) -> list[list[int]] | None:
@@ -380,12 +381,12 @@ class ContinuousBatcher:
             input_ids=ids,
             attention_mask=attn,
             position_ids=positions,
-            past_key_values=None,
             use_cache=True,
+            **kv_cache_kwargs(self.engine.model, None),
             **last_logits_only(self.engine.model),
         )
         self._pick(res.logits[:, -1, :], rows)
-        return _Group(_kv(res.past_key_values), attn, attn.sum(-1), rows)
+        return _Group(_kv(returned_kv_cache(res)), attn, attn.sum(-1), rows)
 
     def _prefill_after(self, row: _Row, layers: KV, n: int) -> _Group:
         """Prefill `row.prompt[n:]` on top of the saved cache of its first `n` tokens."""
@@ -396,13 +397,13 @@ class ContinuousBatcher:
             input_ids=torch.tensor([row.prompt[n:]], dtype=torch.long, device=dev),
             attention_mask=torch.ones((1, total), dtype=torch.long, device=dev),
             position_ids=torch.arange(n, total, dtype=torch.long, device=dev)[None],
-            past_key_values=_rebuild(layers, total - n),
             use_cache=True,
+            **kv_cache_kwargs(self.engine.model, _rebuild(layers, total - n)),
             **last_logits_only(self.engine.model),
         )
         self._pick(res.logits[:, -1, :], [row])
         attn = torch.ones((1, total), dtype=torch.long, device=dev)
-        return _Group(_kv(res.past_key_values), attn, torch.tensor([total], device=dev), [row])
+        return _Group(_kv(returned_kv_cache(res)), attn, torch.tensor([total], device=dev), [row])
 
     def _join(self, groups: list[_Group]) -> None:
         """One running batch of `groups`, each left-padded to the widest."""

@@ -1,0 +1,23 @@
+"""How a transformers forward takes and returns its KV cache, across transformers versions."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+
+def kv_cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """The KV cache as the model's forward takes it: `cache=` where the forward names it (as in
+    transformers 5.24, which deprecates `past_key_values=` for removal in 5.40), else
+    `past_key_values=` (earlier versions, and forwards that hide their signature, e.g. peft's)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
+
+
+def returned_kv_cache(out: Any) -> Any:
+    """The KV cache a forward returned: its `cache` field where the output type has one
+    (as in transformers 5.24), else `past_key_values`."""
+    return out.cache if "cache" in getattr(out, "__dataclass_fields__", {}) else out.past_key_values
