@@ -44,6 +44,9 @@ def test_the_cache_goes_under_the_name_the_forward_takes():
     assert kv_cache_kwargs(_NewForward(), kv) == {"cache": kv}
     assert kv_cache_kwargs(_OldForward(), kv) == {"past_key_values": kv}
     assert kv_cache_kwargs(_HiddenForward(), kv) == {"past_key_values": kv}
+    peft_like = _HiddenForward()
+    peft_like.get_base_model = lambda: _NewForward()  # type: ignore[attr-defined]
+    assert kv_cache_kwargs(peft_like, kv) == {"cache": kv}  # the wrapped model's forward decides
 
 
 def test_the_returned_cache_is_read_under_either_name():
@@ -74,3 +77,20 @@ def test_generation_with_the_installed_transformers_raises_no_cache_deprecation(
         cont = asyncio.run(batched())
     assert not [m for m in said if "past_key_values" in m]
     assert [c.token_ids for c in sync] == [c.token_ids for c in cont] and all(c.token_ids for c in sync)
+
+
+def test_a_lora_wrapped_policy_passes_the_cache_under_the_wrapped_models_name(policy):
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    if "cache" not in inspect.signature(policy.model.forward).parameters:
+        pytest.skip("this transformers' forward takes past_key_values only: nothing is deprecated")
+    import copy
+
+    wrapped = get_peft_model(copy.deepcopy(policy.model), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    assert set(kv_cache_kwargs(wrapped, None)) == {"cache"}
+    prompts = [policy.tokenizer.encode(q.question) for q in WORLD.questions("train")[:2]]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        out = HFEngine(wrapped, policy.tokenizer).generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=4))
+    assert all(c.token_ids for c in out)
