@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from trainer_support import WORLD, policy  # noqa: F401 (fixture)
 
-from pvpo.trainer.rollout.cache_args import kv_cache_kwargs, returned_kv_cache
+from pvpo.trainer.rollout.cache_args import kv_cache_keyword, returned_kv_cache
 from pvpo.trainer.rollout.engine import SamplingConfig
 from pvpo.trainer.rollout.hf_engine import HFEngine
 from pvpo.trainer.rollout.hf_scheduler import ContinuousBatcher
@@ -40,13 +40,12 @@ class _NewOutput:
 
 
 def test_the_cache_goes_under_the_name_the_forward_takes():
-    kv = object()
-    assert kv_cache_kwargs(_NewForward(), kv) == {"cache": kv}
-    assert kv_cache_kwargs(_OldForward(), kv) == {"past_key_values": kv}
-    assert kv_cache_kwargs(_HiddenForward(), kv) == {"past_key_values": kv}
+    assert kv_cache_keyword(_NewForward()) == "cache"
+    assert kv_cache_keyword(_OldForward()) == "past_key_values"
+    assert kv_cache_keyword(_HiddenForward()) == "past_key_values"
     peft_like = _HiddenForward()
     peft_like.get_base_model = lambda: _NewForward()  # type: ignore[attr-defined]
-    assert kv_cache_kwargs(peft_like, kv) == {"cache": kv}  # the wrapped model's forward decides
+    assert kv_cache_keyword(peft_like) == "cache"  # the wrapped model's forward decides
 
 
 def test_the_returned_cache_is_read_under_either_name():
@@ -88,7 +87,7 @@ def test_a_lora_wrapped_policy_passes_the_cache_under_the_wrapped_models_name(po
     import copy
 
     wrapped = get_peft_model(copy.deepcopy(policy.model), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    assert set(kv_cache_kwargs(wrapped, None)) == {"cache"}
+    assert kv_cache_keyword(wrapped) == "cache"
     prompts = [policy.tokenizer.encode(q.question) for q in WORLD.questions("train")[:2]]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*past_key_values.*")

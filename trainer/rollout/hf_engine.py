@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pvpo.trainer.rollout.cache_args import kv_cache_kwargs, returned_kv_cache
+from pvpo.trainer.rollout.cache_args import kv_cache_keyword, returned_kv_cache
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig, register_engine
 
 if TYPE_CHECKING:
@@ -158,13 +158,14 @@ class HFEngine(RolloutEngine):
         past = None
         step_ids, step_pos = input_ids, positions
         last_only = last_logits_only(model)
+        kv = kv_cache_keyword(model)
         for _ in range(sampling.max_new_tokens):
             res = model(
                 input_ids=step_ids,
                 attention_mask=attn,
                 position_ids=step_pos,
                 use_cache=True,
-                **kv_cache_kwargs(model, past),
+                **{kv: past},
                 **last_only,
             )
             past = returned_kv_cache(res)

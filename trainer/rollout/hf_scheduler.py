@@ -13,8 +13,8 @@ agent loop derives one per trajectory and turn), so a trajectory's samples do no
 which other rows shared its batch; greedy decoding is independent of scheduling too, up to the
 float rounding of different padding widths.
 
-Models whose forward returns no KV cache are not supported here; the
-synchronous `HFEngine.generate` serves them.
+Models whose forward returns no KV cache are not supported here; the synchronous
+`HFEngine.generate` serves them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pvpo.trainer.rollout.cache_args import kv_cache_kwargs, returned_kv_cache
+from pvpo.trainer.rollout.cache_args import kv_cache_keyword, returned_kv_cache
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, SamplingConfig
 from pvpo.trainer.rollout.kv_prefix import KV, PrefixStore
 
@@ -188,6 +188,11 @@ class ContinuousBatcher:
         self.batch_sizes: list[int] = []  # rows decoded at each step (instrumentation)
         self.drafted = self.accepted = 0  # draft tokens verified / kept (instrumentation)
 
+    @functools.cached_property
+    def kv(self) -> str:
+        """The keyword the engine's forward takes the KV cache by (`kv_cache_keyword`), read once."""
+        return kv_cache_keyword(self.engine.model)
+
     def session(self) -> AsyncGenerate:
         return AsyncGenerate(self.generate, self.close)
 
@@ -285,7 +290,7 @@ class ContinuousBatcher:
             attention_mask=self.attn,
             position_ids=self.pos[:, None] + torch.arange(width, device=dev),
             use_cache=True,
-            **kv_cache_kwargs(self.engine.model, self.cache),
+            **{self.kv: self.cache},
         )
         self.cache = returned_kv_cache(res)
         return res.logits
@@ -382,7 +387,7 @@ class ContinuousBatcher:
             attention_mask=attn,
             position_ids=positions,
             use_cache=True,
-            **kv_cache_kwargs(self.engine.model, None),
+            **{self.kv: None},
             **last_logits_only(self.engine.model),
         )
         self._pick(res.logits[:, -1, :], rows)
@@ -398,7 +403,7 @@ class ContinuousBatcher:
             attention_mask=torch.ones((1, total), dtype=torch.long, device=dev),
             position_ids=torch.arange(n, total, dtype=torch.long, device=dev)[None],
             use_cache=True,
-            **kv_cache_kwargs(self.engine.model, _rebuild(layers, total - n)),
+            **{self.kv: _rebuild(layers, total - n)},
             **last_logits_only(self.engine.model),
         )
         self._pick(res.logits[:, -1, :], [row])
