@@ -147,3 +147,29 @@ def test_response_logits_project_only_the_response_positions() -> None:
     r = batch.input_ids.shape[1] - batch.prompt_len
     assert projected == [r + 1, batch.input_ids.shape[1]]  # ours: the response's positions; a plain call: all
     torch.testing.assert_close(got, full)
+
+
+def test_freed_heap_goes_back_to_the_kernel_when_a_phase_ends() -> None:
+    import ctypes
+    import ctypes.util
+
+    if not memory.release_freed_heap():
+        pytest.skip("no glibc malloc_trim on this platform")
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 64 * 1024, 3000  # 64 KiB blocks: below glibc's mmap threshold, so on the heap
+    blocks = [libc.malloc(size) for _ in range(count)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    pin = libc.malloc(size)  # a live block above them: glibc cannot shrink the heap past it by itself
+    ctypes.memset(pin, 1, size)
+    for b in blocks:
+        libc.free(b)
+    held = memory._status_kib("VmRSS")
+    with PhaseMemory(torch.device("cpu")).phase("train"):
+        pass
+    after = memory._status_kib("VmRSS")
+    libc.free(pin)
+    assert held is not None and after is not None
+    assert held - after > 0.8 * size * count / 1024  # ~188 MiB of freed blocks returned at the phase's end

@@ -170,3 +170,28 @@ def process_peak_rss_gib() -> float | None:
     if kib is None:
         return None
     return max(kib, _peak_before_resets_kib) / 2**20
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
+def release_freed_heap() -> bool:
+    """Give the heap memory this process has freed back to the kernel (glibc's `malloc_trim(0)`);
+    False where the C library has no such call. A CPU update's activations are freed into glibc's
+    heap, which keeps them resident: `bench/heap_retention.py` measured 9.41 of 11.31 GiB resident as
+    free heap after a SmolLM2 update (8 rows x 1,024 tokens), 1.91 GiB after the trim (0.8 s), so
+    without it every later phase stacked on the update's high-water mark."""
+    try:
+        libc = _libc()
+        trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    except OSError:
+        return False
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from pvpo.progress import Progress
 from pvpo.trainer.algorithms.advantages import broadcast_to_tokens
 from pvpo.trainer.algorithms.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
 from pvpo.trainer.algorithms.losses import CHUNK_ELEMENTS, LossConfig, entropy_from_logits, token_logprobs
@@ -67,6 +68,17 @@ def batch_logprobs(
         max_tokens=max_tokens,
         max_rows=micro,
     )
+
+
+def update_token_budget(model: torch.nn.Module, optim: OptimConfig, seq_len: int) -> int | None:
+    """The padded tokens a micro-batch of rows up to `seq_len` long may hold in an update:
+    `optim.max_tokens_per_micro_batch`, else (without gradient accumulation) `default_max_tokens`
+    from the model's shape and the memory free; None = by row count. No-gradient passes over the
+    same batch (the reference's log-probs) take the same budget."""
+    if optim.max_tokens_per_micro_batch is not None or optim.grad_accum != 1:
+        return optim.max_tokens_per_micro_batch
+    device = next(model.parameters()).device
+    return default_max_tokens(model, device, checkpointing=checkpointing_enabled(model), seq_len=seq_len)
 
 
 def micro_batch_loss(
@@ -191,20 +203,20 @@ def policy_update(
     default_agg: str = "token-mean",
     norm_len: int | None = None,
     separate_old_pass: bool = False,
+    progress: Progress | None = None,
 ) -> dict[str, float]:
     """Run the configured epochs of updates on `batch`; returns the mean of each stat, plus the
     sampler/trainer `mismatch/*` stats and, with `importance.enabled`, the corrected loss.
     `default_agg` / `norm_len`: see `loss_config`. `separate_old_pass`: compute the trainer's
-    pre-update log-probs in their own no-grad pass even where the loss pass gives them (a check)."""
+    pre-update log-probs in their own no-grad pass even where the loss pass gives them (a check).
+    `progress` (a `pvpo.progress.Progress`) counts the micro-batches as their backward ends."""
     loss_cfg = loss_config(optim, default_agg=default_agg, norm_len=norm_len)
     if loss_cfg.norm_len is None:  # micro-batches are trimmed: keep the batch's width as the constant divisor
         loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     ckpt = checkpointing_enabled(model)
-    max_tokens = optim.max_tokens_per_micro_batch
-    if max_tokens is None and optim.grad_accum == 1:  # a token budget by default, from the model and the machine
-        max_tokens = default_max_tokens(model, device, checkpointing=ckpt, seq_len=batch.input_ids.shape[1])
+    max_tokens = update_token_budget(model, optim, batch.input_ids.shape[1])
     ref_lp = (
         batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens)
         if ref_model is not None and optim.kl_coef > 0
@@ -235,6 +247,8 @@ def policy_update(
             )
             big = max(micros, key=lambda mb: mb.batch.input_ids.numel()).batch.input_ids
             check_fits(model, device, big.numel(), checkpointing=ckpt, seq_len=big.shape[1])
+            if progress is not None and progress.total is None:
+                progress.total = len(micros) * n_minis * optim.epochs
 
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r
@@ -254,6 +268,8 @@ def policy_update(
                     is_weights=is_w[ix, :r] if is_w is not None else None,
                     denominator=own if fused else None,
                 )
+                if progress is not None:
+                    progress.update(1)
                 return loss, stats
 
             mini_loss, micro_stats = accumulate(micros, run)

@@ -22,6 +22,7 @@ RUN_ENTRIES = (
     "summary.md",
     "ranks",
     "held_out.jsonl",
+    "validation.jsonl",
     "held_out_em.json",
     "eval_before.json",
 )
@@ -109,6 +110,12 @@ class RunDir:
     def held_out(self) -> Path:
         """The held-out questions of a QA-file run (FlashRAG jsonl), for `pvpo eval` of its policy."""
         return self.root / "held_out.jsonl"
+
+    @property
+    def validation(self) -> Path:
+        """The validation questions (`data.validation_examples`, FlashRAG jsonl): settings are chosen
+        on these, never on the held-out set."""
+        return self.root / "validation.jsonl"
 
     @property
     def held_out_em(self) -> Path:
