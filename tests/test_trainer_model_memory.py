@@ -173,3 +173,41 @@ def test_freed_heap_goes_back_to_the_kernel_when_a_phase_ends() -> None:
     libc.free(pin)
     assert held is not None and after is not None
     assert held - after > 0.8 * size * count / 1024  # ~188 MiB of freed blocks returned at the phase's end
+
+
+def test_a_steps_gradients_and_autocast_weight_copies_are_counted_before_the_activations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a tied vocabulary much larger than the rest: its gradient dominates a short micro-batch
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32768,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+        )
+    )
+    cpu = torch.device("cpu")
+    n = sum(p.numel() for p in model.parameters())
+    assert memory.step_fixed_bytes(model, cpu) == 4 * n  # float32 gradients
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert memory.step_fixed_bytes(model, cpu) == 4 * n + 2 * n  # plus autocast's bf16 weight copies
+    for p in model.model.layers.parameters():
+        p.requires_grad_(False)  # frozen weights get no gradient (LoRA's base, say)
+    frozen = sum(p.numel() for p in model.model.layers.parameters())
+    assert memory.step_fixed_bytes(model, cpu) == 4 * (n - frozen)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    # what the gradients take is not the activations' to use
+    per = ModelShape.of(model).bytes_per_token(checkpointing=False, seq_len=256)
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 4 * n + 2 * 256 * per)
+    check_fits(model, cpu, 256, checkpointing=False, seq_len=256)
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 4 * n)
+    with pytest.raises(MemoryBudgetError, match="of gradients and weight copies"):
+        check_fits(model, cpu, 256, checkpointing=False, seq_len=256)
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 4 * n + 2**30)
+    budget = default_max_tokens(model, cpu, checkpointing=False, seq_len=256)
+    assert budget == int(0.3 * 2**30 // per) // 256 * 256 == 1024  # 30% of what the gradients leave

@@ -194,6 +194,9 @@ def test_a_held_out_mapping_draws_that_many_questions_of_each_dataset_and_valida
     data = load_data(cfg, run)
     held = [q.uid.split("/")[0] for q in data.eval]
     assert sorted(held) == ["alpha"] * 3 + ["beta"] * 2
+    # one file a dataset, for `pvpo eval --dataset` per column
+    assert sorted(p.name for p in (run / "held_out").iterdir()) == ["alpha.jsonl", "beta.jsonl"]
+    assert len(load_dataset(run / "held_out" / "alpha.jsonl")) == 3
     val = load_dataset(run / "validation.jsonl")
     assert sorted(q.question.split()[0] for q in val) == ["alpha"] + ["gamma"] * 5
     # no question in two splits: held-out, validation, the rest (RL prompts)

@@ -11,6 +11,7 @@ from typing import Any
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
+from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import answer_metrics
 from pvpo.stats import standard_error
@@ -81,16 +82,27 @@ def evaluate(
     batch_size: int = 64,
     per_question: list[float] | None = None,
     scores: list[dict[str, float]] | None = None,
+    show_progress: bool = False,
+    desc: str = "held-out evaluation",
 ) -> dict[str, float]:
     """Roll out each of `examples` once (greedy at temperature 0, else sampled with `top_p`) and
     return `eval_metrics` of the trajectories; `per_question`, if given, receives each one's EM,
-    `scores` each one's `question_scores`."""
+    `scores` each one's `question_scores`; `show_progress`: a meter named `desc` (a line every 30 s
+    off a terminal)."""
     loop = replace(loop, temperature=temperature, top_p=top_p)
     trajs: list[Trajectory] = []
-    for start in range(0, len(examples), batch_size):
-        trajs += run_agent_loop(
-            engine, tokenizer, examples[start : start + batch_size], searcher, episode_config, loop, seed=seed + start
-        )
+    with Progress(total=len(examples), desc=desc, unit="q", enabled=show_progress, brief=True) as meter:
+        for start in range(0, len(examples), batch_size):
+            trajs += run_agent_loop(
+                engine,
+                tokenizer,
+                examples[start : start + batch_size],
+                searcher,
+                episode_config,
+                loop,
+                seed=seed + start,
+                on_done=lambda i, t: meter.update(1),
+            )
     if per_question is not None:  # each question's EM, in order: paired comparisons of two evaluations
         per_question[:] = [t.accuracy for t in trajs]
     if scores is not None:

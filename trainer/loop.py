@@ -292,7 +292,16 @@ class Trainer:
         with self.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows (run)
             metrics = (
                 evaluate_policy(
-                    self.cfg, self.engine, self.tokenizer, self.where, share, self.searcher, tag, per_question, scores
+                    self.cfg,
+                    self.engine,
+                    self.tokenizer,
+                    self.where,
+                    share,
+                    self.searcher,
+                    tag,
+                    per_question,
+                    scores,
+                    show_progress=self.show_progress,
                 )
                 if share
                 else {}

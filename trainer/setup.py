@@ -213,6 +213,12 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
     if world is None and held_out:  # `pvpo eval --dataset <run>/held_out.jsonl` reproduces the run's numbers
         files = RunDir(run_dir)
         write_questions(held_out, files.validation if d.evaluate_on == "validation" else files.held_out)
+        by_dataset: dict[str, list[QAExample]] = {}
+        for q in held_out:
+            by_dataset.setdefault(dataset_of(q), []).append(q)
+        if d.evaluate_on == "held_out" and len(by_dataset) > 1:  # one `pvpo eval --dataset` a column of the table
+            for name, qs in by_dataset.items():
+                write_questions(qs, files.held_out_dataset(name))
     return Data(rl, held_out, corpus_path, texts, world, sft)
 
 
@@ -435,7 +441,7 @@ def build_model(
     if fresh:
         if m.warm_start_steps and (data.world is not None or data.warm_start):
             if cfg.run.eval_base and data.eval:
-                base_evaluation(cfg, data, out, searcher)
+                base_evaluation(cfg, data, out, searcher, show_progress=show_progress)
             warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
         if ddp.is_main():
             from pvpo.trainer.model.policy import save_policy
@@ -473,10 +479,11 @@ def evaluate_policy(
     tag: str,
     per_question: list[float] | None = None,
     scores: list[dict[str, float]] | None = None,
+    show_progress: bool = False,
 ) -> dict[str, float]:
     """Held-out metrics (`eval/*`) of the policy behind `engine` on `examples`, one rollout each at
     the run's evaluation temperature, seeded by `tag`; `per_question` receives each one's EM,
-    `scores` each one's scores (`heldout.question_scores`)."""
+    `scores` each one's scores (`heldout.question_scores`); `show_progress`: a meter while it runs."""
     from pvpo.trainer.heldout import eval_seed, evaluate
 
     with where.autocast():
@@ -493,10 +500,14 @@ def evaluate_policy(
             batch_size=cfg.rollout.batch_size,
             per_question=per_question,
             scores=scores,
+            show_progress=show_progress,
+            desc=f"{cfg.data.evaluate_on.replace('_', '-')} evaluation ({tag})",
         )
 
 
-def base_evaluation(cfg: TrainConfig, data: Data, model: Model, searcher: Searcher) -> None:
+def base_evaluation(
+    cfg: TrainConfig, data: Data, model: Model, searcher: Searcher, *, show_progress: bool = True
+) -> None:
     """Held-out metrics of the policy before its warm start (`run.eval_base`), into `model`."""
     model.eval_base = evaluate_policy(
         cfg,
@@ -508,6 +519,7 @@ def base_evaluation(cfg: TrainConfig, data: Data, model: Model, searcher: Search
         "base",
         model.eval_base_em,
         model.eval_base_scores,
+        show_progress=show_progress,
     )
 
 
