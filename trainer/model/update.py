@@ -236,14 +236,17 @@ def policy_update(
     else:
         lp_train_old = batch_logprobs(model, batch, temperature, max_tokens=max_tokens)  # the weights that sampled
         old_lp, is_w = importance_denominator(lp_train_old, batch, importance)
+    inert = inert_rows(advantages, batch.loss_mask) if optim.kl_coef == 0 and optim.entropy_coef == 0 else set()
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, list[float]] = defaultdict(list)
     for _ in range(optim.epochs):
         order = torch.randperm(len(batch), generator=gen)
         for mini in _split(order, n_minis):
             optimizer.zero_grad(set_to_none=True)
+            rows = mini.tolist()
+            skip = inert & set(rows[1:]) if inert.issuperset(rows) else inert  # one micro-batch at least
             micros = micro_batches(
-                batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum
+                batch, rows, agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum, skip=skip
             )
             big = max(micros, key=lambda mb: mb.batch.input_ids.numel()).batch.input_ids
             check_fits(model, device, big.numel(), checkpointing=ckpt, seq_len=big.shape[1])
@@ -281,6 +284,24 @@ def policy_update(
             step_optimizer(optimizer)
             if engine is not None:
                 engine.sync_weights(model)
-    mismatch = mismatch_stats(lp_train_old, batch, importance)
+    computed = [i for i in range(len(batch)) if i not in inert] if fused else list(range(len(batch)))
+    if len(computed) < len(batch):  # a skipped row's pre-update log-probs were never computed
+        mismatch = mismatch_stats(lp_train_old[computed], batch.select(computed), importance)
+    else:
+        mismatch = mismatch_stats(lp_train_old, batch, importance)
     budget = {"micro_batch/max_tokens": float(max_tokens)} if max_tokens is not None else {}
-    return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch, **budget}
+    skipped = {"update/skipped_rows_frac": len(inert) / max(1, len(batch))}
+    return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch, **budget, **skipped}
+
+
+def inert_rows(advantages: torch.Tensor, loss_mask: torch.Tensor) -> set[int]:
+    """Rows whose advantage is 0 on every model token. Without a KL or entropy term their loss,
+    the clipped surrogate of A = 0, is 0 whatever the ratio, and so is its gradient: the update
+    skips their forward and backward (their tokens still count in the aggregation). Under PVPO
+    with Group Sampling most rows of a prompt given a GT trajectory are such rows: a wrong but
+    well-formed answer earns the format floor, as the reference's did, so r - anchor = 0."""
+    if advantages.dim() == 1:
+        zero = advantages == 0
+    else:
+        zero = ((advantages != 0) & (loss_mask[:, : advantages.shape[1]] > 0)).sum(-1) == 0
+    return {int(i) for i in zero.nonzero().flatten().tolist()}
