@@ -150,6 +150,17 @@ class Trainer:
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
             restore_state_files(ckpt, self.files.state_files())
+        elif ckpt is None and cfg.algorithm.anchor.reuse_from and ddp.is_main() and not self.files.anchor.exists():
+            from pvpo.trainer.reference.reuse import reuse_reference
+
+            copied = reuse_reference(
+                cfg.algorithm.anchor.reuse_from,
+                self.files,
+                [q.uid for q in data.train],
+                group_sampling=cfg.algorithm.group_sampling.enabled,
+                num_rollouts=cfg.algorithm.anchor.num_rollouts,
+            )
+            log.info("reference state from %s: %s", cfg.algorithm.anchor.reuse_from, ", ".join(copied))
         ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
         self.reference = Reference(cfg, self.run_dir, uses_anchor=uses_anchor(cfg, self.spec))
         self.estimator_state = estimator_state(cfg, self.spec, m, self.run_dir)

@@ -344,6 +344,12 @@ class AnchorConfig(Section):
     temperature: float | None = Field(
         None, gt=0, description="sampling temperature of the anchor's rollouts; null = rollout.temperature"
     )
+    reuse_from: str | None = Field(
+        None,
+        description="a run dir whose anchor (and Group Sampling partition and GT cache) a fresh run starts from "
+        "instead of sampling its own: the arms of a sweep from one warm start (same RL prompts, same reference "
+        "policy); refused unless its anchor covers every RL prompt",
+    )
 
 
 class GroupSamplingConfig(Section):
