@@ -211,3 +211,20 @@ def test_a_steps_gradients_and_autocast_weight_copies_are_counted_before_the_act
     monkeypatch.setattr(memory, "available_bytes", lambda d: 4 * n + 2**30)
     budget = default_max_tokens(model, cpu, checkpointing=False, seq_len=256)
     assert budget == int(0.3 * 2**30 // per) // 256 * 256 == 1024  # 30% of what the gradients leave
+
+
+def test_the_warm_start_and_the_reference_work_log_their_own_peaks(tmp_path) -> None:
+    from trainer_support import TINY, OverlapSearcher, WORLD
+
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.loop import train
+
+    cfg = load_config(
+        None,
+        TINY
+        + ["run.steps=1", "model.warm_start_steps=2", "run.eval_base=true", "algorithm.group_sampling.enabled=true"],
+    )
+    result = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    row = result.metrics[0]
+    for phase in ("warm_start", "eval_base", "reference", "rollout", "train"):
+        assert row[f"mem/{phase}_peak_rss_gib"] > 0, phase

@@ -271,6 +271,10 @@ class Trainer:
     def ensure_reference(self, step: int) -> None:
         """PVPO's anchor (built before step 1, refreshed when due) and Group Sampling's partition
         and GT trajectories for it."""
+        with self.memory.phase("reference"):  # mem/reference_peak_rss_gib: the anchor, Group Sampling and GT
+            self._ensure_reference(step)
+
+    def _ensure_reference(self, step: int) -> None:
         ref = self.reference
         ref.ensure_anchor(
             step,

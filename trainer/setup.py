@@ -441,8 +441,10 @@ def build_model(
     if fresh:
         if m.warm_start_steps and (data.world is not None or data.warm_start):
             if cfg.run.eval_base and data.eval:
-                base_evaluation(cfg, data, out, searcher, show_progress=show_progress)
-            warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
+                with out.memory.phase("eval_base"):
+                    base_evaluation(cfg, data, out, searcher, show_progress=show_progress)
+            with out.memory.phase("warm_start"):  # mem/warm_start_peak_rss_gib, then its freed heap returned
+                warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
         if ddp.is_main():
             from pvpo.trainer.model.policy import save_policy
 
