@@ -214,7 +214,7 @@ def test_a_steps_gradients_and_autocast_weight_copies_are_counted_before_the_act
 
 
 def test_the_warm_start_and_the_reference_work_log_their_own_peaks(tmp_path) -> None:
-    from trainer_support import TINY, OverlapSearcher, WORLD
+    from trainer_support import TINY, WORLD, OverlapSearcher
 
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.loop import train
