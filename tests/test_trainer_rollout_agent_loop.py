@@ -17,8 +17,8 @@ from trainer_support import WORLD, OverlapSearcher, policy  # noqa: F401 (fixtur
 
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.trainer.rollout.agent_loop import LoopConfig, prompt_ids, run_agent_loop
-from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig
-from pvpo.trainer.rollout.hf_engine import HFEngine, stop_token_ids
+from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig, stop_token_ids
+from pvpo.trainer.rollout.hf_engine import HFEngine
 from pvpo.trainer.rollout.hf_scheduler import ContinuousBatcher
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_loop_greedy_old.json"

@@ -32,8 +32,9 @@ from pvpo.trainer.config.schema import QUESTIONS_CORPUS, TrainConfig
 from pvpo.trainer.model.device import PhaseMemory, Placement, place_policy_model, place_reference_model, placement
 from pvpo.trainer.model.policy import Policy
 from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.policy_engine import engine_factory, with_lora
 from pvpo.trainer.rollout.agent_loop import LoopConfig
-from pvpo.trainer.rollout.engine import RolloutEngine, build_engine
+from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -399,23 +400,6 @@ class Model:
     eval_base_scores: list[dict[str, float]] = field(default_factory=list)  # and all its scores
 
 
-def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:
-    """`make(model)`: the configured rollout engine over `model`, with its `rollout.<engine>`
-    options (under torchrun: over this rank's whole copy of the weights, `distributed.engine_for`)."""
-    r = cfg.rollout
-
-    def make(model: torch.nn.Module) -> RolloutEngine:
-        return ddp.engine_for(
-            lambda **kw: build_engine(r.engine, tokenizer=tokenizer, **kw),
-            model,
-            engine=r.engine,
-            dtype=cfg.model.dtype,
-            options=r.engine_options(),
-        )
-
-    return make
-
-
 def build_model(
     cfg: TrainConfig,
     data: Data,
@@ -455,9 +439,7 @@ def build_model(
         out.eval_base, out.eval_base_em = saved.get("eval_base", {}), saved.get("eval_base_em", [])
         out.eval_base_scores = saved.get("eval_base_scores", [])
     if m.lora.enabled:  # after the warm start and the saved initial policy: those are the base model
-        from pvpo.trainer.model.lora import apply_lora
-
-        out.model, out.engine = apply_lora(out.model, out.engine, m.lora)
+        out.model, out.engine = with_lora(out.model, out.engine, m.lora)
     if needs_reference_model(cfg, spec):
         from pvpo.trainer.model.policy import frozen_copy
 

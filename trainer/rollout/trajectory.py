@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -38,6 +39,7 @@ class Trajectory:
     prompt_tokens: int = 0  # as the sampler counted them (an endpoint's `usage`)
     completion_tokens: int = 0
     logprobs_source: str = ""  # "sampler", "endpoint" or "" (none: a text endpoint without them)
+    info: dict[str, Any] = field(default_factory=dict, repr=False)  # the env's info at the episode's end
 
     def append_model(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
         """Tokens the policy sampled (trained on)."""
