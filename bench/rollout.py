@@ -176,7 +176,6 @@ def train_once(argv: list[str]) -> None:
     episode = EpisodeConfig(protocol="search_r1", reward="em", max_turns=a.max_turns, topk=2, max_obs_chars=600)
     loop = LoopConfig(
         temperature=1.0,
-        max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens,
         max_response_tokens=a.max_response_tokens,
         chat_template=True,
@@ -358,7 +357,6 @@ def main(argv: list[str] | None = None) -> None:
         engine.sync_weights(policy.model)  # in place, as after an optimizer step
     loop = LoopConfig(
         temperature=1.0,
-        max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         max_response_tokens=args.max_response_tokens,
     )

@@ -29,6 +29,7 @@ from pvpo.evaluation.run import EvalError, EvalSettings, Outcome, search_queries
 from pvpo.model_catalog import resolve_model_path
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol
+from pvpo.trainer.rollout.engine import DEFAULT_ENGINE
 from pvpo.trainer.rollout.openai_client import APIS, OpenAIClient
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def _outcome(prompt: str, t: Trajectory, protocol: TagProtocol) -> Outcome:
 
 def token_policy(
     model: str | Path,
-    engine: str = "hf",
+    engine: str = DEFAULT_ENGINE,
     *,
     dtype: str = "auto",
     device: str | None = None,

@@ -9,6 +9,7 @@ budget."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -139,7 +140,7 @@ class ScriptedHFModel(torch.nn.Module):
 
 
 def loop_config() -> LoopConfig:
-    return LoopConfig(max_turns=MAX_TURNS, max_new_tokens=BUDGET, max_response_tokens=BUDGET, chat_template=True)
+    return LoopConfig(max_new_tokens=BUDGET, max_response_tokens=BUDGET, chat_template=True)
 
 
 def record(t: Trajectory) -> dict[str, Any]:
@@ -184,7 +185,6 @@ def through_eval(tok: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, An
 
 
 def through_trl(tok: Any) -> list[dict[str, Any]]:
-    pytest.importorskip("trl", reason="trl is in the dev extra (Python >= 3.11)")
     from accelerate import Accelerator
     from transformers import GenerationConfig
 
@@ -277,4 +277,5 @@ def test_trainer_eval_trl_and_verl_give_identical_trajectories_for_every_ending(
 
     assert through_eval(tok, monkeypatch) == trainer
     assert through_verl(tok, verl_api) == trainer
-    assert through_trl(tok) == trainer
+    if importlib.util.find_spec("trl") is not None:  # in the dev extra; not in verl's venv (make test-verl)
+        assert through_trl(tok) == trainer

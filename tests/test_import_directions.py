@@ -154,7 +154,7 @@ def test_config_imports_only_registries_and_pure_checks() -> None:
         "pvpo.retriever.encoder",
         "pvpo.trainer.algorithms.spec",
         "pvpo.trainer.rollout.engine",
-        "pvpo.trainer.reference.sources",
+        "pvpo.trainer.reference.gt_registry",
     )
     assert _violations("trainer/config", allowed) == []
 

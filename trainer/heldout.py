@@ -1,5 +1,6 @@
 """Held-out evaluation: one rollout per question (greedy by default): EM, F1, reward, format rate,
-searches, the standard error of EM, and EM per hop count when the questions carry one."""
+searches, the standard error of EM, and EM per hop count when the questions carry one;
+`evaluate_policy` runs it with a run's settings (before the warm start, and every `eval_every` steps)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import answer_metrics
 from pvpo.stats import standard_error
+from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.data import episode_config, loop_config
+from pvpo.trainer.model.device import Placement
 from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, summarize
@@ -108,3 +112,37 @@ def evaluate(
     if scores is not None:
         scores[:] = question_scores(trajs, examples)
     return eval_metrics(trajs, examples)
+
+
+def evaluate_policy(
+    cfg: TrainConfig,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    where: Placement,
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    tag: str,
+    per_question: list[float] | None = None,
+    scores: list[dict[str, float]] | None = None,
+    show_progress: bool = False,
+) -> dict[str, float]:
+    """Held-out metrics (`eval/*`) of the policy behind `engine` on `examples`, one rollout each at
+    the run's evaluation temperature, seeded by `tag`; `per_question` receives each one's EM,
+    `scores` each one's scores (`heldout.question_scores`); `show_progress`: a meter while it runs."""
+    with where.autocast():
+        return evaluate(
+            engine,
+            tokenizer,
+            examples,
+            searcher,
+            episode_config(cfg),
+            loop_config(cfg),
+            temperature=cfg.run.eval_temperature,
+            top_p=cfg.run.eval_top_p,
+            seed=eval_seed(tag),
+            batch_size=cfg.rollout.batch_size,
+            per_question=per_question,
+            scores=scores,
+            show_progress=show_progress,
+            desc=f"{cfg.data.evaluate_on.replace('_', '-')} evaluation ({tag})",
+        )

@@ -1,9 +1,10 @@
 """The training loop, read top to bottom: rollouts -> rewards -> advantages -> policy update ->
 log -> checkpoint (`Trainer.train_step`, `Trainer.run`).
 
-What the run builds before its first step is `setup.py`'s; PVPO's anchor, Group Sampling and GT
-trajectories are `reference/pipeline.py`'s; what an estimator needs beyond rewards and groups is
-its own state (`algorithms/state.py`). Everything random is a pure function of `(run.seed, step)`
+What the run builds before its first step is `data.py`'s and `setup.py`'s (the episode rules and
+loop limits are made once there and kept here); PVPO's anchor, Group Sampling and GT trajectories
+are `reference/pipeline.py`'s; what an estimator needs beyond rewards and groups is its own state
+(`algorithms/estimator_state.py`). Everything random is a pure function of `(run.seed, step)`
 (data order, sampling, mini-batch order), and the optimizer / RNG / anchor store are checkpointed,
 so `resume=True` continues exactly where the last checkpoint left off: no step lost or repeated
 in `metrics.jsonl`.
@@ -17,7 +18,7 @@ import logging
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +32,20 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
+from pvpo.trainer.data import Data, episode_config, load_data, loop_config, retriever_session
+from pvpo.trainer.heldout import evaluate_policy
 from pvpo.trainer.model.device import resolve_device, resolve_dtype
 from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
 from pvpo.trainer.model.memory import process_peak_rss_gib
 from pvpo.trainer.model.update import batch_logprobs, policy_update, update_token_budget
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from pvpo.trainer.reference.gt_registry import GTContext
 from pvpo.trainer.reference.pipeline import Reference
-from pvpo.trainer.reference.sources import GTContext
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
-from pvpo.trainer.setup import (
-    Data,
-    build_model,
-    check_supported,
-    episode_config,
-    estimator_state,
-    evaluate_policy,
-    load_data,
-    loop_config,
-    retriever_session,
-    uses_anchor,
-)
+from pvpo.trainer.setup import build_model, check_supported, estimator_state, uses_anchor
 from pvpo.trainer.state.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -122,7 +114,8 @@ class Trainer:
             searcher,
         )
         self.show_progress = show_progress
-        self.epcfg = episode_config(cfg)
+        self.epcfg = episode_config(cfg)  # the run's episode rules and loop limits, made once
+        self.loop = loop_config(cfg)
         self.spec = get_spec(cfg.algorithm.estimator)
         check_supported(cfg, self.spec)
         if cfg.run.threads:
@@ -228,7 +221,7 @@ class Trainer:
         batches' seeds are those of a single process rolling out the whole list. `progress`
         counts the trajectories as they end."""
         bs, out = self.cfg.rollout.batch_size, []
-        loop = loop_config(self.cfg, temperature)
+        loop = self.loop if temperature is None else replace(self.loop, temperature=temperature)
         done = (lambda i, t: progress.update(1)) if progress is not None else None
         for s in range(0, len(examples), bs):
             with self.where.autocast():
@@ -289,7 +282,7 @@ class Trainer:
             seed=_seed,
             show_progress=self.show_progress,
         )
-        context = GTContext(self.tokenizer, self.searcher, self.epcfg, loop_config(self.cfg), self.data.world)
+        context = GTContext(self.tokenizer, self.searcher, self.epcfg, self.loop, self.data.world)
         ref.ensure_group_sampling(
             self.data.train,
             context,

@@ -122,7 +122,6 @@ class SearchRollout:
         examples = [self._example(p) for p in prompts]
         budget = int(trainer.max_completion_length)
         loop = LoopConfig(
-            max_turns=self.config.max_turns,
             max_new_tokens=self.max_turn_tokens,
             max_response_tokens=budget,
             chat_template=self.chat_template,

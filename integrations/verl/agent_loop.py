@@ -33,11 +33,11 @@ from pvpo.integrations.reference import anchor_for
 from pvpo.integrations.verl.clients import shared_client
 from pvpo.integrations.verl.data import AGENT_LOOP
 from pvpo.integrations.verl.reward import anchors_from, golds_of
-from pvpo.retriever.types import Passage, Searcher
+from pvpo.retriever.types import TimedSearcher
 from pvpo.reward import TagProtocol
 from pvpo.trainer.rollout.agent_loop import LoopConfig, TokenTurns, finish_of, run_episode
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, SamplingConfig, stop_token_ids
-from pvpo.trainer.rollout.microbatch import SearchBatcher
+from pvpo.trainer.rollout.tick_batching import SearchBatcher
 
 
 def example_from_row(row: Mapping[str, Any]) -> QAExample:
@@ -51,20 +51,6 @@ def example_from_row(row: Mapping[str, Any]) -> QAExample:
     uid = extra.get("uid", f"{row.get('data_source', 'verl')}-{extra.get('index', row.get('index', 0))}")
     golds = golds_of((row.get("reward_model") or {}).get("ground_truth"))
     return QAExample(str(uid), str(question), tuple(golds))
-
-
-class _TimedSearcher:
-    """A searcher that adds the seconds its calls take to `seconds` (verl's tool-call metric)."""
-
-    def __init__(self, inner: Searcher) -> None:
-        self.inner, self.seconds = inner, 0.0
-
-    def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
-        t0 = time.perf_counter()
-        try:
-            return self.inner.search(queries, topk)
-        finally:
-            self.seconds += time.perf_counter() - t0
 
 
 @register(AGENT_LOOP)
@@ -95,9 +81,7 @@ class PVPOSearchAgentLoop(AgentLoopBase):
         self.anchors = anchors_from(anchors)
         self.response_length = int(self.rollout_config.response_length)
         # the whole response length is one turn's limit too: the tag protocol's turns are pieces of one message
-        self.loop = LoopConfig(
-            max_turns=max_turns, max_new_tokens=self.response_length, max_response_tokens=self.response_length
-        )
+        self.loop = LoopConfig(max_new_tokens=self.response_length, max_response_tokens=self.response_length)
 
     def _turns(self, prompt_ids: list[int], sampling_params: dict[str, Any], timing: dict[str, float]) -> TokenTurns:
         """The episode's turn source: verl's server, one sticky session per trajectory (the server
@@ -137,7 +121,7 @@ class PVPOSearchAgentLoop(AgentLoopBase):
         anchor = anchor_for(example.uid, self.anchors) if self.anchors is not None else None
         prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
         timing = {"generate": 0.0}
-        searcher = _TimedSearcher(self.retriever)
+        searcher = TimedSearcher(self.retriever)
         traj = await run_episode(
             0,
             example,

@@ -419,7 +419,7 @@ class GTConfig(Section):
     @field_validator("source")
     @classmethod
     def _known_source(cls, v: str) -> str:
-        from pvpo.trainer.reference.sources import GT_SOURCES
+        from pvpo.trainer.reference.gt_registry import GT_SOURCES
 
         return GT_SOURCES.check(v)
 

@@ -27,8 +27,8 @@ from pvpo.trainer.reference.group_sampling import (
     save_partition,
     savings,
 )
-from pvpo.trainer.reference.gt import GTCache, fetch_gt
-from pvpo.trainer.reference.sources import GTContext, build_gt_source
+from pvpo.trainer.reference.gt_cache import GTCache, fetch_gt
+from pvpo.trainer.reference.gt_registry import GTContext, build_gt_source
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory
 from pvpo.trainer.state.run_dir import RunDir

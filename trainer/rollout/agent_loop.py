@@ -7,7 +7,7 @@ env's rules and rewards, `pvpo.envs.episode`), searches if the turn asked to, ap
 observation (loss mask 0) and goes on, while the other trajectories are still generating; a turn
 never waits for another trajectory's turn. The engine batches whatever turns are pending
 (continuous batching for `hf`); the searches of the trajectories that finish a turn together
-meet in one retriever call (`microbatch.SearchBatcher`). At most `LoopConfig.max_concurrency`
+meet in one retriever call (`tick_batching.SearchBatcher`). At most `LoopConfig.max_concurrency`
 trajectories are in flight; a search that takes longer than `search_timeout_s` is retried once in
 a call of its own (the batched call may have been held up by another trajectory's query), and if
 that times out too its trajectory ends (`finish_reason="search_timeout"`); the others go on.
@@ -40,19 +40,18 @@ from pvpo.envs.episode import Episode, EpisodeConfig
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind
 from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig, stop_token_ids
-from pvpo.trainer.rollout.microbatch import SearchBatcher
+from pvpo.trainer.rollout.tick_batching import SearchBatcher
 from pvpo.trainer.rollout.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """Per-rollout limits; the episode's own `max_turns` is set from `max_turns` too.
+    """Per-rollout limits (the turn limit is the episode's: `EpisodeConfig.max_turns`).
     `max_concurrency`: trajectories in flight at once; `search_timeout_s`: a search's limit
     (None: none)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
-    max_turns: int = 4
     max_new_tokens: int = 48
     max_response_tokens: int = 384
     chat_template: bool = False  # prompt = the tokenizer's chat template over one user message
@@ -227,7 +226,7 @@ async def run_episode(
         _finish(traj, res.info, res.reward, reason)
         return traj
 
-    for turn in range(loop.max_turns):
+    for turn in range(episode_config.max_turns):
         room = loop.max_response_tokens - traj.completion_tokens - traj.loss_mask.count(0)
         sampling = SamplingConfig(
             temperature=loop.temperature,
@@ -266,7 +265,7 @@ async def run_episode(
             return end("budget")  # the episode's response already holds this observation
         traj.append_env(obs_ids)
         traj.response_text += res.observation
-    return end("max_turns")  # only when loop.max_turns < the episode's max_turns
+    return end("max_turns")  # not reached: the episode truncates at its last turn
 
 
 async def run_episodes_async(

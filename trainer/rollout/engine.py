@@ -103,7 +103,7 @@ class RolloutEngine(ABC):
         """What the asynchronous agent loop calls, one prompt at a time: by default the prompts
         submitted in one event-loop tick go to `generate_each` together, in a thread of
         `executor`. Engines with their own scheduler (continuous batching) override this."""
-        from pvpo.trainer.rollout.microbatch import TickBatcher
+        from pvpo.trainer.rollout.tick_batching import TickBatcher
 
         batcher: TickBatcher[tuple[Sequence[int], SamplingConfig], Completion] = TickBatcher(
             lambda reqs: self.generate_each([p for p, _ in reqs], [s for _, s in reqs]), executor
@@ -233,6 +233,7 @@ def available_engines() -> list[str]:
 
 
 AUTO_ENGINE = "auto"  # vllm where the vllm package is installed, hf otherwise
+DEFAULT_ENGINE = "hf"  # runs wherever torch does
 
 
 def check_engine(name: str) -> str:
