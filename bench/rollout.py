@@ -49,7 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _policy(args: argparse.Namespace, world, protocol, train):  # type: ignore[no-untyped-def]
-    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.config.policy import TinyModelConfig
     from pvpo.trainer.model.policy import build_tiny_policy, load_policy
 
     if args.model:

@@ -42,7 +42,7 @@ def test_building_without_vllm_names_the_fix() -> None:
 
 @pytest.fixture(scope="module")
 def policy():  # type: ignore[no-untyped-def]
-    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.config.policy import TinyModelConfig
     from pvpo.trainer.model.policy import build_tiny_policy
 
     # vLLM's CPU attention needs head_dim in {32, 64, ...}: hidden 64 over 2 heads.

@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from pvpo.retriever import encoder as enc
-from pvpo.trainer.config.schema import ConfigError, TinyModelConfig, load_config
+from pvpo.trainer.config.policy import TinyModelConfig
+from pvpo.trainer.config.schema import ConfigError, load_config
 from pvpo.trainer.data import retriever_session
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pvpo.atomic import atomic_write_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
@@ -311,3 +313,23 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
     finally:
         set_default_backend(None)
         set_default_dtype(None)
+
+
+@contextlib.contextmanager
+def searcher_for(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searcher | None) -> Iterator[Searcher]:
+    """`searcher` when the caller gives one, else the run's `retriever_session`."""
+    if searcher is not None:
+        yield searcher
+    else:
+        with retriever_session(cfg, run_dir, data.corpus_path) as s:
+            yield s
+
+
+def step_examples(train: Sequence[QAExample], step: int, k: int, seed: int) -> list[QAExample]:
+    """The `k` prompts of `step` (1-based): consecutive slices of a per-epoch permutation."""
+    n = len(train)
+    k = min(k, n)
+    per_epoch = n // k
+    epoch, pos = divmod(step - 1, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    return [train[int(i)] for i in perm[pos * k : (pos + 1) * k]]

@@ -4,10 +4,13 @@ searches, the standard error of EM, and EM per hop count when the questions carr
 
 from __future__ import annotations
 
+import json
+import logging
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from pvpo.envs.data import QAExample
@@ -22,6 +25,8 @@ from pvpo.trainer.model.device import Placement
 from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, summarize
+
+log = logging.getLogger(__name__)
 
 
 def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> dict[str, float]:
@@ -146,3 +151,14 @@ def evaluate_policy(
             show_progress=show_progress,
             desc=f"{cfg.data.evaluate_on.replace('_', '-')} evaluation ({tag})",
         )
+
+
+def load_eval_before(path: Path) -> tuple[dict[str, float], list[float], list[dict[str, float]]]:
+    """A resumed run's evaluation before RL, as the first process measured it (eval_before.json):
+    its metrics, each question's EM and scores; all empty (and a warning) when the file is missing
+    (a run from before that file existed: its summary says n/a)."""
+    if not path.exists():
+        log.warning("%s is missing: the summary has no evaluation before RL to compare with", path)
+        return {}, [], []
+    saved = json.loads(path.read_text())
+    return saved.get("metrics", {}), saved.get("em") or [], saved.get("scores") or []

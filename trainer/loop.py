@@ -13,11 +13,10 @@ in `metrics.jsonl`.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,9 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
-from pvpo.trainer.data import Data, episode_config, load_data, loop_config, retriever_session
-from pvpo.trainer.heldout import evaluate_policy
-from pvpo.trainer.model.device import resolve_device, resolve_dtype
+from pvpo.trainer.data import Data, episode_config, load_data, loop_config, searcher_for, step_examples
+from pvpo.trainer.heldout import evaluate_policy, load_eval_before
+from pvpo.trainer.model.device import resolve_device
 from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
 from pvpo.trainer.model.memory import process_peak_rss_gib
 from pvpo.trainer.model.update import batch_logprobs, policy_update, update_token_budget
@@ -45,7 +44,7 @@ from pvpo.trainer.reference.pipeline import Reference
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
-from pvpo.trainer.setup import build_model, check_supported, estimator_state, uses_anchor
+from pvpo.trainer.setup import build_model, check_supported, estimator_state, uses_anchor, with_resolved_dtype
 from pvpo.trainer.state.checkpoint import (
     latest_checkpoint,
     load_trainer_state,
@@ -75,16 +74,6 @@ class TrainResult:
     eval_scores: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # tag -> each question's scores
     eval_base: dict[str, float] = field(default_factory=dict)  # before the warm start (run.eval_base)
     resumed_from: int = 0  # the checkpoint's step this process resumed from; 0 for a fresh run
-
-
-def step_examples(train: Sequence[QAExample], step: int, k: int, seed: int) -> list[QAExample]:
-    """The `k` prompts of `step` (1-based): consecutive slices of a per-epoch permutation."""
-    n = len(train)
-    k = min(k, n)
-    per_epoch = n // k
-    epoch, pos = divmod(step - 1, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(n)
-    return [train[int(i)] for i in perm[pos * k : (pos + 1) * k]]
 
 
 def _seed(*parts: int | str) -> int:
@@ -319,20 +308,6 @@ class Trainer:
             self.result.eval_scores[tag] = scores
         return ddp.reduce_metrics(metrics, len(share))
 
-    def _reload_eval_before(self) -> None:
-        """A resumed run's evaluation before RL, as the first process measured it (eval_before.json;
-        a run from before that file existed has none, and its summary says n/a)."""
-        path = self.files.eval_before
-        if not path.exists():
-            log.warning("%s is missing: the summary has no evaluation before RL to compare with", path)
-            return
-        saved = json.loads(path.read_text())
-        self.result.eval_before = saved.get("metrics", {})
-        if saved.get("em") and not ddp.is_distributed():
-            self.result.eval_em["before"] = saved["em"]
-        if saved.get("scores") and not ddp.is_distributed():
-            self.result.eval_scores["before"] = saved["scores"]
-
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
         cfg, seed = self.cfg, self.cfg.run.seed
@@ -435,7 +410,10 @@ class Trainer:
                     },
                 )
         elif self.data.eval:
-            self._reload_eval_before()
+            self.result.eval_before, em, scores = load_eval_before(self.files.eval_before)
+            if not ddp.is_distributed():
+                self.result.eval_em.update({"before": em} if em else {})
+                self.result.eval_scores.update({"before": scores} if scores else {})
         budget = cfg.run.rollout_budget  # when set, the run usually ends before run.steps: no step total to show
         total = cfg.run.steps if budget is None else None
         bar = Progress(desc="train", unit="step", initial=self.start_step, total=total, enabled=self.show_progress)
@@ -473,22 +451,6 @@ class Trainer:
         return self.result
 
 
-@contextlib.contextmanager
-def _maybe_searcher(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searcher | None) -> Iterator[Searcher]:
-    if searcher is not None:
-        yield searcher
-    else:
-        with retriever_session(cfg, run_dir, data.corpus_path) as s:
-            yield s
-
-
-def with_resolved_dtype(cfg: TrainConfig, device: torch.device) -> TrainConfig:
-    """`cfg` with `model.dtype: auto` replaced by what it resolves to on `device` (`resolve_dtype`),
-    so the run's config.yaml, the policy, the reference and the engines all name one dtype."""
-    dtype = resolve_dtype(cfg.model.dtype, device)
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
-
-
 def train(
     cfg: TrainConfig,
     run_dir: str | Path,
@@ -514,7 +476,7 @@ def train(
                     stack.enter_context(fresh_run_dir(run_dir, overwrite=overwrite, inputs=run_inputs(cfg)))
                 run_dir.mkdir(parents=True, exist_ok=True)
                 data = load_data(cfg, run_dir)
-                s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))
+                s = stack.enter_context(searcher_for(cfg, run_dir, data, searcher))
             trainer = stack.enter_context(
                 Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main())
             )

@@ -23,7 +23,14 @@ from pvpo.trainer.algorithms.spec import EstimatorSpec, available_estimators, ge
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import Data, episode_config
 from pvpo.trainer.heldout import evaluate_policy
-from pvpo.trainer.model.device import PhaseMemory, Placement, place_policy_model, place_reference_model, placement
+from pvpo.trainer.model.device import (
+    PhaseMemory,
+    Placement,
+    place_policy_model,
+    place_reference_model,
+    placement,
+    resolve_dtype,
+)
 from pvpo.trainer.model.policy import Policy
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.policy_engine import engine_factory, with_lora
@@ -251,3 +258,10 @@ def estimator_state(cfg: TrainConfig, spec: EstimatorSpec, model: Model, run_dir
         embed=minilm_embed,
     )
     return spec.make_state(context)
+
+
+def with_resolved_dtype(cfg: TrainConfig, device: torch.device) -> TrainConfig:
+    """`cfg` with `model.dtype: auto` replaced by what it resolves to on `device` (`resolve_dtype`),
+    so the run's config.yaml, the policy, the reference and the engines all name one dtype."""
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
