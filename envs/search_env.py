@@ -51,8 +51,19 @@ def question_from_options(options: Mapping[str, Any] | None) -> QAExample | None
     return QAExample.coerce(options["question"])
 
 
+class EpisodeRules:
+    """What `SearchEnv` and `SearchVectorEnv` hold from their keyword arguments (`set_up_episodes`)."""
+
+    config: EpisodeConfig
+    examples: list[QAExample]
+    order: str
+    retriever: Searcher
+    _owns_retriever: bool
+    _reward_fn: RewardFn
+
+
 def set_up_episodes(
-    env: Any,
+    env: EpisodeRules,
     dataset: str | Path | Sequence[QAExample] | None = "synthetic",
     *,
     retriever: Searcher | None = None,
@@ -80,7 +91,7 @@ def set_up_episodes(
     env._reward_fn = env.config.reward_fn()
 
 
-class SearchEnv(gym.Env[str, str]):
+class SearchEnv(EpisodeRules, gym.Env[str, str]):
     """Multi-turn search QA as a Gymnasium env.
 
     `reset(seed=, options={"question": QAExample | mapping})` starts an episode on the given
@@ -112,12 +123,6 @@ class SearchEnv(gym.Env[str, str]):
         """`options`: the keywords of `set_up_episodes` (retriever, protocol, reward, max_turns, ...)."""
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
-        self.config: EpisodeConfig
-        self.examples: list[QAExample]
-        self.order: str
-        self.retriever: Searcher
-        self._owns_retriever: bool
-        self._reward_fn: RewardFn
         set_up_episodes(self, dataset, **options)
         self._next_index = 0  # order="sequential": the question the next reset starts
         self.render_mode = render_mode

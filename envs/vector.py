@@ -24,15 +24,14 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from pvpo.envs.data import QAExample
-from pvpo.envs.episode import Episode, EpisodeConfig
+from pvpo.envs.episode import Episode
 from pvpo.envs.retrieval import close_retriever
-from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, set_up_episodes
+from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, EpisodeRules, set_up_episodes
 from pvpo.envs.spaces import UnicodeText
-from pvpo.retriever.types import Passage, Searcher
-from pvpo.reward import RewardFn
+from pvpo.retriever.types import Passage
 
 
-class SearchVectorEnv(VectorEnv):
+class SearchVectorEnv(EpisodeRules, VectorEnv):
     """`num_envs` search episodes stepped in lockstep; one retriever call per step.
 
     `reset(seed=, options=)` options:
@@ -61,12 +60,6 @@ class SearchVectorEnv(VectorEnv):
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
         self.num_envs = num_envs
-        self.config: EpisodeConfig
-        self.examples: list[QAExample]
-        self.order: str
-        self.retriever: Searcher
-        self._owns_retriever: bool
-        self._reward_fn: RewardFn
         set_up_episodes(self, dataset, **options)
         self._next_index = 0  # order="sequential": the question the next drawn episode starts
         self.single_observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
