@@ -14,10 +14,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from pvpo.trainer.heldout_table import per_dataset_table
+from pvpo.reward.metrics import as_golds
+from pvpo.reward.normalize import normalize_answer
+from pvpo.trainer.heldout_table import STAGES, per_dataset_table
+
+INFORMATION = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+
+
+def answer_in_reach(response: str, golds: list[str]) -> bool:
+    """Whether a golden answer (normalised as EM is) occurs in the passages the episode retrieved."""
+    seen = normalize_answer(" ".join(INFORMATION.findall(response)))
+    return any(g and f" {g} " in f" {seen} " for g in (normalize_answer(x) for x in golds))
 
 
 def read_scores(folder: Path) -> dict[str, dict[str, float]]:
@@ -36,6 +47,7 @@ def read_scores(folder: Path) -> dict[str, dict[str, float]]:
                 "cem": metric["acc"],
                 "format_ok": float(out.get("format_ok", False)),
                 "searches": float(out.get("num_searches", 0)),
+                "in_reach": float(answer_in_reach(out.get("final_response", ""), as_golds(row.get("golden_answers")))),
             }
     return scores
 
@@ -56,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     print("command: python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
     print()
     print(per_dataset_table(ids, {tag: [s[i] for i in ids] for tag, s in runs.items()}))
+    print()
+    print("| policy | answer in its retrieved passages | EM where it was | EM where it was not |")
+    print("|---|---:|---:|---:|")
+    for tag, s in runs.items():
+        reach = [s[i] for i in ids if s[i]["in_reach"]]
+        miss = [s[i] for i in ids if not s[i]["in_reach"]]
+        em_reach = sum(r["em"] for r in reach) / len(reach) if reach else float("nan")
+        em_miss = sum(r["em"] for r in miss) / len(miss) if miss else float("nan")
+        print(f"| {dict(STAGES)[tag]} | {len(reach)} of {len(ids)} | {em_reach:.3f} | {em_miss:.3f} |")
     return 0
 
 

@@ -40,6 +40,13 @@ def test_the_table_pairs_questions_by_id_per_dataset_and_overall(tmp_path, capsy
     assert "| a | 2 | +0.000 (0.000) |" in text and "| all | 4 | +0.500 (0.289, +1.7 s.e.) |" in text
 
 
+def test_an_answer_is_in_reach_only_when_a_retrieved_passage_holds_it_as_a_whole_phrase():
+    response = "<search>q</search>\n\n<information>Doc 1(Title: X) The Sparta club, founded 1888.</information>"
+    assert eval_table.answer_in_reach(response, ["sparta"]) and eval_table.answer_in_reach(response, ["The 1888"])
+    assert not eval_table.answer_in_reach(response, ["Spar"])  # a word's part is not the answer
+    assert not eval_table.answer_in_reach("<answer>Sparta</answer>", ["Sparta"])  # the answer itself is no passage
+
+
 def test_a_folder_without_predictions_is_refused_naming_it(tmp_path):
     with pytest.raises(SystemExit, match="holds no <dataset>/predictions.jsonl"):
         eval_table.main(["--rl", str(tmp_path)])
