@@ -195,15 +195,20 @@ def pull(name_or_path: str, *, force: bool = False, check_hashes: bool = True) -
         raise ModelCatalogError(
             f"{src.gguf}: sha256 {digest[:12]}... differs from the catalog's (corrupt file); fix: {src.fix}"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: Path) -> None:
         convert_gguf(src.gguf, tmp)
         _write_manifest(tmp, src, digest)
 
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_dir(target, write)
     except ModelCatalogError:
+        raise
+    except OSError as err:
+        if err.errno is None:  # not a fault of the file system: transformers' own OSError for a bad file
+            raise ModelCatalogError(f"{src.gguf}: cannot convert ({err}); fix: {src.fix}") from err
+        err.add_note(f"the model cache is {cache_dir()}: set $PVPO_CACHE_DIR to a writable folder with room")
         raise
     except Exception as err:  # a GGUF transformers cannot read: the file, not our code
         raise ModelCatalogError(f"{src.gguf}: cannot convert ({type(err).__name__}: {err}); fix: {src.fix}") from err
