@@ -205,12 +205,10 @@ def pull(name_or_path: str, *, force: bool = False, check_hashes: bool = True) -
         atomic_write_dir(target, write)
     except ModelCatalogError:
         raise
-    except OSError as err:
-        if err.errno is None:  # not a fault of the file system: transformers' own OSError for a bad file
-            raise ModelCatalogError(f"{src.gguf}: cannot convert ({err}); fix: {src.fix}") from err
-        err.add_note(f"the model cache is {cache_dir()}: set $PVPO_CACHE_DIR to a writable folder with room")
-        raise
     except Exception as err:  # a GGUF transformers cannot read: the file, not our code
+        if isinstance(err, OSError) and err.errno is not None:  # the cache's file system (full, read-only, ...)
+            err.add_note(f"the model cache is {cache_dir()}: set $PVPO_CACHE_DIR to a writable folder with room")
+            raise
         raise ModelCatalogError(f"{src.gguf}: cannot convert ({type(err).__name__}: {err}); fix: {src.fix}") from err
     return target
 
