@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pvpo.user_errors import request_traceback, stop_on_sigterm
+from pvpo.user_errors import add_note, request_traceback, stop_on_sigterm
 
 eval_app = typer.Typer(
     name="eval",
@@ -275,7 +275,7 @@ def _run(
                     overwrite=overwrite,
                 )
             except (KeyboardInterrupt, OSError) as err:  # the line it ends with says how far it got
-                err.add_note(answered_note(run_dir, len(examples)))
+                add_note(err, answered_note(run_dir, len(examples)))
                 raise
             line = f"{ds.name} ({ds.split}, N={m['n']}): EM {m['em']:.4f} (s.e. {m['em_se']:.4f})  F1 {m['f1']:.4f}  ACC {m['acc']:.4f}"
             if judge is not None:

@@ -207,7 +207,9 @@ def pull(name_or_path: str, *, force: bool = False, check_hashes: bool = True) -
         raise
     except Exception as err:  # a GGUF transformers cannot read: the file, not our code
         if isinstance(err, OSError) and err.errno is not None:  # the cache's file system (full, read-only, ...)
-            err.add_note(f"the model cache is {cache_dir()}: set $PVPO_CACHE_DIR to a writable folder with room")
+            from pvpo.user_errors import add_note
+
+            add_note(err, f"the model cache is {cache_dir()}: set $PVPO_CACHE_DIR to a writable folder with room")
             raise
         raise ModelCatalogError(f"{src.gguf}: cannot convert ({type(err).__name__}: {err}); fix: {src.fix}") from err
     return target

@@ -1,7 +1,7 @@
 """Known user mistakes (a bad path, a bad value, an unreachable server) and faults of the machine
 (a full disk, a read-only file system, a damaged file, a folder another process writes, SIGTERM
 or Ctrl-C) as one line naming the cause and the fix, instead of a traceback; `pvpo --debug ...`
-keeps the traceback. A command adds where it stopped and how to go on with `err.add_note`."""
+keeps the traceback. A command adds where it stopped and how to go on with `add_note`."""
 
 from __future__ import annotations
 
@@ -47,8 +47,18 @@ _OS_FAULTS = {
 }
 
 
+def add_note(err: BaseException, note: str) -> None:
+    """Add `note` to `err` (where the command stopped, how to go on): printed after the fix of its
+    one-line error, and in its traceback under --debug. `BaseException.add_note` from Python 3.11,
+    its attribute on 3.10."""
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:
+        err.__notes__ = [*getattr(err, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
 def _notes(err: BaseException) -> str:
-    """What the command that failed added about where it stopped (`err.add_note`), as one clause."""
+    """What the command that failed added about where it stopped (`add_note`), as one clause."""
     return "; ".join(getattr(err, "__notes__", []))
 
 

@@ -109,7 +109,7 @@ def test_hugging_face_bars_are_turned_off_only_off_a_terminal(monkeypatch) -> No
 
 
 def test_describe_names_the_file_the_cause_and_what_to_do_for_each_fault_of_the_file_system() -> None:
-    from pvpo.user_errors import describe
+    from pvpo.user_errors import add_note, describe
 
     for code, cause in [
         (errno.ENOSPC, "no space left on the device"),
@@ -117,7 +117,7 @@ def test_describe_names_the_file_the_cause_and_what_to_do_for_each_fault_of_the_
         (errno.EACCES, "permission denied"),
     ]:
         err = OSError(code, os.strerror(code), "/runs/x/checkpoints/step_000002")
-        err.add_note("continue it with `pvpo train --run-dir /runs/x --resume`")
+        add_note(err, "continue it with `pvpo train --run-dir /runs/x --resume`")
         lines = (describe(err) or "").splitlines()
         assert lines[0] == f"error: /runs/x/checkpoints/step_000002: {cause}", lines
         assert len(lines) == 2 and lines[1].startswith("  fix: ") and lines[1].endswith("--resume`"), lines

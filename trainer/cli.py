@@ -32,14 +32,14 @@ def _run_dir_session(run_dir: Path, command: str) -> Iterator[None]:
     stands and how to continue it."""
     from pvpo.locks import folder_lock
     from pvpo.trainer.state.resume import where_stopped
-    from pvpo.user_errors import stop_on_sigterm
+    from pvpo.user_errors import add_note, stop_on_sigterm
 
     lock = folder_lock(run_dir, command) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
     try:
         with lock, stop_on_sigterm():
             yield
     except (KeyboardInterrupt, OSError) as err:
-        err.add_note(where_stopped(run_dir, command))
+        add_note(err, where_stopped(run_dir, command))
         raise
 
 
