@@ -1,6 +1,7 @@
-"""A damaged index file names itself: a cut `index.faiss` or `meta.json` is one line naming the
-file and how to rebuild the index; a damaged `corpus.offsets.npy` (a cache) is rebuilt, with a
-warning naming it."""
+"""Index files under faults: a cut `index.faiss` or `meta.json` is one line naming the file and
+how to rebuild the index; a damaged `corpus.offsets.npy` (a cache) is rebuilt, with a warning
+naming it; a disk that fills up while the index is written is the full-disk error, with no
+temporary file left."""
 
 from __future__ import annotations
 
@@ -57,3 +58,29 @@ def test_a_damaged_offsets_cache_is_rebuilt_with_a_warning_naming_it(
     with caplog.at_level(logging.WARNING):
         load_retriever(bad, device="cpu").close()
     assert "damaged" not in caplog.text  # the rebuilt cache is whole
+
+
+def test_a_full_disk_while_the_index_is_written_is_the_no_space_error_naming_it(
+    index_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import faiss
+
+    import pvpo.atomic
+    from pvpo.retriever.build import build_index
+
+    out = Path(shutil.copytree(index_dir, tmp_path / "index"))  # its embeddings are reused: nothing is encoded
+    (out / "meta.json").unlink()
+    (out / "index.faiss").unlink()
+
+    def write_on_a_full_disk(index: object, path: str) -> None:
+        Path(path).write_bytes(b"half an index")
+        raise RuntimeError("Error in faiss::FileIOWriter::operator() at impl/io.cpp:113: Error: 'ret == nitems' failed")
+
+    monkeypatch.setattr(faiss, "write_index", write_on_a_full_disk)
+    monkeypatch.setattr(pvpo.atomic, "_free_bytes", lambda path: 0)
+    with pytest.raises(OSError) as info:
+        build_index(index_dir.parent / "tiny_corpus.json", out, show_progress=False, batch_size=64)
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(out / "index.faiss"))
+    assert not (out / "index.faiss.tmp").exists() and not (out / "index.faiss").exists()
