@@ -85,12 +85,16 @@ class OSFaults(Faults):
         rows = [{"id": str(i), "question": f"who is entity {i}?", "golden_answers": ["x"]} for i in range(n)]
         return self.dataset(name, jsonl(rows))
 
+    def eval_in_background(self, name: str, answers: int) -> tuple[list[str], Path, subprocess.Popen, bool]:
+        """`pvpo eval` of 24 questions, 2 in flight, into `eval_<name>`, started in the background:
+        its arguments, its predictions file, its process, and whether it saved `answers` answers."""
+        args = [*self.eval_args(self.questions(f"{name}.jsonl", 24), f"eval_{name}"), "--batch-size", "2"]
+        preds = self.work / f"eval_{name}" / name / "predictions.jsonl"
+        proc = popen(*args)
+        return args, preds, proc, wait_for(lambda: lines_of(preds) >= answers, proc)
+
     def two_evals(self) -> Row:
-        data = self.questions("twice.jsonl", 24)
-        args = [*self.eval_args(data, "eval_twice"), "--batch-size", "2"]
-        preds = self.work / "eval_twice" / "twice" / "predictions.jsonl"
-        first = popen(*args)
-        started = wait_for(lambda: lines_of(preds) >= 1, first)
+        args, preds, first, started = self.eval_in_background("twice", 1)
         second = pvpo(*args)
         out = first.communicate(timeout=600)[0]
         again = pvpo(*args)
@@ -114,7 +118,7 @@ class OSFaults(Faults):
 
     def repeated_rows(self) -> Row:
         data = self.questions("twice.jsonl", 24)
-        args = self.eval_args(data, "eval_twice")  # the folder the probe above completed
+        args = [*self.eval_args(data, "eval_twice"), "--batch-size", "2"]  # the run the probe above completed
         preds = self.work / "eval_twice" / "twice" / "predictions.jsonl"
         rows = preds.read_text().splitlines()
         preds.write_text("\n".join(rows + rows[:12] + ['{"id": "3", "quest']) + "\n")
@@ -139,7 +143,7 @@ class OSFaults(Faults):
         logged = steps(run)
         return Row(
             "a second `pvpo train --resume` while the first trains, then SIGKILL of the first and `--resume`",
-            f"second: rc {second.rc}: {first_error(second.out)[:100]}; after the kill (at step_{at:06d}): "
+            f"second: rc {second.rc}: {first_error(second.out)[:120]}; after the kill (at step_{at:06d}): "
             f"rc {res.rc}, steps {logged[0]}..{logged[-1]} logged once each",
             training
             and one_line(second.out, second.rc, f"PID {first.pid}, pvpo train")
@@ -214,7 +218,7 @@ class OSFaults(Faults):
         out = proc.stderr + proc.stdout
         return Row(
             fault,
-            f"rc {proc.returncode}: {' / '.join(error_block(out)[:2])[:170]}",
+            f"rc {proc.returncode}: {' / '.join(ln.strip() for ln in error_block(out)[:2])[:200]}",
             one_line(out, proc.returncode, "read-only"),
         )
 
@@ -255,7 +259,7 @@ class OSFaults(Faults):
         warn = next((ln for ln in out.splitlines() if "is damaged" in ln), "no warning")
         return Row(
             "a cut `corpus.offsets.npy` (a cache) at `pvpo retriever serve`",
-            f"{'serves' if up else 'does not serve'}; {warn.split(': ', 1)[-1][:130]}",
+            f"{'serves' if up else 'does not serve'}; {warn.split(': ', 1)[-1][:170]}",
             up and "corpus.offsets.npy is damaged" in warn and "rebuilding it" in warn,
         )
 
@@ -293,7 +297,7 @@ class OSFaults(Faults):
         left = [p.name for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
         return Row(
             "SIGTERM during `pvpo train`",
-            f"rc {proc.returncode}: {last[:150]}",
+            f"rc {proc.returncode}: {last[:200]}",
             running
             and proc.returncode == 143
             and last.startswith("stopped by SIGTERM: ")
@@ -302,18 +306,14 @@ class OSFaults(Faults):
         )
 
     def sigterm_eval(self) -> Row:
-        data = self.questions("stopped.jsonl", 24)
-        args = [*self.eval_args(data, "eval_stopped"), "--batch-size", "2"]
-        preds = self.work / "eval_stopped" / "stopped" / "predictions.jsonl"
-        proc = popen(*args)
-        running = wait_for(lambda: lines_of(preds) >= 2, proc)
+        args, _, proc, running = self.eval_in_background("stopped", 2)
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=120)[0]
         last = out.strip().splitlines()[-1] if out.strip() else ""
         again = pvpo(*args)
         return Row(
             "SIGTERM during `pvpo eval`, then the same command again",
-            f"rc {proc.returncode}: {last[:130]}; again: rc {again.rc}, {'N=24' if 'N=24)' in again.out else 'N≠24'}",
+            f"rc {proc.returncode}: {last[:170]}; again: rc {again.rc}, {'N=24' if 'N=24)' in again.out else 'N≠24'}",
             running
             and proc.returncode == 143
             and "run the same command again" in last
@@ -329,7 +329,7 @@ class OSFaults(Faults):
         last = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
         return Row(
             "`import pvpo.integrations.verl.agent_loop` without verl installed",
-            last[:170],
+            last,
             "pip install 'pvpo-search[verl]'" in last,
         )
 
