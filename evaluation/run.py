@@ -18,6 +18,7 @@ holding an item at all is dropped with a warning, so no question ever counts twi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -257,28 +258,16 @@ def load_done(path: Path) -> list[dict[str, Any]]:
 
 def answered_note(out_dir: str | Path, n: int) -> str:
     """How far an evaluation into `out_dir` of `n` questions got and how to finish it, for the line
-    a stopped or failed `pvpo eval` ends with."""
+    a stopped or failed `pvpo eval` ends with (the file is read as it is, not repaired)."""
     path = Path(out_dir) / PREDICTIONS
-    try:
-        done = len({str(it.get("id")) for it in _items_as_they_are(path)})
-    except OSError:
-        done = 0
-    return f"{done} of {n} answers are saved in {path}: run the same command again to answer the rest"
-
-
-def _items_as_they_are(path: Path) -> list[dict[str, Any]]:
-    """The items of a predictions file, read without repairing it (another process may hold it)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_bytes().splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
+    ids: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in path.read_bytes().splitlines() if path.exists() else []:
+            with contextlib.suppress(ValueError):
+                item = json.loads(line)
+                if isinstance(item, dict) and "id" in item:
+                    ids.add(str(item["id"]))
+    return f"{len(ids)} of {n} answers are saved in {path}: run the same command again to answer the rest"
 
 
 def write_json(path: Path, data: Any) -> None:
