@@ -31,6 +31,8 @@ class FolderInUse(Exception):
 
     def __init__(self, folder: Path, holder: str) -> None:
         self.folder, self.holder = folder, holder
+        first = holder.split(",")[0].removeprefix("PID ").strip()
+        self.pid: int | None = int(first) if first.isdigit() else None
         super().__init__(
             f"{folder} is in use by another pvpo process ({holder}): only one process may write it at a time"
         )

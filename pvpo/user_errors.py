@@ -121,8 +121,8 @@ def describe(err: BaseException) -> str | None:
             "  fix: check the URL and that the server is running"
         )
     if _is_instance(err, "pvpo.locks", "FolderInUse"):
-        pid = str(getattr(err, "holder", "")).split(",")[0].removeprefix("PID ")
-        stop = f"stop it (kill {pid}; a killed process frees the folder at once)" if pid.isdigit() else "stop it"
+        pid = getattr(err, "pid", None)
+        stop = f"stop it (kill {pid}; a killed process frees the folder at once)" if pid else "stop it"
         return f"error: {err}\n  fix: wait for that process to end, or {stop}; or write into another folder"
     if isinstance(err, OSError) and (message := os_fault(err)) is not None:
         return message
