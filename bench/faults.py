@@ -122,7 +122,7 @@ class Faults:
         (run / "notes.txt").write_text("a user's notes\n")
         return run
 
-    # ---- the failing half of the issue's table ----------------------------------------------------
+    # ---- bad data, configs and checkpoints -------------------------------------------------------
     def overwrite_bad_source(self) -> Row:
         run = self.copy_run("overwrite")
         before = snapshot(run)
@@ -586,9 +586,9 @@ def main() -> None:
         except Exception as e:  # noqa: BLE001 - a broken row is reported as one, the table still prints
             held.append(Row(name, f"the fault injection itself failed: {e!r}"[:200], False))
     tables = (
-        ("What already held", held),
-        ("What failed before issue 32", failing),
-        ("Two processes, a full disk, a damaged file, a stop signal (what failed before issue 48)", second),
+        ("First round: stops, outages, hostile clients, bad keys", held),
+        ("First round: bad data, configs and checkpoints", failing),
+        ("Second round: two processes, a full disk, a damaged file, a stop signal", second),
     )
     for title, rows in tables:
         print(f"\n{title}\n\n| fault | result | ok |\n|---|---|---|")
