@@ -293,11 +293,13 @@ class OSFaults(Faults):
         running = wait_for(lambda: latest.read_text() not in ("step_000001", "step_000002"), proc)
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=120)[0]
-        last = out.strip().splitlines()[-1] if out.strip() else ""
+        tail = out.strip().splitlines()[-2:]
+        last = tail[-1] if tail else ""
         left = [p.name for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
+        shown = last if last.startswith("stopped by") else " ⏎ ".join(tail)  # what came instead of the line
         return Row(
             "SIGTERM during `pvpo train`",
-            f"rc {proc.returncode}: {last[:200]}",
+            f"rc {proc.returncode}: {shown[:300]}{'; left ' + ', '.join(left) if left else ''}",
             running
             and proc.returncode == 143
             and last.startswith("stopped by SIGTERM: ")
