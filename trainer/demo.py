@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pvpo.atomic import atomic_write_json
+from pvpo.locks import folder_lock
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.heldout_table import per_dataset_table
@@ -348,7 +349,7 @@ def run_demo(
     """Run the demo into `run_dir`; returns the summary table (also written to summary.md).
     `fresh` replaces an earlier demo run there; a folder holding a user's files needs `overwrite`."""
     run_dir = Path(run_dir)
-    with _replace_demo(run_dir, fresh=fresh, overwrite=overwrite, cfg=cfg):
+    with folder_lock(run_dir, "pvpo demo"), _replace_demo(run_dir, fresh=fresh, overwrite=overwrite, cfg=cfg):
         return _run_demo(cfg, run_dir, fresh=fresh, show_progress=show_progress)
 
 

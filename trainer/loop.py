@@ -26,6 +26,7 @@ import torch
 
 from pvpo.atomic import atomic_write_json, read_jsonl
 from pvpo.envs.data import QAExample
+from pvpo.locks import folder_lock
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
@@ -64,7 +65,13 @@ from pvpo.trainer.state.checkpoint import (
 )
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
-from pvpo.trainer.state.resume import check_resume_config, fresh_run_dir, run_inputs
+from pvpo.trainer.state.resume import (
+    check_checkpoint_config,
+    check_resume_config,
+    config_record,
+    fresh_run_dir,
+    run_inputs,
+)
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -148,6 +155,8 @@ class Trainer:
         )
         self.cost = CostCounter()
         ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if ckpt is not None:  # a hand-edited config.yaml would continue another run from these weights
+            check_checkpoint_config(ckpt, cfg)
         if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
             restore_state_files(ckpt, self.files.state_files())
         elif ckpt is None and cfg.algorithm.anchor.reuse_from and ddp.is_main() and not self.files.anchor.exists():
@@ -417,7 +426,7 @@ class Trainer:
         """A checkpoint of `step`: weights, optimizer, RNG, cost, the estimator's state and the
         run's state files."""
         save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
-        extra = {"cost": self.cost.state_dict(), **self.estimator_state.state_dict()}
+        extra = {"cost": self.cost.state_dict(), "config": config_record(self.cfg), **self.estimator_state.state_dict()}
         save(
             self.run_dir,
             step,
@@ -507,7 +516,8 @@ def train(
 ) -> TrainResult:
     """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
-    differs from the run's own config.yaml outside `resume.SAFE_ON_RESUME` (RunDirError)."""
+    differs from the run's own config.yaml, or its checkpoint's, outside `resume.SAFE_ON_RESUME`
+    (RunDirError); a run dir another process writes is refused (`pvpo.locks.FolderInUse`)."""
     run_dir = Path(run_dir)
     device = resolve_device(cfg.model.device)
     ddp.init_from_env(device)  # under torchrun: join the process group
@@ -515,6 +525,8 @@ def train(
     try:
         with contextlib.ExitStack() as stack:
             with ddp.main_first():  # rank 0 checks the run dir, writes the corpus and builds the index
+                if ddp.is_main():  # one process writes a run dir; under torchrun rank 0 holds it for all ranks
+                    stack.enter_context(folder_lock(run_dir, "pvpo train"))
                 if resume:
                     check_resume_config(run_dir, cfg)
                 elif ddp.is_main():  # an old run is moved aside, and back if this fails before a checkpoint
