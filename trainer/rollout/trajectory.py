@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 # where a model turn's log-probs come from: the engine that sampled it ("sampler"), an endpoint
 # that reported them over the policy's tokenization ("endpoint"), a deterministic script (the
 # oracle or a dataset's GT: "script", pi = 1), the reference policy's ("reference"), or none ("":
