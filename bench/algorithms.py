@@ -280,10 +280,10 @@ def run_plan(
     return k
 
 
-def report_from(results: Path, out: Path, readme: Path | None = None) -> str:
+def report_from(results: Path, out: Path, readme: Path | None = None, plot: Path | None = None) -> str:
     """The report of the results directory `results` alone (`algorithms_results`): `results.md`
-    in `out`, the plot where its plan says, and with `readme` that README's block of `results`
-    rewritten in place. Returns results.md's text followed by the README block."""
+    in `out`, the plot at `plot` (default: where its plan says), and with `readme` that README's
+    block of `results` rewritten in place. Returns results.md's text followed by the README block."""
     doc = read_bench(results)
     plan, settings = doc["plan"], doc["settings"]
     warm = load_warm(results / "warm.json")
@@ -326,9 +326,11 @@ def report_from(results: Path, out: Path, readme: Path | None = None) -> str:
         final=final,
         epochs=plan["amortise_epochs"],
         out=out,
-        plot=REPO / plan["plot"],
+        plot=plot if plot is not None else REPO / plan["plot"],
     )
-    block = readme_block(final, warm, sweep, plan["lr_grid"], plan["amortise_epochs"], plan.get("lr_from"))
+    block = readme_block(
+        final, warm, sweep, plan["lr_grid"], plan["amortise_epochs"], plan.get("lr_from"), record=lines
+    )
     if readme is not None and final:
         replace_readme_block(readme, _rel(results), block)
     return text + "\n" + block
@@ -394,7 +396,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--results", type=Path, default=REPO / "bench" / "results" / "algorithms", help="the per-run results (shipped)"
     )
-    ap.add_argument("--plot", type=Path, default=None, help="the plot's path (default: <results>/em_vs_cost.png)")
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="the plot's path (default: <results>/em_vs_cost.png, or as recorded there)",
+    )
     ap.add_argument("--readme", type=Path, default=None, help="rewrite this README's block of --results")
     ap.add_argument(
         "--report-only", action="store_true", help="recompute the report from --results alone (trains nothing)"
@@ -402,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config, for every run")
     args = ap.parse_args(argv)
     if args.report_only:
-        print(report_from(args.results, args.out, args.readme))
+        print(report_from(args.results, args.out, args.readme, args.plot))
         print(f"wrote {args.out / 'results.md'}", file=sys.stderr)
         return
     for flag, v in (("--steps", args.steps), ("--evals", args.evals), ("--jobs", args.jobs)):

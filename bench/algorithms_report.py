@@ -400,6 +400,36 @@ def readme_table(
     return "\n".join(rows)
 
 
+def headline_lines(final: dict[Key, list[dict[str, Any]]], warm: dict[str, Any]) -> str:
+    """PVPO at N=2 against GRPO at N=5, with Group Sampling (its GT rows are oracle trajectories)
+    and without it (the anchor alone), side by side; empty when those arms did not run."""
+    base = HEADLINE[1]
+    if base not in final:
+        return ""
+    gt = warm.get("group_sampling", {}).get("gs/gt_frac", 0.0)
+    arms = (
+        (
+            HEADLINE[0],
+            "PVPO with Group Sampling, N=2 (its GT rows are the synthetic world's oracle trajectories, on the "
+            f"{gt:.1%} of the RL prompts the reference never solves)",
+        ),
+        (("pvpo", 2), "PVPO without Group Sampling (the anchor alone), N=2"),
+    )
+    words = {
+        "A > B": f"above {base[0].upper()} N={base[1]} by more than 2 s.e.",
+        "A < B": f"below {base[0].upper()} N={base[1]} by more than 2 s.e.",
+        "not resolved": "not resolved at 2 s.e.",
+    }
+    lines = []
+    for key, label in arms:
+        if key in final:
+            c = compare(final_em(final[key]), final_em(final[base]))
+            lines.append(
+                f"- **{label} - {base[0].upper()} N={base[1]}: {c.diff:+.3f} +- {c.se:.3f}**, {words[c.verdict()]}"
+            )
+    return "\n".join(lines)
+
+
 def readme_block(
     final: dict[Key, list[dict[str, Any]]],
     warm: dict[str, Any],
@@ -407,15 +437,19 @@ def readme_block(
     grid: Sequence[float],
     epochs: float,
     lr_from: str | None = None,
+    record: Sequence[str] = (),
 ) -> str:
-    """What the README shows of a benchmark, all of it computed here: `readme_table`, the paired
-    comparisons and the Fig. 4 verdict."""
+    """What the README shows of a benchmark, all of it computed here: the record of the runs,
+    `readme_table`, the headline comparisons (`headline_lines`), all paired comparisons and the
+    Fig. 4 verdict."""
     start = warm["start"]["test"]["em_q"]
     parts = [
+        "\n".join(f"- {line}" for line in record),
         readme_table(final, start, warm, sweep, grid, epochs, lr_from),
+        headline_lines(final, warm),
         f"Paired on the same {len(start)} test questions (s.e. over questions and seeds together; a difference is "
         "resolved beyond 2 s.e.):",
         pairs_table(final),
         fig4_verdict(final, start, warm, epochs),
     ]
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(p for p in parts if p) + "\n"

@@ -319,3 +319,31 @@ def test_every_registered_estimator_runs_in_the_benchmark(tmp_path: Path):
     assert final["pvpo"]["uses_anchor"] and not final["pvpo"]["group_sampling"] and not final["grpo"]["uses_anchor"]
     text = (out / "results.md").read_text()
     assert all(f"| {a} | 2 | 0.0003 | 1 |" in text for a in final)
+
+
+SHIPPED = sorted(p.parent for p in (BENCH / "results").glob("algorithms*/bench.json"))
+
+
+@pytest.mark.parametrize("results", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_the_readme_block_and_the_plot_are_recomputed_from_the_shipped_results_alone(results: Path, tmp_path: Path):
+    """`--report-only` on the committed per-run JSON (no run folder) prints the README's block
+    exactly, and draws the committed plot byte for byte (with the matplotlib it was drawn with)."""
+    import matplotlib
+
+    from algorithms_results import REPO, read_bench
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    source = results.relative_to(REPO).as_posix()
+    shipped = algorithms.readme_block_of(readme, source)
+    assert shipped is not None, f"README.md has no block generated from {source}"
+    plot = tmp_path / "plot.png"
+    text = algorithms.report_from(results, tmp_path / "out", plot=plot)
+    assert text.endswith("\n" + shipped)
+    doc = read_bench(results)
+    drawn_with = {inv["machine"]["matplotlib"] for inv in doc["invocations"]}
+    if drawn_with == {matplotlib.__version__}:
+        assert plot.read_bytes() == (REPO / doc["plan"]["plot"]).read_bytes()
+
+
+def test_the_repository_ships_the_headline_benchmarks_results():
+    assert {p.name for p in SHIPPED} >= {"algorithms"}
