@@ -464,15 +464,17 @@ def main(argv: list[str] | None = None) -> None:
 
         build_index(testbed.data.corpus_path, index, model=config(settings, []).retriever.encoder)
     topk = _topk(settings)
+    # the plan of every invocation into these results together (e.g. two invocations for two sets of arms)
+    old = doc["plan"]
     doc["plan"] = {
-        "algorithms": algs,
-        "n": ns,
-        "seeds": seeds,
-        "sweep_seeds": [] if fixed is not None else sweep_seeds,
-        "lr_grid": grid if fixed is None else sorted(set(fixed.values())),
+        "algorithms": _union(old.get("algorithms", []), algs),
+        "n": _union(old.get("n", []), ns),
+        "seeds": _union(old.get("seeds", []), seeds),
+        "sweep_seeds": _union(old.get("sweep_seeds", []), [] if fixed is not None else sweep_seeds),
+        "lr_grid": sorted(_union(old.get("lr_grid", []), grid if fixed is None else sorted(set(fixed.values())))),
         "lr_from": _rel(args.lr_from) if args.lr_from is not None else None,
         "amortise_epochs": args.amortise_epochs,
-        "plot": _rel(args.plot if args.plot is not None else args.results / "em_vs_cost.png"),
+        "plot": _rel(args.plot) if args.plot is not None else old.get("plot", _rel(args.results / "em_vs_cost.png")),
     }
     # this invocation's record, rewritten after each run it trains: an interrupted one keeps its share
     doc["invocations"].append(invocation_record(command, t_start, load_start, 0))
@@ -496,6 +498,10 @@ def main(argv: list[str] | None = None) -> None:
     save_bench(args.results, doc)
     print(report_from(args.results, args.out, args.readme))
     print(f"wrote {args.results} and {args.out / 'results.md'}", file=sys.stderr)
+
+
+def _union(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+    return list(dict.fromkeys([*a, *b]))
 
 
 def _topk(settings: Settings) -> int:

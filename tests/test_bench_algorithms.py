@@ -329,7 +329,6 @@ def test_the_readme_block_and_the_plot_are_recomputed_from_the_shipped_results_a
     """`--report-only` on the committed per-run JSON (no run folder) prints the README's block
     exactly, and draws the committed plot byte for byte (with the matplotlib it was drawn with)."""
     import matplotlib
-
     from algorithms_results import REPO, read_bench
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
