@@ -126,28 +126,16 @@ def stored_runs(results: Path, stage: str) -> list[dict[str, Any]]:
 
 
 def settings_record(settings: Any) -> dict[str, Any]:
-    """What every run of a results directory depends on (`algorithms_runs.Settings`)."""
-    text = settings.config.read_bytes() if settings.config.exists() else b""
+    """What every run of a results directory depends on (`algorithms_runs.Settings`): the config
+    (its path inside the repository and the sha256 of its text) and the schedule."""
+    from algorithms_runs import schedule_record
+
+    path = settings.config.resolve()
     return {
-        "config": str(settings.config.resolve().relative_to(REPO))
-        if _inside_repo(settings.config)
-        else str(settings.config),
-        "config_sha256": hashlib.sha256(text).hexdigest(),
-        "overrides": list(settings.overrides),
-        "steps": settings.steps,
-        "evals": settings.evals,
-        "warm_steps": list(settings.warm_steps),
-        "warm_seed": settings.warm_seed,
-        "warm_band": list(settings.warm_band),
+        "config": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path),
+        "config_sha256": hashlib.sha256(path.read_bytes() if path.exists() else b"").hexdigest(),
+        **schedule_record(settings),
     }
-
-
-def _inside_repo(path: Path) -> bool:
-    try:
-        path.resolve().relative_to(REPO)
-    except ValueError:
-        return False
-    return True
 
 
 def read_bench(results: Path) -> dict[str, Any]:

@@ -97,6 +97,19 @@ class Testbed:
     uids: dict[str, list[str]] = field(default_factory=dict)
 
 
+def schedule_record(settings: Settings) -> dict[str, Any]:
+    """What every run of a benchmark shares besides its config: overrides, steps, evaluations and
+    the warm start."""
+    return {
+        "overrides": list(settings.overrides),
+        "steps": settings.steps,
+        "evals": settings.evals,
+        "warm_steps": list(settings.warm_steps),
+        "warm_seed": settings.warm_seed,
+        "warm_band": list(settings.warm_band),
+    }
+
+
 def check_settings(settings: Settings) -> None:
     """Record in `<out>/bench.json` what every run of `settings.out` depends on (the config and its
     text, the overrides, steps, evaluations, the warm start), and refuse other values there: a kept
@@ -106,12 +119,7 @@ def check_settings(settings: Settings) -> None:
     record = {
         "config": str(settings.config),
         "config_text": settings.config.read_text(encoding="utf-8") if settings.config.exists() else None,
-        "overrides": list(settings.overrides),
-        "steps": settings.steps,
-        "evals": settings.evals,
-        "warm_steps": list(settings.warm_steps),
-        "warm_seed": settings.warm_seed,
-        "warm_band": list(settings.warm_band),
+        **schedule_record(settings),
     }
     path = settings.out / "bench.json"
     if path.exists():
