@@ -200,12 +200,14 @@ class Plan:
 
 def picks_of(results: Path, algs: Sequence[str], ns: Sequence[int]) -> dict[Key, float]:
     """The learning rates another benchmark's sweep picked (its results directory), for `algs` x `ns`."""
+    plan = read_bench(results)["plan"]
+    need = len(plan["lr_grid"]) * len(plan["sweep_seeds"])
     scores: dict[Key, dict[float, list[float]]] = {}
     for r in stored_runs(results, "sweep"):
         scores.setdefault((r["alg"], r["n"]), {}).setdefault(r["lr"], []).append(r["em"])
-    missing = [f"{a} N={n}" for n in ns for a in algs if (a, n) not in scores]
+    missing = [f"{a} N={n}" for n in ns for a in algs if sum(map(len, scores.get((a, n), {}).values())) < need]
     if missing:
-        raise SystemExit(f"--lr-from {results}: no sweep of {', '.join(missing)} there")
+        raise SystemExit(f"--lr-from {results}: the sweep of {', '.join(missing)} has not finished there")
     return {(a, n): pick_lr(scores[(a, n)]) for n in ns for a in algs}
 
 
