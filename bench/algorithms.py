@@ -85,6 +85,7 @@ from algorithms_results import (  # noqa: E402
     export,
     invocation_record,
     load_warm,
+    machine_record,
     read_bench,
     save_bench,
     settings_record,
@@ -447,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
     fixed = picks_of(args.lr_from, algs, ns) if args.lr_from is not None else None
     check_settings(settings)
     doc = check_results(args.results, settings_record(settings))
-    t_start, load_start = time.perf_counter(), os.getloadavg()[0]
+    t_start, load_start, machine = time.perf_counter(), os.getloadavg()[0], machine_record()
     command = f"python bench/algorithms.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
     print(f"command: {command}\n", file=sys.stderr)
     sweep = [] if fixed is not None else sweep_jobs(algs, ns, grid, sweep_seeds)
@@ -479,13 +480,13 @@ def main(argv: list[str] | None = None) -> None:
         "plot": _rel(args.plot) if args.plot is not None else old.get("plot", _rel(args.results / "em_vs_cost.png")),
     }
     # this invocation's record, rewritten after each run it trains: an interrupted one keeps its share
-    doc["invocations"].append(invocation_record(command, t_start, load_start, 0))
+    doc["invocations"].append(invocation_record(command, machine, t_start, load_start, 0))
     save_bench(args.results, doc)
 
     def on_done(job: Job, result: dict[str, Any]) -> None:
         export(args.results, None, {(job.stage, job.name): result})
         doc["invocations"][-1] = invocation_record(
-            command, t_start, load_start, doc["invocations"][-1]["runs_trained"] + 1
+            command, machine, t_start, load_start, doc["invocations"][-1]["runs_trained"] + 1
         )
         save_bench(args.results, doc)
 

@@ -170,9 +170,9 @@ def save_bench(results: Path, doc: dict[str, Any]) -> None:
 
 
 def machine_record() -> dict[str, Any]:
-    """The hardware and software a benchmark ran on: CPU model, cores and vector flags, Python,
+    """The hardware and software a benchmark runs on: CPU model, cores and vector flags, Python,
     torch, transformers and matplotlib versions, the commit (with `+changes` when tracked files
-    differ from it)."""
+    of `CODE` differ from it)."""
     cpu, flags = platform.processor() or platform.machine(), set()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -198,24 +198,31 @@ def machine_record() -> dict[str, Any]:
     }
 
 
+# what a run executes or reads (a change elsewhere, e.g. to the README, changes no result)
+CODE = ("bench", "configs", "envs", "evaluation", "pvpo", "retriever", "reward", "trainer", "pyproject.toml")
+
+
 def _commit() -> str | None:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
     try:
         head = git("rev-parse", "--short=12", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+changes" if changed else "")
 
 
-def invocation_record(command: str, started: float, load_start: float, runs_trained: int) -> dict[str, Any]:
-    """One invocation that trained runs: its command, machine, niceness, load average at its start
-    and end, when it finished (UTC), its wall time and the number of runs it trained."""
+def invocation_record(
+    command: str, machine: dict[str, Any], started: float, load_start: float, runs_trained: int
+) -> dict[str, Any]:
+    """One invocation that trained runs: its command, the machine and commit it started on
+    (`machine_record` at its start: the code it runs), niceness, load average at its start and
+    end, when it finished (UTC), its wall time and the number of runs it trained."""
     return {
         "command": command,
-        "machine": machine_record(),
+        "machine": machine,
         "niceness": os.nice(0),
         "load_average": [round(load_start, 1), round(os.getloadavg()[0], 1)],
         "finished_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
