@@ -40,7 +40,7 @@ from typing import Any
 
 from pvpo.stats import paired_difference, standard_error
 
-CONFIG = "real_smollm2_hotpotqa_musique"
+CONFIG = "real_smollm2_multihop"
 DEFAULT_ARMS = "pvpo+gs:2,grpo:4"
 ESTIMATORS = {"pvpo+gs": ("pvpo", True), "pvpo": ("pvpo", False), "grpo": ("grpo", False), "rloo": ("rloo", False)}
 
@@ -93,13 +93,22 @@ def parse_arms(spec: str) -> list[Arm]:
 
 
 def arm_overrides(
-    arm: Arm, *, start: Path, data: Sequence[Path], steps: int, seed: int, common: Sequence[str] = ()
+    arm: Arm,
+    *,
+    start: Path,
+    data: Sequence[Path],
+    steps: int,
+    seed: int,
+    common: Sequence[str] = (),
+    split: str = "validation",
 ) -> list[str]:
-    """The recipe config's overrides for `arm`: RL only, from `start`, no base-model evaluation;
-    then `common` (every arm's, e.g. a larger held-out split), then the arm's own."""
+    """The recipe config's overrides for `arm`: RL only, from `start`, no base-model evaluation,
+    evaluated on `split` (validation: settings are chosen there, never on the held-out set); then
+    `common` (every arm's), then the arm's own."""
     estimator, gs = ESTIMATORS[arm.algorithm]
     return [
         f"data.source=[{', '.join(str(p) for p in data)}]",
+        f"data.evaluate_on={split}",
         f"model.path={start}",
         "model.warm_start_steps=0",
         "run.eval_base=false",
@@ -113,7 +122,7 @@ def arm_overrides(
     ]
 
 
-def check_configs(arms: Sequence[Arm], **overrides: Any) -> None:
+def check_configs(arms: Sequence[Arm], config: str = CONFIG, **overrides: Any) -> None:
     """Load every arm's recipe config with its overrides before the first arm runs: an unknown key
     or a bad value in the last arm is a ValueError now, not after the other arms' hours."""
     from pvpo.trainer.config.presets import preset_path
@@ -121,7 +130,7 @@ def check_configs(arms: Sequence[Arm], **overrides: Any) -> None:
 
     for arm in arms:
         try:
-            load_config(preset_path(CONFIG), arm_overrides(arm, **overrides))
+            load_config(preset_path(config), arm_overrides(arm, **overrides))
         except ConfigError as e:
             raise ValueError(f"arm {arm.label}: {' '.join(str(e).split())}") from None
 
@@ -131,14 +140,14 @@ def finished(run_dir: Path) -> bool:
     return (run_dir / "summary.md").is_file() and (run_dir / "held_out_em.json").is_file()
 
 
-def run_arm(arm: Arm, out: Path, overrides: list[str]) -> float:
-    """Run `arm`'s demo into OUT/<arm>; its wall time in seconds (0 when it had finished)."""
+def run_arm(arm: Arm, out: Path, overrides: list[str], config: str = CONFIG) -> float:
+    """Run `arm`'s demo of `config` into OUT/<arm>; its wall time in seconds (0 when it had finished)."""
     run_dir = out / arm.name
     if finished(run_dir):
         print(f"[{arm.name}] finished earlier, kept", flush=True)
         return 0.0
     resume = (run_dir / "checkpoints" / "latest").exists()  # a killed arm goes on from its last checkpoint
-    cmd = [sys.executable, "-m", "pvpo.cli", "demo", "--config", CONFIG, "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "pvpo.cli", "demo", "--config", config, "--run-dir", str(run_dir)]
     cmd += ["--resume", *overrides] if resume else overrides
     print(f"[{arm.name}] {shlex.join(cmd)}", flush=True)
     t0 = time.perf_counter()
@@ -157,6 +166,7 @@ def load_arm(run_dir: Path) -> dict[str, Any]:
         "questions": em["questions"],
         "before": em["em"]["before"],
         "after": em["em"]["after"],
+        "scores": em.get("scores", {}),
         "last": rows[-1],
         "eval_row": next((r for r in reversed(rows) if "eval/accuracy" in r), {}),
         "wall_s": float(wall.read_text()) if wall.exists() else None,
@@ -167,21 +177,30 @@ def _f(v: float | None, fmt: str = ".3f") -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
-def report(arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str, machine: str) -> str:
-    """results.md: one row per arm, then each arm against the first, paired on the same questions."""
+def report(
+    arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str, machine: str, split: str = "validation"
+) -> str:
+    """results.md: one row per arm, then each arm against the first, paired on the same questions,
+    and each arm's EM by dataset."""
     first = runs[arms[0].name]
     for arm in arms[1:]:
         if runs[arm.name]["questions"] != first["questions"]:
-            raise ValueError(f"{arm.name} was evaluated on other held-out questions than {arms[0].name}")
+            raise ValueError(f"{arm.name} was evaluated on other {split} questions than {arms[0].name}")
     n_q = len(first["questions"])
+    datasets = sorted({q.split("/", 1)[0] for q in first["questions"]})
     lines = [
-        "# RL arms from one warm start on the real model (SmolLM2-135M-Instruct, HotpotQA + MuSiQue)",
+        f"# RL arms from one warm start on the real model (SmolLM2-135M-Instruct; {', '.join(datasets)})",
         "",
         f"machine: {machine}",
         f"command: `{command}`",
         "",
-        f"Held-out: {n_q} questions, greedy, in neither SFT nor RL. One RL seed per arm: standard errors are "
-        "over questions only (paired where two columns share questions).",
+        f"Evaluated on the {split} split: {n_q} questions, greedy, in neither SFT nor RL"
+        + (
+            " (settings are chosen here; the held-out set is never evaluated by an arm)"
+            if split == "validation"
+            else ""
+        )
+        + ". One RL seed per arm: standard errors are over questions only (paired where two columns share questions).",
         "",
         "| arm | model rollouts (anchor incl.) | tool calls (all-in) | policy tokens | EM start | EM after "
         "| gain (paired s.e.) | F1 after | format ok after | wall (s) |",
@@ -204,10 +223,22 @@ def report(arms: Sequence[Arm], runs: dict[str, dict[str, Any]], *, command: str
         z = diff / se if se else 0.0
         verdict = "resolved" if abs(z) >= 2 else "not resolved"
         lines.append(
-            f"- {arms[0].label} - {arm.label}, held-out EM after RL: {diff:+.3f} "
+            f"- {arms[0].label} - {arm.label}, {split} EM after RL: {diff:+.3f} "
             f"(paired s.e. {se:.3f}, {z:+.1f} s.e.: {verdict} at 2 s.e.; this design resolves differences of about "
             f"{2 * se:.2f} EM)"
         )
+    if len(datasets) > 1:
+        lines += ["", "| arm | " + " | ".join(f"{d}: EM after (gain, paired s.e.)" for d in datasets) + " |"]
+        lines.append("|---|" + "---|" * len(datasets))
+        for arm in arms:
+            r = runs[arm.name]
+            cells = []
+            for d in datasets:
+                idx = [i for i, q in enumerate(r["questions"]) if q.split("/", 1)[0] == d]
+                b, a = [r["before"][i] for i in idx], [r["after"][i] for i in idx]
+                gain, se = paired_difference(b, a)
+                cells.append(f"{sum(a) / len(a):.3f} ({gain:+.3f}, {se:.3f})")
+            lines.append(f"| {arm.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -243,6 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a config override for every arm (repeatable), e.g. --set data.held_out_examples=100",
     )
+    ap.add_argument("--config", default=CONFIG, help=f"the recipe preset the arms run (default {CONFIG})")
+    ap.add_argument(
+        "--split",
+        choices=("validation", "held_out"),
+        default="validation",
+        help="what the arms are evaluated on: validation (default; the recipe's settings are chosen there) or "
+        "held_out (only for a config without a validation split)",
+    )
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from finished arms")
     args = ap.parse_args(argv)
     try:
@@ -259,19 +298,30 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--data: no such file: {', '.join(missing)}")
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        common = {"start": args.start, "data": args.data, "steps": args.steps, "seed": args.seed, "common": args.common}
+        common = {
+            "start": args.start,
+            "data": args.data,
+            "steps": args.steps,
+            "seed": args.seed,
+            "common": args.common,
+            "split": args.split,
+        }
         try:
-            check_configs(arms, **common)
+            check_configs(arms, args.config, **common)
         except ValueError as e:
             ap.error(str(e))
         for arm in arms:
-            run_arm(arm, args.out, arm_overrides(arm, **common))
+            run_arm(arm, args.out, arm_overrides(arm, **common), args.config)
     unfinished = [a.name for a in arms if not finished(args.out / a.name)]
     if unfinished:
         ap.error(f"unfinished arms under {args.out}: {', '.join(unfinished)}; run without --report-only")
     runs = {a.name: load_arm(args.out / a.name) for a in arms}
     text = report(
-        arms, runs, command=shlex.join(["python", "bench/real_algorithms.py", *sys.argv[1:]]), machine=machine()
+        arms,
+        runs,
+        command=shlex.join(["python", "bench/real_algorithms.py", *sys.argv[1:]]),
+        machine=machine(),
+        split=args.split,
     )
     (args.out / "results.md").write_text(text)
     print(text)

@@ -180,20 +180,109 @@ def hotpotqa_plan(example: QAExample) -> Plan:
     return Plan(example.uid, tuple(hops), answer, fallback=titled)
 
 
+def _evidence_title(subject: str, index: int, titles: Sequence[str], n_triples: int) -> str | None:
+    """The supporting paragraph a 2Wiki evidence triple's subject names: the title itself (case
+    aside), the title without its disambiguation, the annotation's title at the same position when
+    there is one triple per title, else the title sharing the most words (None when none shares one)."""
+    low = subject.lower()
+    for t in titles:
+        if t.lower() == low or _base_title(t).lower() == _base_title(subject).lower():
+            return t
+    if n_triples == len(titles):
+        return titles[index]
+    words = set(low.split())
+    best = max(titles, key=lambda t: len(words & set(t.lower().split())), default=None)
+    return best if best is not None and words & set(best.lower().split()) else None
+
+
+def twowiki_plan(example: QAExample) -> Plan:
+    """The plan of a 2WikiMultihopQA question from its `evidences` triples (subject, relation,
+    object) and `supporting_facts`: one search per supporting paragraph, in the annotation's order,
+    each finding quoting the paragraph's supporting sentences and stating its triples ("The
+    director of X is Y."). A paragraph the question names is searched by its title; one reached
+    through an earlier hop (a bridge entity) by the name that hop learnt (the triple's object, the
+    only name a policy has read), with the titled plan as a fallback."""
+    triples = [t for t in example.metadata.get("evidences") or [] if isinstance(t, Sequence) and len(t) == 3]
+    if not triples:
+        raise NoPlan("no evidences triples")
+    titles = list(dict.fromkeys(str(f[0]) for f in example.metadata.get("supporting_facts") or [] if f))
+    by_title = {p.title: p for p in example.paragraphs}
+    missing = [t for t in titles if t not in by_title]
+    if not titles or missing:
+        raise NoPlan(f"supporting_facts name paragraph(s) the example does not hold: {missing or 'none given'}")
+    grouped: dict[str, dict[tuple[str, str], list[str]]] = {}
+    for i, (subject, relation, obj) in enumerate(triples):
+        title = _evidence_title(str(subject), i, titles, len(triples))
+        if title is None:
+            raise NoPlan(f"evidence subject {subject!r} names none of the supporting paragraphs {titles}")
+        grouped.setdefault(title, {}).setdefault((str(subject), str(relation)), []).append(str(obj))
+    given = example.metadata.get("supporting_sentences") or {}
+    learnt: dict[str, str] = {}  # a later hop's title -> the object naming it in an earlier hop
+    hops, titled = [], []
+    for title in [t for t in titles if t in grouped] + [t for t in grouped if t not in titles]:
+        paragraph = by_title[title]
+        evidence = tuple(given[title]) if given.get(title) else tuple(_fact(paragraph, [0]))
+        stated = " ".join(
+            f"The {rel} of {subj} is {' and '.join(objs)}." for (subj, rel), objs in grouped[title].items()
+        )
+        hop = Hop(title, paragraph, f"{' '.join(evidence)} {stated}", evidence=evidence)
+        titled.append(hop)
+        name = learnt.get(title)
+        hops.append(replace(hop, query=name) if name and not _mentions(example.question, title) else hop)
+        for objs in grouped[title].values():
+            for obj in objs:
+                for later in titles:
+                    if later != title and later not in learnt and _same_entity(obj, later):
+                        learnt[later] = obj
+    answer = _answer(example)
+    plan_titled = Plan(example.uid, tuple(titled), answer)
+    if hops == titled:
+        return plan_titled
+    return Plan(example.uid, tuple(hops), answer, fallback=plan_titled)
+
+
+def _same_entity(name: str, title: str) -> bool:
+    """Whether `name` (an evidence triple's object) names the paragraph titled `title`: equal
+    without the title's disambiguation, or sharing its first and last word (`Jacqueline Bouvier`
+    and `Jacqueline Kennedy Onassis` do not; `Edward Dillon` and `Edward Dillon (actor)` do)."""
+    a, b = name.lower().split(), _base_title(title).lower().split()
+    return bool(a and b) and (a == b or (a[0] == b[0] and a[-1] == b[-1]))
+
+
 def _answer(example: QAExample) -> str:
     if not example.golden_answers:
         raise NoPlan("no golden answer")
     return example.golden_answers[0]
 
 
+def has_supporting_paragraphs(example: QAExample) -> bool:
+    """Whether the example's own paragraphs hold its evidence: every paragraph its supporting
+    facts name (HotpotQA, 2Wiki), every hop's paragraph (MuSiQue), or at least one paragraph
+    marked supporting (other formats)."""
+    steps = example.metadata.get("question_decomposition")
+    if steps:
+        return all(step.get("paragraph") is not None for step in steps)
+    facts = example.metadata.get("supporting_facts")
+    if facts:
+        titles = {p.title for p in example.paragraphs}
+        named = facts.get("title", []) if isinstance(facts, dict) else [f[0] for f in facts if f]
+        return all(str(t) in titles for t in named)
+    return any(p.is_supporting for p in example.paragraphs)
+
+
 def dataset_plan(example: QAExample) -> Plan:
-    """The plan from whichever annotation the example carries (MuSiQue's decomposition first);
+    """The plan from whichever annotation the example carries (MuSiQue's decomposition first, then
+    2Wiki's evidence triples, then HotpotQA's supporting facts);
     NoPlan saying why when it carries none a plan can be written from."""
     if example.metadata.get("question_decomposition"):
         return musique_plan(example)
+    if example.metadata.get("evidences"):
+        return twowiki_plan(example)
     if example.metadata.get("supporting_facts"):
         return hotpotqa_plan(example)
-    raise NoPlan("neither question_decomposition (MuSiQue) nor supporting_facts (HotpotQA)")
+    raise NoPlan(
+        "neither question_decomposition (MuSiQue), evidences (2WikiMultihopQA) nor supporting_facts (HotpotQA)"
+    )
 
 
 def plan_turns(plan: Plan, protocol: TagProtocol = SEARCH_R1) -> list[str]:

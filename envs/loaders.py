@@ -344,10 +344,28 @@ def _parse_musique(r: Record, name: str, i: int) -> QAExample:
     )
 
 
+def _flat_facts(facts: Any) -> Any:
+    """`supporting_facts` as `[title, sentence_id]` pairs: some HotpotQA releases write a fact as
+    `[title, [ids], [sentences], {document}]` (87 of 683 in the hard dev sample); the Hugging Face
+    mapping layout is kept as it is."""
+    if isinstance(facts, Mapping) or not facts:
+        return facts
+    out = []
+    for fact in facts:
+        if isinstance(fact, Sequence) and not isinstance(fact, str) and len(fact) > 1 and isinstance(fact[1], list):
+            out += [[fact[0], sid] for sid in fact[1]]
+        else:
+            out.append(fact)
+    return out
+
+
 def _parse_hotpot_like(r: Record, name: str, i: int) -> QAExample:
-    supporting = _supporting_titles(r.get("supporting_facts", []))
-    meta = {k: r[k] for k in ("type", "level", "supporting_facts", "evidences") if k in r}
-    sentences = _supporting_sentences(r.get("context", []), r.get("supporting_facts", []))
+    facts = _flat_facts(r.get("supporting_facts", []))
+    supporting = _supporting_titles(facts)
+    meta = {k: r[k] for k in ("type", "level", "evidences") if k in r}
+    if "supporting_facts" in r:
+        meta["supporting_facts"] = facts
+    sentences = _supporting_sentences(r.get("context", []), facts)
     if sentences:
         meta["supporting_sentences"] = sentences
     return QAExample(

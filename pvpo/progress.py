@@ -44,7 +44,11 @@ class Progress:
         enabled: bool = True,
         stream: TextIO | None = None,
         every_s: float | None = None,
+        brief: bool = False,
     ) -> None:
+        """`brief`: a phase inside longer work (a step's rollouts, its update): on a terminal its bar
+        is cleared when it ends; off one it writes no line when it starts, and one when it ends
+        only if it wrote any before (a phase shorter than `every_s` leaves no line)."""
         self.iterable = iterable
         self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)  # type: ignore[arg-type]
         self.desc, self.unit, self.n, self.initial = desc, unit, initial, initial
@@ -55,17 +59,25 @@ class Progress:
         self._log = False
         self._closed = False
         self._t0 = self._last = time.monotonic()
+        self._brief, self._lines = brief, 0
         if not enabled:
             return
         if getattr(self.stream, "isatty", lambda: False)():
             from tqdm.auto import tqdm
 
             self._bar = tqdm(
-                total=self.total, initial=initial, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True
+                total=self.total,
+                initial=initial,
+                desc=desc,
+                unit=unit,
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=not brief,
             )
         else:
             self._log = True
-            self._line()
+            if not brief:
+                self._line()
 
     def _line(self, final: bool = False) -> None:
         elapsed = time.monotonic() - self._t0
@@ -80,6 +92,7 @@ class Progress:
         text = f"{self.desc}: {state + ' ' if state else ''}{count} {self.unit}{pct}, {elapsed:.0f} s{left}{post}"
         print(text, file=self.stream, flush=True)
         self._last = time.monotonic()
+        self._lines += 1
 
     def update(self, n: int = 1) -> None:
         """Count `n` more units done."""
@@ -102,7 +115,7 @@ class Progress:
         self._closed = True
         if self._bar is not None:
             self._bar.close()
-        elif self._log:
+        elif self._log and (self._lines or not self._brief):
             self._line(final=True)
 
     def __iter__(self) -> Iterator[Any]:

@@ -30,6 +30,13 @@ EMB_DIR = "embeddings"
 DEFAULT_SEARCH_PARAMS = {"nprobe": 32, "efSearch": 128}
 
 
+# Passages per encoder batch. On CPU small batches win: MiniLM over 384 HotpotQA paragraphs (578
+# characters mean) on 2 AVX-512 cores encoded 31.5 passages/s at batch 32 vs 19.2 at 256 in float32,
+# 72.1 vs 40.7 in bfloat16 (less padding, activations that stay in cache); GPUs prefer big batches.
+CPU_PASSAGE_BATCH, GPU_PASSAGE_BATCH = 32, 256
+SLICE_BATCHES = 16  # batches per call: the encoder sorts each call's texts by length
+
+
 def _source_stamp(path: Path) -> dict[str, Any]:
     st = path.stat()
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
@@ -98,8 +105,11 @@ def _encode_chunks(
                 continue
             rows = range(c * chunk_size, min(n, (c + 1) * chunk_size))
             parts: list[np.ndarray] = []
-            for start in range(rows.start, rows.stop, batch_size):
-                stop = min(rows.stop, start + batch_size)
+            # the encoder sorts a slice's texts by length before batching them: slices of many
+            # batches pad each batch only to texts of similar length
+            step = batch_size * SLICE_BATCHES
+            for start in range(rows.start, rows.stop, step):
+                stop = min(rows.stop, start + step)
                 texts = [store.record(r)[1] for r in range(start, stop)]
                 parts.append(encoder.encode_passages(texts, batch_size=batch_size))
                 bar.update(stop - start)
@@ -188,7 +198,7 @@ def build_index(
     *,
     model: str | None = None,
     index_type: str = "Flat",
-    batch_size: int = 256,
+    batch_size: int | None = None,
     show_progress: bool = True,
     device: str | None = None,
     chunk_size: int = 16384,
@@ -233,6 +243,8 @@ def build_index(
             meta |= {"backend": "bm25", "index_type": "bm25", "model": "bm25", "dim": 0}
         else:
             encoder = Encoder(model, device=device, max_length=max_length)
+            if batch_size is None:
+                batch_size = CPU_PASSAGE_BATCH if encoder.device == "cpu" else GPU_PASSAGE_BATCH
             make_faiss_index(encoder.dim, index_type)  # a bad factory string fails before encoding
             paths = _encode_chunks(
                 store, out / EMB_DIR, encoder, chunk_size=chunk_size, batch_size=batch_size, show_progress=show_progress

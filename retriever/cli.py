@@ -72,7 +72,9 @@ def build(
         "--index-type",
         help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ64, ...), bm25, or hybrid[:FACTORY] (dense + bm25 fused).",
     ),
-    batch_size: int = typer.Option(256, "--batch-size", min=1),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", min=1, help="Passages per encoder batch (default: 32 on CPU, 256 on GPU)."
+    ),
     device: str | None = typer.Option(None, "--device", help="cpu or cuda (default: cuda when present)."),
     keep_embeddings: bool = typer.Option(
         True, "--keep-embeddings/--drop-embeddings", help="Keep the encoded chunks (to re-index with another type)."

@@ -21,6 +21,15 @@ import httpx
 from pvpo.retriever.types import Passage, make_contents
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+# A server refuses a request of more queries than this (`schema.Limits.max_queries`, its default):
+# longer lists go as several requests, in order (a dataset GT check sends every hop at once, 1,395
+# queries for the multi-hop recipe's warm start).
+MAX_QUERIES_PER_REQUEST = 1024
+
+
+def _chunks(queries: Sequence[str]) -> list[Sequence[str]]:
+    return [queries[i : i + MAX_QUERIES_PER_REQUEST] for i in range(0, len(queries), MAX_QUERIES_PER_REQUEST)]
+
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +174,11 @@ class RetrieverClient(_Base):
 
     def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
         """Top passages of each query, best first, with scores."""
-        if not queries:
-            return []
-        resp = self._request("POST", "/retrieve", self._payload(queries, topk))
-        return parse_result(resp.json(), len(queries))
+        out: list[list[Passage]] = []
+        for part in _chunks(queries):
+            resp = self._request("POST", "/retrieve", self._payload(part, topk))
+            out += parse_result(resp.json(), len(part))
+        return out
 
     def info(self) -> dict[str, Any]:
         """The server's /info (model, index type, size, dim, device)."""
@@ -232,10 +242,11 @@ class AsyncRetrieverClient(_Base):
 
     async def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
         """Top passages of each query, best first, with scores."""
-        if not queries:
-            return []
-        resp = await self._request("POST", "/retrieve", self._payload(queries, topk))
-        return parse_result(resp.json(), len(queries))
+        out: list[list[Passage]] = []
+        for part in _chunks(queries):
+            resp = await self._request("POST", "/retrieve", self._payload(part, topk))
+            out += parse_result(resp.json(), len(part))
+        return out
 
     async def info(self) -> dict[str, Any]:
         """The server's /info."""

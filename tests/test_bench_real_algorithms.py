@@ -61,6 +61,27 @@ def test_each_arm_trains_from_the_start_policy_without_a_warm_start_with_its_est
     assert "algorithm.estimator=pvpo" in gs and "algorithm.group_sampling.enabled=true" in gs
 
 
+def test_arms_are_evaluated_on_the_validation_split_unless_told_otherwise():
+    over = ra.arm_overrides(ra.Arm("grpo", 4), start=Path("/s"), data=[Path("a.json")], steps=8, seed=0)
+    assert "data.evaluate_on=validation" in over
+    held = ra.arm_overrides(
+        ra.Arm("grpo", 4), start=Path("/s"), data=[Path("a.json")], steps=8, seed=0, split="held_out"
+    )
+    assert "data.evaluate_on=held_out" in held
+
+
+def test_the_report_gives_each_arms_em_by_dataset_with_its_paired_gain(tmp_path):
+    qs = ["hotpotqa/1", "hotpotqa/2", "musique/1", "musique/2"]
+    _run(tmp_path, "pvpo+gs_n2", [0, 0, 0, 1], [1, 0, 1, 1], qs, cum_rollouts=10)
+    _run(tmp_path, "grpo_n4", [0, 0, 0, 1], [0, 0, 0, 1], qs, cum_rollouts=10)
+    arms = ra.parse_arms("pvpo+gs:2,grpo:4")
+    runs = {a.name: ra.load_arm(tmp_path / a.name) for a in arms}
+    text = ra.report(arms, runs, command="c", machine="m")
+    assert "| arm | hotpotqa: EM after (gain, paired s.e.) | musique: EM after (gain, paired s.e.) |" in text
+    assert "| pvpo+gs N=2 | 0.500 (+0.500, 0.500) | 1.000 (+0.500, 0.500) |" in text
+    assert "Evaluated on the validation split: 4 questions" in text
+
+
 def _run(root: Path, name: str, before: list[float], after: list[float], questions: list[str], **cost: float) -> None:
     d = root / name
     d.mkdir(parents=True)
@@ -85,5 +106,5 @@ def test_the_report_pairs_the_arms_on_the_same_questions_and_states_the_power(tm
     assert "+0.250 (paired s.e. 0.250, +1.0 s.e.: not resolved at 2 s.e." in text
     _run(tmp_path / "other", "grpo_n4", [0, 0, 1, 0], [0, 1, 1, 0], ["q1", "q2", "q3", "q9"], cum_rollouts=1)
     runs["grpo_n4"] = ra.load_arm(tmp_path / "other" / "grpo_n4")
-    with pytest.raises(ValueError, match="other held-out questions"):
+    with pytest.raises(ValueError, match="other validation questions"):
         ra.report(arms, runs, command="cmd", machine="m")

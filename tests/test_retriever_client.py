@@ -48,6 +48,27 @@ def test_one_http_call_per_search_whatever_the_batch_size(two_servers) -> None:
     assert all(p.score is not None for r in results for p in r)
 
 
+def test_more_queries_than_a_server_takes_go_as_several_requests_in_order(two_servers) -> None:
+    from pvpo.retriever import client as client_mod
+    from pvpo.retriever.schema import Limits
+
+    assert client_mod.MAX_QUERIES_PER_REQUEST == Limits().max_queries  # the server's default limit
+    server = two_servers[0]
+    queries = [q for q, _ in TINY_QUERIES] * (Limits().max_queries // len(TINY_QUERIES) + 2)
+    calls = []
+    with RetrieverClient(server.url, topk=1) as sync:
+        sync._http.event_hooks["request"].append(calls.append)
+        got = sync.search(queries)  # refused with 422 in one request
+    assert len(calls) == 2 and len(got) == len(queries)
+    assert [r[0].title for r in got] == [t for _, t in TINY_QUERIES] * (len(queries) // len(TINY_QUERIES))
+
+    async def go() -> int:
+        async with AsyncRetrieverClient(server.url, topk=1) as aclient:
+            return len(await aclient.search(queries))
+
+    assert asyncio.run(go()) == len(queries)
+
+
 def test_round_robin_spreads_calls_over_urls(two_servers) -> None:
     a, b = two_servers
     before = (_served(a), _served(b))

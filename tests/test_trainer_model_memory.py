@@ -147,3 +147,84 @@ def test_response_logits_project_only_the_response_positions() -> None:
     r = batch.input_ids.shape[1] - batch.prompt_len
     assert projected == [r + 1, batch.input_ids.shape[1]]  # ours: the response's positions; a plain call: all
     torch.testing.assert_close(got, full)
+
+
+def test_freed_heap_goes_back_to_the_kernel_when_a_phase_ends() -> None:
+    import ctypes
+    import ctypes.util
+
+    if not memory.release_freed_heap():
+        pytest.skip("no glibc malloc_trim on this platform")
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 64 * 1024, 3000  # 64 KiB blocks: below glibc's mmap threshold, so on the heap
+    blocks = [libc.malloc(size) for _ in range(count)]
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    pin = libc.malloc(size)  # a live block above them: glibc cannot shrink the heap past it by itself
+    ctypes.memset(pin, 1, size)
+    for b in blocks:
+        libc.free(b)
+    held = memory._status_kib("VmRSS")
+    with PhaseMemory(torch.device("cpu")).phase("train"):
+        pass
+    after = memory._status_kib("VmRSS")
+    libc.free(pin)
+    assert held is not None and after is not None
+    assert held - after > 0.8 * size * count / 1024  # ~188 MiB of freed blocks returned at the phase's end
+
+
+def test_a_steps_gradients_and_autocast_weight_copies_are_counted_before_the_activations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a tied vocabulary much larger than the rest: its gradient dominates a short micro-batch
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=32768,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+        )
+    )
+    cpu = torch.device("cpu")
+    n = sum(p.numel() for p in model.parameters())
+    assert memory.step_fixed_bytes(model, cpu) == 4 * n  # float32 gradients
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert memory.step_fixed_bytes(model, cpu) == 4 * n + 2 * n  # plus autocast's bf16 weight copies
+    for p in model.model.layers.parameters():
+        p.requires_grad_(False)  # frozen weights get no gradient (LoRA's base, say)
+    frozen = sum(p.numel() for p in model.model.layers.parameters())
+    assert memory.step_fixed_bytes(model, cpu) == 4 * (n - frozen)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    # what the gradients take is not the activations' to use
+    per = ModelShape.of(model).bytes_per_token(checkpointing=False, seq_len=256)
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 4 * n + 2 * 256 * per)
+    check_fits(model, cpu, 256, checkpointing=False, seq_len=256)
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 4 * n)
+    with pytest.raises(MemoryBudgetError, match="of gradients and weight copies"):
+        check_fits(model, cpu, 256, checkpointing=False, seq_len=256)
+    monkeypatch.setattr(memory, "available_bytes", lambda d: 4 * n + 2**30)
+    budget = default_max_tokens(model, cpu, checkpointing=False, seq_len=256)
+    assert budget == int(0.3 * 2**30 // per) // 256 * 256 == 1024  # 30% of what the gradients leave
+
+
+def test_the_warm_start_and_the_reference_work_log_their_own_peaks(tmp_path) -> None:
+    from trainer_support import TINY, WORLD, OverlapSearcher
+
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.loop import train
+
+    cfg = load_config(
+        None,
+        TINY
+        + ["run.steps=1", "model.warm_start_steps=2", "run.eval_base=true", "algorithm.group_sampling.enabled=true"],
+    )
+    result = train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    row = result.metrics[0]
+    for phase in ("warm_start", "eval_base", "reference", "rollout", "train"):
+        assert row[f"mem/{phase}_peak_rss_gib"] > 0, phase

@@ -118,3 +118,40 @@ def test_one_epoch_of_one_mini_batch_takes_the_old_logprobs_from_the_loss_pass_w
         assert results[1][k] == pytest.approx(results[0][k], rel=1e-4, abs=1e-6), k
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_rows_with_zero_advantage_are_skipped_and_the_update_is_the_same(tok):
+    """Without a KL or entropy term a row whose advantage is 0 adds nothing to the gradient: the
+    update skips its forward and backward and still counts its tokens in the token mean."""
+    import copy
+
+    from pvpo.trainer.model.update import inert_rows, policy_update
+
+    base = small_model(tok)
+    batch = collate(random_trajectories(8, len(tok), seed=7), tok.pad_token_id)
+    cfg = load_config(None, ["optim.max_tokens_per_micro_batch=96"])
+    zero = torch.tensor([0.0, 0.5, 0.0, -1.0, 0.0, 1.0, 0.0, 0.3])
+    tiny = torch.where(zero == 0, torch.full_like(zero, 1e-30), zero)  # not skipped, same gradient
+    assert inert_rows(zero, batch.loss_mask) == {0, 2, 4, 6} and inert_rows(tiny, batch.loss_mask) == set()
+    results, models, forwards = [], [], []
+    for adv in (zero, tiny):
+        model = copy.deepcopy(base)
+        calls = [0]
+        model.register_forward_pre_hook(lambda *_, calls=calls: calls.__setitem__(0, calls[0] + 1))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        results.append(policy_update(model, opt, batch, adv, cfg.optim, temperature=1.0, seed=0))
+        models.append(model)
+        forwards.append(calls[0])
+    assert forwards[0] < forwards[1]
+    assert results[0]["update/skipped_rows_frac"] == 0.5 and results[1]["update/skipped_rows_frac"] == 0.0
+    for k in ("loss/mini_batch", "grad_norm"):
+        assert results[0][k] == pytest.approx(results[1][k], rel=1e-4, abs=1e-7), k
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # token-level advantages (PPO's GAE): a row is inert when every model token's advantage is 0
+    per_token = torch.zeros_like(batch.loss_mask)
+    model_tok = int(batch.loss_mask[1].nonzero()[0])
+    env_tok = int((batch.loss_mask[2] == 0).nonzero()[0])
+    per_token[1, model_tok] = 0.2
+    per_token[2, env_tok] = 0.7  # on an env token: masked out of the loss, the row stays inert
+    assert inert_rows(per_token, batch.loss_mask) == set(range(8)) - {1}

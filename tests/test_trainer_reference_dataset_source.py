@@ -11,7 +11,15 @@ import torch
 from trainer_support import OverlapSearcher
 
 from pvpo.envs.data import Paragraph, QAExample
-from pvpo.envs.dataset_gt import NoPlan, dataset_plan, hotpotqa_plan, musique_plan, plan_turns, substitute
+from pvpo.envs.dataset_gt import (
+    NoPlan,
+    dataset_plan,
+    hotpotqa_plan,
+    musique_plan,
+    plan_turns,
+    substitute,
+    twowiki_plan,
+)
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Passage, make_contents
 from pvpo.reward import SEARCH_R1
@@ -433,3 +441,82 @@ def test_musique_hops_quote_their_evidence_and_hops_without_one_check_only_the_p
             return [_passages(P_APA) for _ in queries]
 
     assert check_retrieval([musique_plan(bare)], Cut(), EpisodeConfig(topk=1, max_obs_chars=20)) == [None]
+
+
+P_HENRIK = Paragraph(
+    "Henrik Selberg", "Henrik Selberg was a Norwegian priest. His father was Ole Michael Ludvigsen Selberg.", True
+)
+P_OLE = Paragraph(
+    "Ole Michael Ludvigsen Selberg (priest)", "Ole Michael Ludvigsen Selberg was born in Flora, Norway.", True
+)
+TWOWIKI_COMPOSITIONAL = QAExample(
+    "2wikimultihopqa/c",
+    "What is the place of birth of Henrik Selberg's father?",
+    ("Flora",),
+    (P_OTHER, P_OLE, P_HENRIK),
+    {
+        "type": "compositional",
+        "supporting_facts": [["Henrik Selberg", 1], ["Ole Michael Ludvigsen Selberg (priest)", 0]],
+        "evidences": [
+            ["Henrik Selberg", "father", "Ole Michael Ludvigsen Selberg"],
+            ["Ole Michael Ludvigsen Selberg", "place of birth", "Flora"],
+        ],
+        "supporting_sentences": {
+            "Henrik Selberg": ["His father was Ole Michael Ludvigsen Selberg."],
+            "Ole Michael Ludvigsen Selberg (priest)": ["Ole Michael Ludvigsen Selberg was born in Flora, Norway."],
+        },
+    },
+)
+P_MUKAT = Paragraph("Mukat Bhargava", "Mukat Bhargava (30 June 1903 - 18 December 1980) was a politician.", True)
+P_LARA = Paragraph("Salvador J. Lara", "Salvador J. Lara (1920 - September 1, 1945) was a soldier.", True)
+TWOWIKI_COMPARISON = QAExample(
+    "2wikimultihopqa/l",
+    "Who lived longer, Mukat Bhargava or Salvador J. Lara?",
+    ("Mukat Bhargava",),
+    (P_LARA, P_MUKAT),
+    {
+        "type": "comparison",
+        "supporting_facts": [["Mukat Bhargava", 0], ["Salvador J. Lara", 0]],
+        "evidences": [
+            ["Mukat Bhargava", "date of birth", "30 June 1903"],
+            ["Mukat Bhargava", "date of death", "18 December 1980"],
+            ["Salvador J. Lara", "date of birth", "1920"],
+            ["Salvador J. Lara", "date of death", "September 1, 1945"],
+        ],
+    },
+)
+
+
+def test_twowiki_bridge_hop_searches_the_name_the_first_hop_read_with_the_titled_plan_as_fallback():
+    plan = twowiki_plan(TWOWIKI_COMPOSITIONAL)
+    assert [h.query for h in plan.hops] == ["Henrik Selberg", "Ole Michael Ludvigsen Selberg"]
+    assert [h.paragraph for h in plan.hops] == [P_HENRIK, P_OLE]
+    assert plan.hops[0].finding.endswith("The father of Henrik Selberg is Ole Michael Ludvigsen Selberg.")
+    assert plan.hops[1].evidence == ("Ole Michael Ludvigsen Selberg was born in Flora, Norway.",)
+    assert plan.answer == "Flora"
+    assert plan.fallback is not None and [h.query for h in plan.fallback.hops] == [
+        "Henrik Selberg",
+        "Ole Michael Ludvigsen Selberg (priest)",
+    ]
+    assert dataset_plan(TWOWIKI_COMPOSITIONAL) == plan  # the triples win over the HotpotQA-style titles
+
+
+def test_twowiki_comparison_reads_each_entity_once_stating_all_its_triples():
+    plan = twowiki_plan(TWOWIKI_COMPARISON)
+    assert [h.query for h in plan.hops] == ["Mukat Bhargava", "Salvador J. Lara"] and plan.fallback is None
+    assert "The date of birth of Mukat Bhargava is 30 June 1903." in plan.hops[0].finding
+    assert "The date of death of Mukat Bhargava is 18 December 1980." in plan.hops[0].finding
+    turns = plan_turns(plan)
+    assert turns[-1].endswith("<answer>Mukat Bhargava</answer>") and len(turns) == 3
+
+
+def test_twowiki_triples_naming_no_supporting_paragraph_have_no_plan():
+    bad = QAExample(
+        "2wikimultihopqa/x",
+        "Who?",
+        ("x",),
+        (P_MUKAT, P_LARA),
+        {"supporting_facts": [["Mukat Bhargava", 0]], "evidences": [["Zeno", "father", "Y"], ["Quux", "mother", "Z"]]},
+    )
+    with pytest.raises(NoPlan, match="evidence subject 'Zeno' names none"):
+        twowiki_plan(bad)

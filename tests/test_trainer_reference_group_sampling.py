@@ -533,3 +533,27 @@ def test_a_rollout_budget_ends_the_run_at_the_step_that_reaches_it_with_a_final_
     assert metrics[-1]["cost/cum_rollouts"] >= 40 > metrics[-2]["cost/cum_rollouts"]
     assert len(metrics) < 50 and "eval/accuracy" in metrics[-1]
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == f"step_{len(metrics):06d}"
+
+
+def test_a_run_reuses_an_earlier_runs_anchor_partition_and_gt_without_sampling_them(tmp_path):
+    from pvpo.trainer.loop import train
+
+    searcher = OverlapSearcher(WORLD.passages)
+    first = train(load_config(None, GS + ["run.steps=1"]), tmp_path / "a", searcher=searcher, show_progress=False)
+    assert first.metrics[0]["cost/cum_anchor_rollouts"] > 0
+    cfg = load_config(None, GS + ["run.steps=1", f"algorithm.anchor.reuse_from={tmp_path / 'a'}"])
+    second = train(cfg, tmp_path / "b", searcher=searcher, show_progress=False)
+    m = second.metrics[0]
+    assert m["cost/cum_anchor_rollouts"] == 0 and m["cost/cum_gt_rollouts"] == 0  # nothing sampled again
+    for name in ("anchor.json", "group_sampling.json", "gt_cache.json"):
+        assert (tmp_path / "b" / name).read_text() == (tmp_path / "a" / name).read_text()
+    assert m["gt/fraction"] == first.metrics[0]["gt/fraction"]  # the same GT injected
+    # another set of RL prompts: the anchor does not cover them
+    other = load_config(
+        None, GS + ["run.steps=1", "data.synthetic.seed=5", f"algorithm.anchor.reuse_from={tmp_path / 'a'}"]
+    )
+    with pytest.raises(ValueError, match=r"algorithm.anchor.reuse_from=.*lacks \d+ of this run's"):
+        train(other, tmp_path / "c", searcher=searcher, show_progress=False)
+    m3 = load_config(None, GS + ["algorithm.anchor.num_rollouts=3", f"algorithm.anchor.reuse_from={tmp_path / 'a'}"])
+    with pytest.raises(ValueError, match="its anchor has M=2 reference rollouts a prompt, .*num_rollouts=3"):
+        train(m3, tmp_path / "d", searcher=searcher, show_progress=False)

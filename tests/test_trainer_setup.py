@@ -172,3 +172,63 @@ def test_the_trained_policy_loads_a_float32_checkpoint_unrounded_when_the_run_co
         loaded = policy.model.state_dict()
         assert all(loaded[k].dtype == torch.float32 and torch.equal(loaded[k], v) for k, v in stored.items())
         save_policy(policy, RunDir(run_dir).initial_policy)  # what a fresh run leaves for a resume
+
+
+def test_a_held_out_mapping_draws_that_many_questions_of_each_dataset_and_validation_apart(tmp_path: Path) -> None:
+    from pvpo.envs.loaders import load_dataset
+    from pvpo.trainer.setup import load_data
+
+    a, b, c = (_qa_file(tmp_path / n, k, n) for n, k in (("alpha", 8), ("beta", 6), ("gamma", 5)))
+    cfg = load_config(
+        None,
+        [
+            f"data.source=[{a}, {b}, {c}]",
+            "data.corpus=questions",
+            "data.held_out_examples={alpha: 3, beta: 2}",
+            "data.validation_examples={alpha: 1, gamma: 5}",
+            "data.max_eval_examples=null",
+            "data.shuffle_seed=0",
+        ],
+    )
+    run = tmp_path / "run"
+    data = load_data(cfg, run)
+    held = [q.uid.split("/")[0] for q in data.eval]
+    assert sorted(held) == ["alpha"] * 3 + ["beta"] * 2
+    # one file a dataset, for `pvpo eval --dataset` per column
+    assert sorted(p.name for p in (run / "held_out").iterdir()) == ["alpha.jsonl", "beta.jsonl"]
+    assert len(load_dataset(run / "held_out" / "alpha.jsonl")) == 3
+    val = load_dataset(run / "validation.jsonl")
+    assert sorted(q.question.split()[0] for q in val) == ["alpha"] + ["gamma"] * 5
+    # no question in two splits: held-out, validation, the rest (RL prompts)
+    assert not {q.question for q in data.eval} & {q.question for q in val}
+    assert not ({q.question for q in data.eval} | {q.question for q in val}) & {q.question for q in data.train}
+    assert len(data.train) == 19 - 5 - 6
+
+
+def test_evaluate_on_validation_evaluates_the_validation_split_and_still_records_the_held_out_one(
+    tmp_path: Path,
+) -> None:
+    from pvpo.envs.loaders import load_dataset
+    from pvpo.trainer.setup import load_data
+
+    a, b = _qa_file(tmp_path / "alpha", 8, "alpha"), _qa_file(tmp_path / "beta", 8, "beta")
+    base = [f"data.source=[{a}, {b}]", "data.corpus=questions", "data.shuffle_seed=0", "data.max_eval_examples=null"]
+    split = ["data.held_out_examples={alpha: 2, beta: 2}", "data.validation_examples=3"]
+    held = load_data(load_config(None, base + split), tmp_path / "h")
+    val = load_data(load_config(None, [*base, *split, "data.evaluate_on=validation"]), tmp_path / "v")
+    assert [q.question for q in val.eval] == [q.question for q in load_dataset(tmp_path / "v" / "validation.jsonl")]
+    assert [q.question for q in load_dataset(tmp_path / "v" / "held_out.jsonl")] == [q.question for q in held.eval]
+    assert not {q.uid for q in val.eval} & {q.uid for q in held.eval}
+    assert [q.uid for q in val.train] == [q.uid for q in held.train]  # the same RL prompts either way
+
+
+def test_a_held_out_mapping_naming_an_unknown_dataset_lists_the_pools_datasets(tmp_path: Path) -> None:
+    from pvpo.trainer.setup import load_data
+
+    a = _qa_file(tmp_path / "alpha", 4, "alpha")
+    with pytest.raises(
+        ValueError, match=r"data.held_out_examples: no question of dataset\(s\) \['beta'\].*\['alpha'\]"
+    ):
+        load_data(load_config(None, [f"data.source=[{a}]", "data.held_out_examples={beta: 1}"]), tmp_path / "r")
+    with pytest.raises(ConfigError, match="evaluate_on=validation needs data.validation_examples"):
+        load_config(None, [f"data.source=[{a}]", "data.evaluate_on=validation"])

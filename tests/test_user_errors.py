@@ -65,6 +65,20 @@ def test_progress_lines_are_periodic_and_disabled_progress_is_silent() -> None:
     assert quiet.getvalue() == ""
 
 
+def test_a_brief_phase_writes_a_line_only_while_it_outlasts_the_period() -> None:
+    short = io.StringIO()
+    with Progress(total=10, desc="step 1/4: rollouts", unit="rollout", stream=short, every_s=3600, brief=True) as bar:
+        bar.update(10)
+    assert short.getvalue() == ""  # shorter than the period: no start line, no end line
+    long = io.StringIO()
+    with Progress(total=4, desc="step 1/4: update", unit="micro-batch", stream=long, every_s=0, brief=True) as bar:
+        bar.update(1)
+        bar.update(3)
+    lines = long.getvalue().splitlines()
+    assert lines[0].startswith("step 1/4: update: 1/4 micro-batch (25%)")
+    assert lines[-1].startswith("step 1/4: update: done 4/4 micro-batch (100%)")
+
+
 def test_progress_on_a_terminal_is_a_tqdm_bar() -> None:
     class Tty(io.StringIO):
         def isatty(self) -> bool:

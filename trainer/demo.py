@@ -21,6 +21,7 @@ from typing import Any
 from pvpo.atomic import atomic_write_json
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.heldout_table import per_dataset_table
 from pvpo.trainer.loop import Trainer, TrainResult
 from pvpo.trainer.setup import load_data, retriever_session
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
@@ -175,9 +176,17 @@ def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
 
 
 def summary_table(
-    cfg: TrainConfig, result: TrainResult, timings: dict[str, float], *, n_sft: int, n_rl: int, load: str = ""
+    cfg: TrainConfig,
+    result: TrainResult,
+    timings: dict[str, float],
+    *,
+    n_sft: int,
+    n_rl: int,
+    load: str = "",
+    uids: Sequence[str] = (),
 ) -> str:
-    """A markdown table of what the demo measured: held-out before/after, training, timings."""
+    """A markdown table of what the demo measured: held-out before/after, training, timings; with
+    the held-out questions' `uids`, the per-dataset table (`heldout_table`) after it."""
     b, a, m = result.eval_before, result.eval_after, result.metrics
 
     def f(v: float | None, fmt: str = ".3f") -> str:
@@ -288,6 +297,9 @@ def summary_table(
     if load:
         rows.append(("load average at start / end", load))
     lines += ["", "| run | value |", "|---|---|"] + [f"| {k_} | {v} |" for k_, v in rows]
+    per_dataset = per_dataset_table(uids, result.eval_scores) if uids else ""
+    if per_dataset:
+        lines += ["", f"Held-out per dataset ({cfg.data.evaluate_on.replace('_', '-')} split):", "", per_dataset]
     return "\n".join(lines)
 
 
@@ -355,8 +367,19 @@ def _run_demo(cfg: TrainConfig, run_dir: Path, *, fresh: bool, show_progress: bo
     n_sft = len(data.warm_start) if cfg.model.warm_start_steps else 0
     if n_sft and files.warm_start.exists():  # the questions that had a GT trajectory (dataset GT drops some)
         n_sft = len(json.loads(files.warm_start.read_text()).get("questions", [])) or n_sft
-    table = summary_table(cfg, result, timings, n_sft=n_sft, n_rl=len(data.train), load=f"{load_start} / {_load()}")
+    table = summary_table(
+        cfg,
+        result,
+        timings,
+        n_sft=n_sft,
+        n_rl=len(data.train),
+        load=f"{load_start} / {_load()}",
+        uids=[q.uid for q in data.eval],
+    )
     files.summary.write_text(table + "\n")
     if result.eval_em:
-        atomic_write_json(files.held_out_em, {"questions": [q.uid for q in data.eval], "em": result.eval_em})
+        atomic_write_json(
+            files.held_out_em,
+            {"questions": [q.uid for q in data.eval], "em": result.eval_em, "scores": result.eval_scores},
+        )
     return f"{table}\n\nwrote {files.metrics}, {files.curves}, {files.summary}"

@@ -11,6 +11,7 @@ from typing import Any
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
+from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import answer_metrics
 from pvpo.stats import standard_error
@@ -23,11 +24,12 @@ def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> 
     """`eval/*` metrics of one trajectory per example (in the same order)."""
     s = summarize(trajs)
     n = len(trajs)
-    f1 = [answer_metrics(t.prediction, list(ex.golden_answers))["f1"] for t, ex in zip(trajs, examples, strict=True)]
+    scored = [answer_metrics(t.prediction, list(ex.golden_answers)) for t, ex in zip(trajs, examples, strict=True)]
     out = {
         "eval/accuracy": s["accuracy"],
         "eval/accuracy_se": standard_error([t.accuracy for t in trajs]),
-        "eval/f1": sum(f1) / max(1, n),
+        "eval/f1": sum(m["f1"] for m in scored) / max(1, n),
+        "eval/cem": sum(m["cem"] for m in scored) / max(1, n),
         "eval/reward": s["reward/mean"],
         "eval/format_ok": s["format_ok"],
         "eval/searches_per_traj": s["searches_per_traj"],
@@ -39,6 +41,25 @@ def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> 
             by_hops[int(ex.metadata["hops"])].append(t.accuracy)
     for h, accs in sorted(by_hops.items()):
         out[f"eval/accuracy_{h}hop"] = sum(accs) / len(accs)
+    return out
+
+
+def question_scores(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> list[dict[str, float]]:
+    """Each question's scores (`em`, `f1`, `cem`, `format_ok`, `searches`, `reward`), in order:
+    what a per-dataset table and a paired comparison of two evaluations are computed from."""
+    out = []
+    for t, ex in zip(trajs, examples, strict=True):
+        m = answer_metrics(t.prediction, list(ex.golden_answers))
+        out.append(
+            {
+                "em": float(t.accuracy),
+                "f1": m["f1"],
+                "cem": m["cem"],
+                "format_ok": float(t.reward_components.get("format", 0.0)),
+                "searches": float(t.num_tool_calls),
+                "reward": float(t.reward),
+            }
+        )
     return out
 
 
@@ -60,15 +81,30 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 64,
     per_question: list[float] | None = None,
+    scores: list[dict[str, float]] | None = None,
+    show_progress: bool = False,
+    desc: str = "held-out evaluation",
 ) -> dict[str, float]:
     """Roll out each of `examples` once (greedy at temperature 0, else sampled with `top_p`) and
-    return `eval_metrics` of the trajectories; `per_question`, if given, receives each one's EM."""
+    return `eval_metrics` of the trajectories; `per_question`, if given, receives each one's EM,
+    `scores` each one's `question_scores`; `show_progress`: a meter named `desc` (a line every 30 s
+    off a terminal)."""
     loop = replace(loop, temperature=temperature, top_p=top_p)
     trajs: list[Trajectory] = []
-    for start in range(0, len(examples), batch_size):
-        trajs += run_agent_loop(
-            engine, tokenizer, examples[start : start + batch_size], searcher, episode_config, loop, seed=seed + start
-        )
+    with Progress(total=len(examples), desc=desc, unit="q", enabled=show_progress, brief=True) as meter:
+        for start in range(0, len(examples), batch_size):
+            trajs += run_agent_loop(
+                engine,
+                tokenizer,
+                examples[start : start + batch_size],
+                searcher,
+                episode_config,
+                loop,
+                seed=seed + start,
+                on_done=lambda i, t: meter.update(1),
+            )
     if per_question is not None:  # each question's EM, in order: paired comparisons of two evaluations
         per_question[:] = [t.accuracy for t in trajs]
+    if scores is not None:
+        scores[:] = question_scores(trajs, examples)
     return eval_metrics(trajs, examples)

@@ -34,7 +34,7 @@ from pvpo.trainer.config.schema import TrainConfig, dump_config
 from pvpo.trainer.model.device import resolve_device, resolve_dtype
 from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
 from pvpo.trainer.model.memory import process_peak_rss_gib
-from pvpo.trainer.model.update import batch_logprobs, policy_update
+from pvpo.trainer.model.update import batch_logprobs, policy_update, update_token_budget
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 from pvpo.trainer.reference.pipeline import Reference
@@ -80,6 +80,7 @@ class TrainResult:
     warm_start_losses: list[float] = field(default_factory=list)
     warm_start_seconds: float = 0.0
     eval_em: dict[str, list[float]] = field(default_factory=dict)  # evaluation tag -> each question's EM (one process)
+    eval_scores: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # tag -> each question's scores
     eval_base: dict[str, float] = field(default_factory=dict)  # before the warm start (run.eval_base)
     resumed_from: int = 0  # the checkpoint's step this process resumed from; 0 for a fresh run
 
@@ -139,6 +140,8 @@ class Trainer:
         )
         if m.eval_base_em:
             self.result.eval_em["base"] = m.eval_base_em
+        if m.eval_base_scores:
+            self.result.eval_scores["base"] = m.eval_base_scores
         self._ref_engine: RolloutEngine | None = None  # built on first use: only anchor refreshes sample from it
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
@@ -147,6 +150,17 @@ class Trainer:
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
             restore_state_files(ckpt, self.files.state_files())
+        elif ckpt is None and cfg.algorithm.anchor.reuse_from and ddp.is_main() and not self.files.anchor.exists():
+            from pvpo.trainer.reference.reuse import reuse_reference
+
+            copied = reuse_reference(
+                cfg.algorithm.anchor.reuse_from,
+                self.files,
+                [q.uid for q in data.train],
+                group_sampling=cfg.algorithm.group_sampling.enabled,
+                num_rollouts=cfg.algorithm.anchor.num_rollouts,
+            )
+            log.info("reference state from %s: %s", cfg.algorithm.anchor.reuse_from, ", ".join(copied))
         ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
         self.reference = Reference(cfg, self.run_dir, uses_anchor=uses_anchor(cfg, self.spec))
         self.estimator_state = estimator_state(cfg, self.spec, m, self.run_dir)
@@ -207,12 +221,15 @@ class Trainer:
         temperature: float | None = None,
         kind: str = "train",
         offset: int = 0,
+        progress: Progress | None = None,
     ) -> list[Trajectory]:
         """Trajectories for `examples`, `rollout.batch_size` at a time, counted as `kind` cost.
         `offset`: the position of `examples[0]` in the step's whole list (a rank's share), so the
-        batches' seeds are those of a single process rolling out the whole list."""
+        batches' seeds are those of a single process rolling out the whole list. `progress`
+        counts the trajectories as they end."""
         bs, out = self.cfg.rollout.batch_size, []
         loop = loop_config(self.cfg, temperature)
+        done = (lambda i, t: progress.update(1)) if progress is not None else None
         for s in range(0, len(examples), bs):
             with self.where.autocast():
                 batch = examples[s : s + bs]
@@ -224,16 +241,29 @@ class Trainer:
                     self.epcfg,
                     loop,
                     seed=_seed(seed, offset + s),
+                    on_done=done,
                 )
         self.cost.add(kind, out)
         return out
+
+    def _phase(self, step: int, what: str, unit: str, total: int | None = None) -> Progress:
+        """A brief meter for one phase of `step` (`pvpo.progress.Progress`: off a terminal, a line
+        every 30 s while it lasts, none for a shorter phase)."""
+        return Progress(
+            desc=f"step {step}/{self.cfg.run.steps}: {what}",
+            unit=unit,
+            total=total,
+            enabled=self.show_progress,
+            brief=True,
+        )
 
     def reference_logprobs(self, trajs: list[Trajectory]) -> None:
         """Set each trajectory's `old_logprobs` (pi_gt) to the frozen reference policy's, at the
         rollout temperature, 0 on env tokens."""
         assert self.ref_model is not None  # built whenever gt.logprobs == "reference"
         batch = collate(trajs, self.tokenizer.pad_token_id)
-        lp = batch_logprobs(self.ref_model, batch, self.cfg.rollout.temperature)
+        budget = update_token_budget(self.model, self.cfg.optim, batch.input_ids.shape[1])
+        lp = batch_logprobs(self.ref_model, batch, self.cfg.rollout.temperature, max_tokens=budget)
         for i, t in enumerate(trajs):
             n = len(t.response_ids)
             t.old_logprobs = [float(x) if m else 0.0 for x, m in zip(lp[i, :n].tolist(), t.loss_mask, strict=True)]
@@ -241,6 +271,10 @@ class Trainer:
     def ensure_reference(self, step: int) -> None:
         """PVPO's anchor (built before step 1, refreshed when due) and Group Sampling's partition
         and GT trajectories for it."""
+        with self.memory.phase("reference"):  # mem/reference_peak_rss_gib: the anchor, Group Sampling and GT
+            self._ensure_reference(step)
+
+    def _ensure_reference(self, step: int) -> None:
         ref = self.reference
         ref.ensure_anchor(
             step,
@@ -269,16 +303,27 @@ class Trainer:
             return {}
         share = ddp.rank_share(self.data.eval)  # each rank evaluates its share; metrics weighted by share size
         per_question: list[float] = []
+        scores: list[dict[str, float]] = []
         with self.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows (run)
             metrics = (
                 evaluate_policy(
-                    self.cfg, self.engine, self.tokenizer, self.where, share, self.searcher, tag, per_question
+                    self.cfg,
+                    self.engine,
+                    self.tokenizer,
+                    self.where,
+                    share,
+                    self.searcher,
+                    tag,
+                    per_question,
+                    scores,
+                    show_progress=self.show_progress,
                 )
                 if share
                 else {}
             )
         if not ddp.is_distributed():
             self.result.eval_em[tag] = per_question
+            self.result.eval_scores[tag] = scores
         return ddp.reduce_metrics(metrics, len(share))
 
     def _reload_eval_before(self) -> None:
@@ -292,6 +337,8 @@ class Trainer:
         self.result.eval_before = saved.get("metrics", {})
         if saved.get("em") and not ddp.is_distributed():
             self.result.eval_em["before"] = saved["em"]
+        if saved.get("scores") and not ddp.is_distributed():
+            self.result.eval_scores["before"] = saved["scores"]
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -304,8 +351,10 @@ class Trainer:
         # 2. rollouts (the estimator may ask for more, e.g. V0.5's adaptive budget), rewards by the env
         t0 = time.perf_counter()
         self.engine.wake_up()
-        with self.memory.phase("rollout"):
-            trajs = self.rollout(group, seed=_seed(seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group)))
+        with self.memory.phase("rollout"), self._phase(step, "rollouts", "rollout", len(group)) as meter:
+            trajs = self.rollout(
+                group, seed=_seed(seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group)), progress=meter
+            )
             anchors = self.reference.anchors()
             trajs += self.estimator_state.extra_rollouts(
                 prompts,
@@ -323,7 +372,7 @@ class Trainer:
         # 4. the policy update (and what the estimator learns from the step)
         self.engine.sleep()  # the KV cache is free while the trainer holds activations and grads
         try:
-            with self.memory.phase("train"), self.where.autocast():
+            with self.memory.phase("train"), self.where.autocast(), self._phase(step, "update", "micro-batch") as meter:
                 stats = {}
                 if self.estimator_state.trains_policy(step):
                     stats = policy_update(
@@ -339,6 +388,7 @@ class Trainer:
                         importance=cfg.rollout.importance_correction,
                         default_agg=self.spec.loss_agg,
                         norm_len=cfg.rollout.max_response_tokens,
+                        progress=meter,
                     )
                 stats.update(self.estimator_state.after_step(batch, adv_kwargs, seed=_seed(seed, "critic", step)))
         finally:
@@ -385,7 +435,11 @@ class Trainer:
             if ddp.is_main():
                 atomic_write_json(
                     self.files.eval_before,
-                    {"metrics": self.result.eval_before, "em": self.result.eval_em.get("before", [])},
+                    {
+                        "metrics": self.result.eval_before,
+                        "em": self.result.eval_em.get("before", []),
+                        "scores": self.result.eval_scores.get("before", []),
+                    },
                 )
         elif self.data.eval:
             self._reload_eval_before()

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.rollout.agent_loop import LoopConfig
 from pvpo.trainer.rollout.engine import RolloutEngine, build_engine
 from pvpo.trainer.state.run_dir import RunDir
+
+log = logging.getLogger(__name__)
 
 # ---- data and the retriever ----------------------------------------------------------------
 
@@ -105,17 +108,39 @@ def disjoint_splits(
     return rl, rest[:n_sft]
 
 
+def dataset_of(example: QAExample) -> str:
+    """The dataset a question comes from: its uid's prefix (the file's dataset name, `loaders`)."""
+    return example.uid.split("/", 1)[0]
+
+
 def held_out_split(
-    items: Sequence[QAExample], n: int, shuffle_seed: int | None
+    items: Sequence[QAExample], n: int | Mapping[str, int], shuffle_seed: int | None, *, key: str = "held_out_examples"
 ) -> tuple[list[QAExample], list[QAExample]]:
-    """(train, held-out): `n` questions of `items` (shuffled with `shuffle_seed`, file order when
-    None) set aside for evaluation; the rest, in their original order, for training."""
+    """(rest, set aside): `n` questions of `items` (shuffled with `shuffle_seed`, file order when
+    None) set aside, or with a mapping {dataset: k}, k of each dataset named (a stratified split);
+    the rest, in their original order. `key` names the setting in errors."""
     order = list(range(len(items)))
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(order)
-    if n >= len(items):
-        raise ValueError(f"data.held_out_examples={n} leaves no training question of the {len(items)} in data.source")
-    held = set(order[:n])
+    if isinstance(n, Mapping):
+        have: dict[str, list[int]] = {}
+        for i in order:
+            have.setdefault(dataset_of(items[i]), []).append(i)
+        unknown = sorted(set(n) - set(have))
+        if unknown:
+            raise ValueError(
+                f"data.{key}: no question of dataset(s) {unknown} in data.source; its datasets: {sorted(have)}"
+            )
+        short = {k: len(have[k]) for k, v in n.items() if v > len(have[k])}
+        if short:
+            raise ValueError(f"data.{key}={dict(n)} asks for more questions than {short} hold")
+        held = {i for k, v in n.items() for i in have[k][:v]}
+        if len(held) == len(items):
+            raise ValueError(f"data.{key}={dict(n)} leaves no other question of the {len(items)} in data.source")
+    else:
+        if n >= len(items):
+            raise ValueError(f"data.{key}={n} leaves no other question of the {len(items)} in data.source")
+        held = set(order[:n])
     return [ex for i, ex in enumerate(items) if i not in held], [items[i] for i in sorted(held)]
 
 
@@ -157,9 +182,22 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         files = [d.source] if isinstance(d.source, str) else list(d.source)
         train = [q for f in files for q in bound_questions(load_dataset(f), limit, f)]
         check_unique_uids(train, files)
+        if d.require_supporting_paragraphs:
+            train = with_supporting_paragraphs(train)
         evals = bound_questions(load_dataset(d.eval_source), limit, d.eval_source) if d.eval_source else []
         if d.held_out_examples and not d.eval_source:
             train, evals = held_out_split(train, d.held_out_examples, d.shuffle_seed)
+        if d.validation_examples:  # for choosing settings: the held-out set is never evaluated then
+            train, validation = held_out_split(
+                train, d.validation_examples, _derived_seed(d.shuffle_seed), key="validation_examples"
+            )
+            if d.evaluate_on == "validation":  # the held-out set is recorded as a held-out run would evaluate it
+                held = disjoint_splits(evals, n_rl=d.max_eval_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0]
+                if held:
+                    write_questions(held, RunDir(run_dir).held_out)
+                evals = validation
+            else:
+                write_questions(validation, RunDir(run_dir).validation)
         if d.corpus == QUESTIONS_CORPUS:
             corpus_path = questions_corpus([*train, *evals], RunDir(run_dir).corpus)
         else:
@@ -173,8 +211,43 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
             rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0], []
     held_out = disjoint_splits(evals, n_rl=d.max_eval_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0]
     if world is None and held_out:  # `pvpo eval --dataset <run>/held_out.jsonl` reproduces the run's numbers
-        write_questions(held_out, RunDir(run_dir).held_out)
+        run_files = RunDir(run_dir)
+        write_questions(held_out, run_files.validation if d.evaluate_on == "validation" else run_files.held_out)
+        by_dataset: dict[str, list[QAExample]] = {}
+        for q in held_out:
+            by_dataset.setdefault(dataset_of(q), []).append(q)
+        if d.evaluate_on == "held_out" and len(by_dataset) > 1:  # one `pvpo eval --dataset` a column of the table
+            for name, qs in by_dataset.items():
+                write_questions(qs, run_files.held_out_dataset(name))
     return Data(rl, held_out, corpus_path, texts, world, sft)
+
+
+def _derived_seed(seed: int | None) -> int | None:
+    """A second shuffle's seed from `shuffle_seed` (the validation split draws apart from the held-out)."""
+    return None if seed is None else seed + 1
+
+
+def with_supporting_paragraphs(questions: Sequence[QAExample]) -> list[QAExample]:
+    """The questions whose own paragraphs hold their evidence (`has_supporting_paragraphs`); the
+    others are counted by dataset in a warning."""
+    from collections import Counter
+
+    from pvpo.envs.dataset_gt import has_supporting_paragraphs
+
+    kept = [q for q in questions if has_supporting_paragraphs(q)]
+    dropped = Counter(dataset_of(q) for q in questions if not has_supporting_paragraphs(q))
+    if dropped:
+        log.warning(
+            "data.require_supporting_paragraphs: dropped %d of %d questions whose paragraphs lack a supporting one (%s)",
+            sum(dropped.values()),
+            len(questions),
+            ", ".join(f"{k}: {v}" for k, v in sorted(dropped.items())),
+        )
+    if not kept:
+        raise ValueError(
+            "data.require_supporting_paragraphs: no question of data.source ships its supporting paragraphs"
+        )
+    return kept
 
 
 def check_unique_uids(questions: Sequence[QAExample], files: Sequence[str]) -> None:
@@ -206,6 +279,7 @@ def questions_corpus(questions: Sequence[QAExample], path: Path) -> Path:
 
 def write_questions(questions: Sequence[QAExample], path: Path) -> None:
     """`questions` as FlashRAG jsonl (`id`, `question`, `golden_answers`), atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_jsonl(
         path, ({"id": q.uid, "question": q.question, "golden_answers": list(q.golden_answers)} for q in questions)
     )
@@ -229,11 +303,12 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
             client.close()
         return
     from pvpo.retriever.build import build_index
-    from pvpo.retriever.encoder import set_default_backend
+    from pvpo.retriever.encoder import set_default_backend, set_default_dtype
     from pvpo.retriever.server import BackgroundServer
 
     index_dir = Path(cfg.retriever.index_dir) if cfg.retriever.index_dir else RunDir(run_dir).index
     set_default_backend(r.encoder_backend)  # the loopback server's encoders live in this process
+    set_default_dtype(r.encoder_dtype)
     try:
         if not (index_dir / "meta.json").exists() and not any(index_dir.glob("*.faiss")):
             if corpus_path is None:
@@ -249,6 +324,7 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
                 client.close()
     finally:
         set_default_backend(None)
+        set_default_dtype(None)
 
 
 # ---- the policy, its engine and the reference -------------------------------------------------
@@ -320,6 +396,7 @@ class Model:
     warm_start_seconds: float = 0.0
     eval_base: dict[str, float] = field(default_factory=dict)  # held-out metrics before the warm start
     eval_base_em: list[float] = field(default_factory=list)  # and each question's EM
+    eval_base_scores: list[dict[str, float]] = field(default_factory=list)  # and all its scores
 
 
 def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:
@@ -364,8 +441,10 @@ def build_model(
     if fresh:
         if m.warm_start_steps and (data.world is not None or data.warm_start):
             if cfg.run.eval_base and data.eval:
-                base_evaluation(cfg, data, out, searcher)
-            warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
+                with out.memory.phase("eval_base"):
+                    base_evaluation(cfg, data, out, searcher, show_progress=show_progress)
+            with out.memory.phase("warm_start"):  # mem/warm_start_peak_rss_gib, then its freed heap returned
+                warm_start(cfg, data, out, searcher, files, show_progress=show_progress)
         if ddp.is_main():
             from pvpo.trainer.model.policy import save_policy
 
@@ -374,6 +453,7 @@ def build_model(
         saved = json.loads(files.warm_start.read_text())
         out.warm_start_losses = saved["losses"]
         out.eval_base, out.eval_base_em = saved.get("eval_base", {}), saved.get("eval_base_em", [])
+        out.eval_base_scores = saved.get("eval_base_scores", [])
     if m.lora.enabled:  # after the warm start and the saved initial policy: those are the base model
         from pvpo.trainer.model.lora import apply_lora
 
@@ -400,9 +480,12 @@ def evaluate_policy(
     searcher: Searcher,
     tag: str,
     per_question: list[float] | None = None,
+    scores: list[dict[str, float]] | None = None,
+    show_progress: bool = False,
 ) -> dict[str, float]:
     """Held-out metrics (`eval/*`) of the policy behind `engine` on `examples`, one rollout each at
-    the run's evaluation temperature, seeded by `tag`; `per_question` receives each one's EM."""
+    the run's evaluation temperature, seeded by `tag`; `per_question` receives each one's EM,
+    `scores` each one's scores (`heldout.question_scores`); `show_progress`: a meter while it runs."""
     from pvpo.trainer.heldout import eval_seed, evaluate
 
     with where.autocast():
@@ -418,13 +501,27 @@ def evaluate_policy(
             seed=eval_seed(tag),
             batch_size=cfg.rollout.batch_size,
             per_question=per_question,
+            scores=scores,
+            show_progress=show_progress,
+            desc=f"{cfg.data.evaluate_on.replace('_', '-')} evaluation ({tag})",
         )
 
 
-def base_evaluation(cfg: TrainConfig, data: Data, model: Model, searcher: Searcher) -> None:
+def base_evaluation(
+    cfg: TrainConfig, data: Data, model: Model, searcher: Searcher, *, show_progress: bool = True
+) -> None:
     """Held-out metrics of the policy before its warm start (`run.eval_base`), into `model`."""
     model.eval_base = evaluate_policy(
-        cfg, model.engine, model.tokenizer, model.where, data.eval, searcher, "base", model.eval_base_em
+        cfg,
+        model.engine,
+        model.tokenizer,
+        model.where,
+        data.eval,
+        searcher,
+        "base",
+        model.eval_base_em,
+        model.eval_base_scores,
+        show_progress=show_progress,
     )
 
 
@@ -486,6 +583,7 @@ def warm_start(
             "dataset_gt": report,
             "eval_base": model.eval_base,
             "eval_base_em": model.eval_base_em,
+            "eval_base_scores": model.eval_base_scores,
         },
     )
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from pvpo.trainer.config.schema import check_attn_implementation, check_device_name
-from pvpo.trainer.model.memory import peak_rss_gib, reset_peak_rss
+from pvpo.trainer.model.memory import peak_rss_gib, release_freed_heap, reset_peak_rss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -196,6 +196,8 @@ class PhaseMemory:
             peak = peak_rss_gib() if ok else None
             if peak is not None:
                 self.peaks[f"mem/{name}_peak_rss_gib"] = peak
+            if self.device.type != "cuda":  # what the phase freed leaves the process before the next one
+                release_freed_heap()
 
     @contextlib.contextmanager
     def _cuda(self, name: str) -> Iterator[None]:

@@ -95,18 +95,41 @@ def checkpointing_enabled(model: torch.nn.Module) -> bool:
     return bool(getattr(model, flag, False))
 
 
+def step_fixed_bytes(model: torch.nn.Module, device: torch.device) -> int:
+    """Bytes a training step allocates beside its activations whatever its micro-batch: each
+    trainable parameter's gradient (freed between steps, `zero_grad(set_to_none=True)`) and, under
+    16-bit autocast on `device` (the caller's context), the 16-bit copies of the float32 weights
+    that autocast keeps for the step. Without them a short micro-batch on a large tied vocabulary
+    was estimated at a third of what it took (`bench/step_memory.py`, 262,144-token vocabulary,
+    one row of 237 tokens: 1.63 GiB measured, 0.62 estimated; 2.06 with these bytes). AdamW's
+    parameter-sized temporary is not added: it lives after the backward has freed the activations."""
+
+    def local(p: torch.Tensor) -> torch.Tensor:
+        return getattr(p, "_local_tensor", p)  # an FSDP2 shard holds its own part only
+
+    grads = sum(local(p).numel() * local(p).element_size() for p in model.parameters() if p.requires_grad)
+    copies = 0
+    if torch.is_autocast_enabled(device.type) and torch.get_autocast_dtype(device.type) in (
+        torch.bfloat16,
+        torch.float16,
+    ):
+        copies = sum(local(p).numel() * 2 for p in model.parameters() if p.dtype == torch.float32)
+    return int(grads + copies)
+
+
 def default_max_tokens(
     model: torch.nn.Module, device: torch.device, *, checkpointing: bool, seq_len: int
 ) -> int | None:
     """`optim.max_tokens_per_micro_batch` when unset, for rows of up to `seq_len` tokens: the padded
-    tokens whose estimated activations take min(30% of the available memory, 4 GiB), rounded down
-    to 256, within [256, 65536]; None when the model's shape or the memory is unknown (then
-    micro-batches go by row count)."""
+    tokens whose estimated activations take min(30% of the memory left once the step's fixed
+    bytes (`step_fixed_bytes`) are set aside, 4 GiB), rounded down to 256, within [256, 65536];
+    None when the model's shape or the memory is unknown (then micro-batches go by row count)."""
     shape, free = ModelShape.of(model), available_bytes(device)
     if shape is None or free is None:
         return None
     per = shape.bytes_per_token(checkpointing=checkpointing, seq_len=seq_len)
-    tokens = int(min(free * DEFAULT_SHARE, DEFAULT_CAP_BYTES) // per) // ROUND * ROUND
+    left = max(0, free - step_fixed_bytes(model, device))
+    tokens = int(min(left * DEFAULT_SHARE, DEFAULT_CAP_BYTES) // per) // ROUND * ROUND
     return max(MIN_TOKENS, min(MAX_TOKENS, tokens))
 
 
@@ -114,14 +137,17 @@ def check_fits(
     model: torch.nn.Module, device: torch.device, padded_tokens: int, *, checkpointing: bool, seq_len: int
 ) -> None:
     """MemoryBudgetError (one line: the need, what is free, the fix) when a micro-batch of
-    `padded_tokens` in rows of `seq_len` cannot fit even at half its estimated size; nothing when it may."""
+    `padded_tokens` in rows of `seq_len` cannot fit even at half its estimated activations on top
+    of the step's fixed bytes (`step_fixed_bytes`); nothing when it may."""
     shape, free = ModelShape.of(model), available_bytes(device)
     if shape is None or free is None:
         return
     need = padded_tokens * shape.bytes_per_token(checkpointing=checkpointing, seq_len=seq_len)
-    if need / 2 > free:
+    fixed = step_fixed_bytes(model, device)
+    if need / 2 + fixed > free:
         raise MemoryBudgetError(
-            f"a training micro-batch of {padded_tokens} padded tokens needs ~{need / 2**30:.1f} GiB of activations, "
+            f"a training micro-batch of {padded_tokens} padded tokens needs ~{need / 2**30:.1f} GiB of activations "
+            f"and {fixed / 2**30:.1f} GiB of gradients and weight copies, "
             f"{free / 2**30:.1f} GiB free on {device}; fix: lower optim.max_tokens_per_micro_batch "
             "(a single longer row: lower data.max_response_tokens / env.max_turns) or set model.gradient_checkpointing=true"
         )
@@ -170,3 +196,28 @@ def process_peak_rss_gib() -> float | None:
     if kib is None:
         return None
     return max(kib, _peak_before_resets_kib) / 2**20
+
+
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
+def release_freed_heap() -> bool:
+    """Give the heap memory this process has freed back to the kernel (glibc's `malloc_trim(0)`);
+    False where the C library has no such call. A CPU update's activations are freed into glibc's
+    heap, which keeps them resident: `bench/heap_retention.py` measured 9.41 of 11.31 GiB resident as
+    free heap after a SmolLM2 update (8 rows x 1,024 tokens), 1.91 GiB after the trim (0.8 s), so
+    without it every later phase stacked on the update's high-water mark."""
+    try:
+        libc = _libc()
+        trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    except OSError:
+        return False
+    if trim is None:
+        return False
+    trim(0)
+    return True

@@ -19,7 +19,7 @@ micro-batches where a rank has run out of rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -141,15 +141,25 @@ class MicroBatch:
 
 
 def micro_batches(
-    batch: Batch, rows: Sequence[int], *, agg: str, max_tokens: int | None, parts: int = 1, max_rows: int | None = None
+    batch: Batch,
+    rows: Sequence[int],
+    *,
+    agg: str,
+    max_tokens: int | None,
+    parts: int = 1,
+    max_rows: int | None = None,
+    skip: Collection[int] = (),
 ) -> list[MicroBatch]:
     """The micro-batches of the mini-batch `rows` of `batch`, weighted for an exact accumulation
-    over all ranks (a collective: every data-parallel rank must call it for each mini-batch)."""
+    over all ranks (a collective: every data-parallel rank must call it for each mini-batch).
+    Rows in `skip` (whose loss is known to be 0) get no micro-batch but still count in the
+    aggregation's denominator, so the others weigh what they would with them."""
     pl, rl = row_lengths(batch)
-    plan = plan_micro_batches(rows, pl, rl, max_tokens=max_tokens, max_rows=max_rows, parts=parts)
+    run = [r for r in rows if r not in skip]
+    plan = plan_micro_batches(run, pl, rl, max_tokens=max_tokens, max_rows=max_rows, parts=parts)
     count = all_reduce_max(len(plan))
     if count > len(plan):
-        plan = plan_micro_batches(rows, pl, rl, max_tokens=max_tokens, max_rows=max_rows, parts=parts, min_count=count)
+        plan = plan_micro_batches(run, pl, rl, max_tokens=max_tokens, max_rows=max_rows, parts=parts, min_count=count)
     total = all_reduce_sum(loss_units(batch.loss_mask[list(rows)], agg)) if rows else all_reduce_sum(0.0)
     out = []
     for micro in plan:

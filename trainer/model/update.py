@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from pvpo.progress import Progress
 from pvpo.trainer.algorithms.advantages import broadcast_to_tokens
 from pvpo.trainer.algorithms.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
 from pvpo.trainer.algorithms.losses import CHUNK_ELEMENTS, LossConfig, entropy_from_logits, token_logprobs
@@ -67,6 +68,17 @@ def batch_logprobs(
         max_tokens=max_tokens,
         max_rows=micro,
     )
+
+
+def update_token_budget(model: torch.nn.Module, optim: OptimConfig, seq_len: int) -> int | None:
+    """The padded tokens a micro-batch of rows up to `seq_len` long may hold in an update:
+    `optim.max_tokens_per_micro_batch`, else (without gradient accumulation) `default_max_tokens`
+    from the model's shape and the memory free; None = by row count. No-gradient passes over the
+    same batch (the reference's log-probs) take the same budget."""
+    if optim.max_tokens_per_micro_batch is not None or optim.grad_accum != 1:
+        return optim.max_tokens_per_micro_batch
+    device = next(model.parameters()).device
+    return default_max_tokens(model, device, checkpointing=checkpointing_enabled(model), seq_len=seq_len)
 
 
 def micro_batch_loss(
@@ -191,20 +203,20 @@ def policy_update(
     default_agg: str = "token-mean",
     norm_len: int | None = None,
     separate_old_pass: bool = False,
+    progress: Progress | None = None,
 ) -> dict[str, float]:
     """Run the configured epochs of updates on `batch`; returns the mean of each stat, plus the
     sampler/trainer `mismatch/*` stats and, with `importance.enabled`, the corrected loss.
     `default_agg` / `norm_len`: see `loss_config`. `separate_old_pass`: compute the trainer's
-    pre-update log-probs in their own no-grad pass even where the loss pass gives them (a check)."""
+    pre-update log-probs in their own no-grad pass even where the loss pass gives them (a check).
+    `progress` (a `pvpo.progress.Progress`) counts the micro-batches as their backward ends."""
     loss_cfg = loss_config(optim, default_agg=default_agg, norm_len=norm_len)
     if loss_cfg.norm_len is None:  # micro-batches are trimmed: keep the batch's width as the constant divisor
         loss_cfg = dataclasses.replace(loss_cfg, norm_len=batch.loss_mask.shape[-1])
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     ckpt = checkpointing_enabled(model)
-    max_tokens = optim.max_tokens_per_micro_batch
-    if max_tokens is None and optim.grad_accum == 1:  # a token budget by default, from the model and the machine
-        max_tokens = default_max_tokens(model, device, checkpointing=ckpt, seq_len=batch.input_ids.shape[1])
+    max_tokens = update_token_budget(model, optim, batch.input_ids.shape[1])
     ref_lp = (
         batch_logprobs(ref_model, batch, temperature, max_tokens=max_tokens)
         if ref_model is not None and optim.kl_coef > 0
@@ -224,17 +236,22 @@ def policy_update(
     else:
         lp_train_old = batch_logprobs(model, batch, temperature, max_tokens=max_tokens)  # the weights that sampled
         old_lp, is_w = importance_denominator(lp_train_old, batch, importance)
+    inert = inert_rows(advantages, batch.loss_mask) if optim.kl_coef == 0 and optim.entropy_coef == 0 else set()
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, list[float]] = defaultdict(list)
     for _ in range(optim.epochs):
         order = torch.randperm(len(batch), generator=gen)
         for mini in _split(order, n_minis):
             optimizer.zero_grad(set_to_none=True)
+            rows = mini.tolist()
+            skip = inert & set(rows[1:]) if inert.issuperset(rows) else inert  # one micro-batch at least
             micros = micro_batches(
-                batch, mini.tolist(), agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum
+                batch, rows, agg=loss_cfg.agg, max_tokens=max_tokens, parts=optim.grad_accum, skip=skip
             )
             big = max(micros, key=lambda mb: mb.batch.input_ids.numel()).batch.input_ids
             check_fits(model, device, big.numel(), checkpointing=ckpt, seq_len=big.shape[1])
+            if progress is not None and progress.total is None:
+                progress.total = len(micros) * n_minis * optim.epochs
 
             def run(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
                 ix, r = mb.rows, mb.r
@@ -254,6 +271,8 @@ def policy_update(
                     is_weights=is_w[ix, :r] if is_w is not None else None,
                     denominator=own if fused else None,
                 )
+                if progress is not None:
+                    progress.update(1)
                 return loss, stats
 
             mini_loss, micro_stats = accumulate(micros, run)
@@ -265,6 +284,24 @@ def policy_update(
             step_optimizer(optimizer)
             if engine is not None:
                 engine.sync_weights(model)
-    mismatch = mismatch_stats(lp_train_old, batch, importance)
+    computed = [i for i in range(len(batch)) if i not in inert] if fused else list(range(len(batch)))
+    if len(computed) < len(batch):  # a skipped row's pre-update log-probs were never computed
+        mismatch = mismatch_stats(lp_train_old[computed], batch.select(computed), importance)
+    else:
+        mismatch = mismatch_stats(lp_train_old, batch, importance)
     budget = {"micro_batch/max_tokens": float(max_tokens)} if max_tokens is not None else {}
-    return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch, **budget}
+    skipped = {"update/skipped_rows_frac": len(inert) / max(1, len(batch))}
+    return {**{k: sum(v) / len(v) for k, v in sums.items()}, **mismatch, **budget, **skipped}
+
+
+def inert_rows(advantages: torch.Tensor, loss_mask: torch.Tensor) -> set[int]:
+    """Rows whose advantage is 0 on every model token. Without a KL or entropy term their loss,
+    the clipped surrogate of A = 0, is 0 whatever the ratio, and so is its gradient: the update
+    skips their forward and backward (their tokens still count in the aggregation). Under PVPO
+    with Group Sampling most rows of a prompt given a GT trajectory are such rows: a wrong but
+    well-formed answer earns the format floor, as the reference's did, so r - anchor = 0."""
+    if advantages.dim() == 1:
+        zero = advantages == 0
+    else:
+        zero = ((advantages != 0) & (loss_mask[:, : advantages.shape[1]] > 0)).sum(-1) == 0
+    return {int(i) for i in zero.nonzero().flatten().tolist()}

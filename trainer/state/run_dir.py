@@ -22,6 +22,8 @@ RUN_ENTRIES = (
     "summary.md",
     "ranks",
     "held_out.jsonl",
+    "held_out",
+    "validation.jsonl",
     "held_out_em.json",
     "eval_before.json",
 )
@@ -109,6 +111,17 @@ class RunDir:
     def held_out(self) -> Path:
         """The held-out questions of a QA-file run (FlashRAG jsonl), for `pvpo eval` of its policy."""
         return self.root / "held_out.jsonl"
+
+    def held_out_dataset(self, name: str) -> Path:
+        """The held-out questions of one dataset (a run over several), `held_out/<name>.jsonl`: `pvpo
+        eval --dataset` of each gives the per-dataset columns of the run's table."""
+        return self.root / "held_out" / f"{name}.jsonl"
+
+    @property
+    def validation(self) -> Path:
+        """The validation questions (`data.validation_examples`, FlashRAG jsonl): settings are chosen
+        on these, never on the held-out set."""
+        return self.root / "validation.jsonl"
 
     @property
     def held_out_em(self) -> Path:
