@@ -342,7 +342,3 @@ def test_the_readme_block_and_the_plot_are_recomputed_from_the_shipped_results_a
     drawn_with = {inv["machine"]["matplotlib"] for inv in doc["invocations"]}
     if drawn_with == {matplotlib.__version__}:
         assert plot.read_bytes() == (REPO / doc["plan"]["plot"]).read_bytes()
-
-
-def test_the_repository_ships_the_headline_benchmarks_results():
-    assert {p.name for p in SHIPPED} >= {"algorithms"}
