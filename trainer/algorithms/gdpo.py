@@ -7,8 +7,9 @@ rollouts with two binary rewards, summed rewards (0, 1), (0, 2) and (1, 2) all g
     A_k = (r_k - mean_group(r_k)) / (std_group(r_k) + eps),
 
 sums them with the component weights, A = sum_k w_k A_k (Eq. 5), and normalises A over the
-whole batch (Eq. 6), so (0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of
-the patterns where one reward differs. Conditioned rewards (Sec. 3.2): a component counts only
+whole batch (Eq. 6; its mean and std over the policy's own rollouts, as the group step's), so
+(0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of the patterns where one
+reward differs. Conditioned rewards (Sec. 3.2): a component counts only
 where another reaches a threshold (r_k <- r_k * 1[r_l >= t]), applied before normalisation.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std
+from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
 from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
@@ -117,7 +118,8 @@ def gdpo(
     (unbiased group std over the group's `policy_rows`, as our `grpo`: an injected GT row is
     normalised by the policy rows' statistics; a group of fewer than 2 policy rows gets 0),
     weighted sum over components,
-    then `(A - mean_batch) / (std_batch + eps)` when `batch_norm`.
+    then `(A - mean_batch) / (std_batch + eps)` over the batch's policy rows when `batch_norm`
+    (`batch_normalise`).
 
     `components`: `[B, K]`, one column per reward component (required: the trainer builds it
     from `Trajectory.reward_components`); `component_names` names the columns for `weights`
@@ -139,6 +141,20 @@ def gdpo(
     per = (comps - mean) / (group_std(comps, uids, policy_rows) + eps)
     per = torch.where(count > 1, per, torch.zeros_like(per))
     adv = per @ weight_vector(names, weights, per)
-    if batch_norm and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std() + eps)
+    if batch_norm:
+        adv = batch_normalise(adv, policy_rows, eps)
     return adv
+
+
+def batch_normalise(adv: torch.Tensor, rows: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """GDPO's batch step (arXiv:2601.05242, Eq. 6), `(A - mean) / (std + eps)`, with the mean and
+    unbiased std over `rows` (the policy's own rollouts; all rows when None), as the group step: an
+    injected GT row is scaled by the policy rows' statistics and moves none of them. Fewer than 2
+    counted rows: `adv` unchanged (no spread to divide by)."""
+    wt = row_weights(adv, rows)
+    n = float(wt.sum())
+    if n < 2:
+        return adv
+    mean = (adv * wt).sum() / n
+    std = ((wt * (adv - mean) ** 2).sum() / (n - 1)).sqrt()
+    return (adv - mean) / (std + eps)
