@@ -178,13 +178,15 @@ class Trainer:
     def _restore(self, ckpt: Path) -> int:
         """Weights, optimizer, RNG, cost counters and the estimator's state of `ckpt`; its step."""
         if ddp.is_distributed():
-            state = load_sharded_checkpoint(ckpt, model=self.model, optimizer=self.optimizer)
+            state = load_sharded_checkpoint(
+                ckpt, model=self.model, optimizer=self.optimizer, modules=self.estimator_state.sharded_modules()
+            )
         else:
             load_lora_weights(self.model, ckpt) if is_lora(self.model) else load_weights(self.model, ckpt)
             state = load_trainer_state(ckpt)
             self.optimizer.load_state_dict(state["optimizer"])
             set_rng_state(state["rng"])
-            self.estimator_state.load_state_dict(state.get("extra", {}))
+        self.estimator_state.load_state_dict(state.get("extra", {}))
         self.engine.sync_weights(self.model)
         if "cost" in state.get("extra", {}):
             self.cost.load_state_dict(state["extra"]["cost"])
@@ -224,23 +226,23 @@ class Trainer:
         progress: Progress | None = None,
     ) -> list[Trajectory]:
         """Trajectories for `examples`, `rollout.batch_size` at a time, counted as `kind` cost.
-        `offset`: the position of `examples[0]` in the step's whole list (a rank's share), so the
-        batches' seeds are those of a single process rolling out the whole list. `progress`
-        counts the trajectories as they end."""
-        bs, out = self.cfg.rollout.batch_size, []
+        `offset`: the position of `examples[0]` in the step's whole list (a rank's share), so each
+        trajectory's seed is the one a single process rolling out the whole list gives it.
+        `progress` counts the trajectories as they end."""
+        out: list[Trajectory] = []
         loop = loop_config(self.cfg, temperature)
         done = (lambda i, t: progress.update(1)) if progress is not None else None
-        for s in range(0, len(examples), bs):
+        for lo, hi, start in ddp.aligned_batches(offset, len(examples), self.cfg.rollout.batch_size):
             with self.where.autocast():
-                batch = examples[s : s + bs]
                 out += run_agent_loop(
                     engine or self.engine,
                     self.tokenizer,
-                    batch,
+                    examples[lo:hi],
                     self.searcher,
                     self.epcfg,
                     loop,
-                    seed=_seed(seed, offset + s),
+                    seed=_seed(seed, start),
+                    indices=range(offset + lo - start, offset + hi - start),
                     on_done=done,
                 )
         self.cost.add(kind, out)
@@ -359,7 +361,10 @@ class Trainer:
             trajs += self.estimator_state.extra_rollouts(
                 prompts,
                 trajs,
-                lambda exs, rnd: self.rollout(exs, seed=_seed(seed, "v05", step, rnd, ddp.rank())),
+                # one seed for all ranks (the trailing 0 keeps one process's), offset by the ranks before
+                lambda exs, rnd: self.rollout(
+                    exs, seed=_seed(seed, "v05", step, rnd, 0), offset=ddp.exclusive_prefix_sum(len(exs))
+                ),
                 anchors,
             )
             trajs += injected
@@ -394,30 +399,33 @@ class Trainer:
         finally:
             self.engine.wake_up()  # evaluation and the next rollouts sample again
         t2 = time.perf_counter()
-        # 5. metrics
+        # 5. metrics (under torchrun the rollouts' own are weighted by each rank's sampled rollouts)
         sampled = trajs[: len(trajs) - len(injected)]
+        per_rollout = dict(summarize(sampled))
+        if anchors is not None:  # over the sampled rollouts' prompts, so reward - anchor compares like with like
+            per_rollout["anchor/mean"] = float(np.mean([anchors[t.uid] for t in sampled])) if sampled else 0.0
         metrics = {
-            **summarize(sampled),
             **advantage_stats(adv, batch.uids, mask=batch.loss_mask),
             **stats,
             "time/rollout_s": t1 - t0,
             "time/train_s": t2 - t1,
         }
-        if anchors is not None:  # over the sampled rollouts' prompts, so reward - anchor compares like with like
-            metrics["anchor/mean"] = float(np.mean([anchors[t.uid] for t in sampled])) if sampled else 0.0
         if self.reference.partition is not None:
             metrics["gt/fraction"] = len(injected) / len(trajs)
             metrics["gs/pool_size"] = float(len(self.reference.pool(self.data.train)))
         metrics.update(self.reference.pop_report())
-        metrics.update(self.cost.step_metrics())
         metrics.update(self.memory.pop())
-        return ddp.reduce_metrics(metrics, len(trajs))
+        metrics = {**ddp.reduce_metrics(per_rollout, len(sampled)), **ddp.reduce_metrics(metrics, len(trajs))}
+        # summed over the ranks inside the counter: every rank holds the run's totals (a checkpoint's)
+        metrics.update(self.cost.step_metrics(reduce=ddp.all_reduce_sums))
+        return metrics
 
     def save(self, step: int) -> None:
         """A checkpoint of `step`: weights, optimizer, RNG, cost, the estimator's state and the
         run's state files."""
         save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
         extra = {"cost": self.cost.state_dict(), **self.estimator_state.state_dict()}
+        sharded = {"modules": self.estimator_state.sharded_modules()} if ddp.is_distributed() else {}
         save(
             self.run_dir,
             step,
@@ -426,6 +434,7 @@ class Trainer:
             optimizer=self.optimizer,
             extra=extra,
             state_files=self.files.state_files(),
+            **sharded,
         )
 
     def run(self) -> TrainResult:

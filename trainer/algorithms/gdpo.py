@@ -14,11 +14,12 @@ where another reaches a threshold (r_k <- r_k * 1[r_l >= t]), applied before nor
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from pvpo.trainer.algorithms.data_parallel import pooled_mean_std
 from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std
 from pvpo.trainer.algorithms.spec import register_estimator
 from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
@@ -82,19 +83,25 @@ def weight_vector(
 
 class GDPOState(EstimatorState):
     """Builds `components=` `[B, K]` from each trajectory's reward components, with the names,
-    weights, conditions and batch-norm flag of `algorithm.gdpo`."""
+    weights, conditions and batch-norm flag of `algorithm.gdpo`. Under torchrun the columns are
+    the components of every rank's trajectories and the batch normalisation is over every rank's."""
 
     def __init__(self, context: EstimatorContext) -> None:
-        self.cfg = context.algorithm.gdpo
+        self.cfg, self.parallel = context.algorithm.gdpo, context.parallel
 
     def kwargs(self, trajs: Sequence[Trajectory], batch: Batch) -> dict[str, Any]:
-        comps, names = component_matrix([t.reward_components for t in trajs], self.cfg.components)
+        names = self.cfg.components
+        if names is None and self.parallel.distributed:
+            mine = sorted({k for t in trajs for k in t.reward_components})
+            names = sorted({k for part in self.parallel.all_gather(mine) for k in part})
+        comps, names = component_matrix([t.reward_components for t in trajs], names)
         return {
             "components": comps,
             "component_names": names,
             "weights": self.cfg.weights,
             "conditions": self.cfg.conditions,
             "batch_norm": self.cfg.batch_norm,
+            "all_sum": self.parallel.all_sum if self.parallel.distributed else None,
         }
 
 
@@ -111,6 +118,7 @@ def gdpo(
     conditions: Sequence[Any] = (),
     batch_norm: bool = True,
     policy_rows: torch.Tensor | None = None,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """GDPO advantages `[B]` (arXiv:2601.05242, Eqs. 4-6): per-component group normalisation
@@ -121,7 +129,8 @@ def gdpo(
 
     `components`: `[B, K]`, one column per reward component (required: the trainer builds it
     from `Trajectory.reward_components`); `component_names` names the columns for `weights`
-    given by name and for `conditions`."""
+    given by name and for `conditions`; `all_sum` (a tensor summed over the ranks of a torchrun
+    run): the batch of Eq. 6 is every rank's."""
     check_rewards(rewards, uids)
     if components is None:
         raise ValueError(
@@ -139,6 +148,9 @@ def gdpo(
     per = (comps - mean) / (group_std(comps, uids, policy_rows) + eps)
     per = torch.where(count > 1, per, torch.zeros_like(per))
     adv = per @ weight_vector(names, weights, per)
+    if batch_norm and all_sum is not None:
+        mean, std, n = pooled_mean_std(adv, all_sum)
+        return (adv - mean) / (std + eps) if n > 1 else adv
     if batch_norm and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + eps)
     return adv
