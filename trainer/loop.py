@@ -423,19 +423,18 @@ class Trainer:
     def save(self, step: int) -> None:
         """A checkpoint of `step`: weights, optimizer, RNG, cost, the estimator's state and the
         run's state files."""
-        save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
         extra = {"cost": self.cost.state_dict(), **self.estimator_state.state_dict()}
-        sharded = {"modules": self.estimator_state.sharded_modules()} if ddp.is_distributed() else {}
-        save(
-            self.run_dir,
-            step,
-            model=checkpoint_view(self.model),
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            extra=extra,
-            state_files=self.files.state_files(),
-            **sharded,
-        )
+        args: dict[str, Any] = {
+            "model": checkpoint_view(self.model),
+            "tokenizer": self.tokenizer,
+            "optimizer": self.optimizer,
+            "extra": extra,
+            "state_files": self.files.state_files(),
+        }
+        if ddp.is_distributed():  # the estimator's sharded modules (PPO's critic) go through DCP with the policy
+            save_sharded_checkpoint(self.run_dir, step, modules=self.estimator_state.sharded_modules(), **args)
+        else:
+            save_checkpoint(self.run_dir, step, **args)
 
     def run(self) -> TrainResult:
         cfg = self.cfg

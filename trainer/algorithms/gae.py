@@ -106,9 +106,8 @@ class PPOState(EstimatorState):
         self.cfg, self.parallel = context.algorithm.ppo, context.parallel
         # a sharded policy's trunk is gathered whole first (a collective), so every rank starts
         # from the same critic, then sharded as the policy is
-        trunk = self.parallel.whole(context.model)
-        self.critic = self.parallel.shard(Critic(trunk).to(context.device))
-        del trunk
+        self.critic = Critic(self.parallel.whole(context.model)).to(context.device)
+        self.parallel.shard(self.critic)  # in place (FSDP2's fully_shard)
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.cfg.critic.lr)
 
     def trains_policy(self, step: int) -> bool:

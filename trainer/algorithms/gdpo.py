@@ -149,8 +149,8 @@ def gdpo(
     per = torch.where(count > 1, per, torch.zeros_like(per))
     adv = per @ weight_vector(names, weights, per)
     if batch_norm and all_sum is not None:
-        mean, std, n = pooled_mean_std(adv, all_sum)
-        return (adv - mean) / (std + eps) if n > 1 else adv
+        b_mean, b_std, n = pooled_mean_std(adv, all_sum)
+        return (adv - b_mean) / (b_std + eps) if n > 1 else adv
     if batch_norm and adv.numel() > 1:
         adv = (adv - adv.mean()) / (adv.std() + eps)
     return adv

@@ -99,7 +99,12 @@ class V05State(EstimatorState):
             order = list(means)
             texts = [self.texts[u] for u in order]
             mine = list(
-                zip(order, texts, self.value_model.embeddings(order, texts), [sum(means[u]) / len(means[u]) for u in order])
+                zip(
+                    order,
+                    texts,
+                    self.value_model.embeddings(order, texts),
+                    [sum(means[u]) / len(means[u]) for u in order],
+                )
             )
             # every rank adds every rank's entries, in rank order: one store, as one process builds it
             rows = [row for part in self.parallel.all_gather(mine) for row in part]

@@ -175,7 +175,7 @@ def broadcast_object(obj: T, src: int = 0) -> T:
         return obj
     box: list[Any] = [obj if rank() == src else None]
     dist.broadcast_object_list(box, src=src)
-    return box[0]  # type: ignore[no-any-return]
+    return box[0]
 
 
 def all_gather_objects(obj: T) -> list[T]:
