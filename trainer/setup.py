@@ -211,14 +211,14 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
             rl, sft = disjoint_splits(train, n_rl=d.max_train_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0], []
     held_out = disjoint_splits(evals, n_rl=d.max_eval_examples, n_sft=None, shuffle_seed=d.shuffle_seed)[0]
     if world is None and held_out:  # `pvpo eval --dataset <run>/held_out.jsonl` reproduces the run's numbers
-        files = RunDir(run_dir)
-        write_questions(held_out, files.validation if d.evaluate_on == "validation" else files.held_out)
+        run_files = RunDir(run_dir)
+        write_questions(held_out, run_files.validation if d.evaluate_on == "validation" else run_files.held_out)
         by_dataset: dict[str, list[QAExample]] = {}
         for q in held_out:
             by_dataset.setdefault(dataset_of(q), []).append(q)
         if d.evaluate_on == "held_out" and len(by_dataset) > 1:  # one `pvpo eval --dataset` a column of the table
             for name, qs in by_dataset.items():
-                write_questions(qs, files.held_out_dataset(name))
+                write_questions(qs, run_files.held_out_dataset(name))
     return Data(rl, held_out, corpus_path, texts, world, sft)
 
 
