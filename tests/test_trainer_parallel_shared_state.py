@@ -3,8 +3,8 @@ group (seconds, not a training run): rank 0's object on every rank, the GT set e
 share of, metrics reduced as one process would compute them, cost counters that hold the run's
 totals on every rank, PPO's sharded critic and whitened advantages equal to one process's on the
 whole batch, GDPO's batch normalisation over all ranks, V0.5's rounds in lockstep; and, in one
-process, the LoRA merge from a gathered state dict, the files only rank 0 writes, the batches a
-rank's share is cut into, and the refusal of an estimator that cannot run sharded."""
+process, the LoRA merge from a gathered state dict, the files only rank 0 writes and the batches a
+rank's share is cut into (every registered estimator: `test_trainer_parallel_registry.py`)."""
 
 from __future__ import annotations
 
@@ -256,18 +256,3 @@ def test_only_the_main_rank_writes_the_gt_cache_and_the_value_model(tmp_path):
     vm = PromptValueModel(embed, path=tmp_path / "vm.json", read_only=True)
     vm.update(["a"], ["q"], [0.5], vectors=[np.ones(3)])
     assert vm.predict(["b"], ["q2"]) == {"b": 0.5} and not (tmp_path / "vm.json").exists()
-
-
-def test_an_estimator_that_cannot_run_sharded_is_refused_under_torchrun_naming_the_key(monkeypatch):
-    import dataclasses
-
-    from pvpo.trainer import setup
-    from pvpo.trainer.algorithms.spec import get_spec
-    from pvpo.trainer.config.schema import load_config
-
-    spec = dataclasses.replace(get_spec("grpo"), name="solo", sharded=False)
-    monkeypatch.setattr(setup.ddp, "is_distributed", lambda: True)
-    with pytest.raises(ValueError, match=r"algorithm.estimator=solo does not run under torchrun.*--nproc 1.*pvpo"):
-        setup.check_supported(load_config(None, []), spec)
-    for name in ("grpo", "dr_grpo", "rloo", "pvpo", "gdpo", "v05", "v05_value", "ppo"):  # every shipped one runs
-        setup.check_supported(load_config(None, [f"algorithm.estimator={name}"]), get_spec(name))
