@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,12 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
-from pvpo.trainer.model.device import resolve_device, resolve_dtype
-from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
+from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
+from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
 from pvpo.trainer.model.update import batch_logprobs, policy_update, update_token_budget
 from pvpo.trainer.parallel import distributed as ddp
-from pvpo.trainer.parallel.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
 from pvpo.trainer.reference.pipeline import Reference
 from pvpo.trainer.reference.sources import GTContext
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
@@ -54,14 +54,7 @@ from pvpo.trainer.setup import (
     retriever_session,
     uses_anchor,
 )
-from pvpo.trainer.state.checkpoint import (
-    latest_checkpoint,
-    load_trainer_state,
-    load_weights,
-    restore_state_files,
-    save_checkpoint,
-    set_rng_state,
-)
+from pvpo.trainer.state.checkpoint import latest_checkpoint, restore_state_files
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
 from pvpo.trainer.state.resume import check_resume_config, fresh_run_dir, run_inputs
@@ -177,19 +170,14 @@ class Trainer:
 
     def _restore(self, ckpt: Path) -> int:
         """Weights, optimizer, RNG, cost counters and the estimator's state of `ckpt`; its step."""
-        if ddp.is_distributed():
-            state = load_sharded_checkpoint(
-                ckpt, model=self.model, optimizer=self.optimizer, modules=self.estimator_state.sharded_modules()
-            )
-        else:
-            load_lora_weights(self.model, ckpt) if is_lora(self.model) else load_weights(self.model, ckpt)
-            state = load_trainer_state(ckpt)
-            self.optimizer.load_state_dict(state["optimizer"])
-            set_rng_state(state["rng"])
-        self.estimator_state.load_state_dict(state.get("extra", {}))
+        state = load_run_checkpoint(
+            ckpt, model=self.model, optimizer=self.optimizer, modules=self.estimator_state.sharded_modules()
+        )
+        extra = state.get("extra", {})
+        self.estimator_state.load_state_dict(extra)
         self.engine.sync_weights(self.model)
-        if "cost" in state.get("extra", {}):
-            self.cost.load_state_dict(state["extra"]["cost"])
+        if "cost" in extra:
+            self.cost.load_state_dict(extra["cost"])
         return int(state["step"])
 
     def close(self) -> None:
@@ -423,18 +411,16 @@ class Trainer:
     def save(self, step: int) -> None:
         """A checkpoint of `step`: weights, optimizer, RNG, cost, the estimator's state and the
         run's state files."""
-        extra = {"cost": self.cost.state_dict(), **self.estimator_state.state_dict()}
-        args: dict[str, Any] = {
-            "model": checkpoint_view(self.model),
-            "tokenizer": self.tokenizer,
-            "optimizer": self.optimizer,
-            "extra": extra,
-            "state_files": self.files.state_files(),
-        }
-        if ddp.is_distributed():  # the estimator's sharded modules (PPO's critic) go through DCP with the policy
-            save_sharded_checkpoint(self.run_dir, step, modules=self.estimator_state.sharded_modules(), **args)
-        else:
-            save_checkpoint(self.run_dir, step, **args)
+        save_run_checkpoint(
+            self.run_dir,
+            step,
+            model=checkpoint_view(self.model),
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            extra={"cost": self.cost.state_dict(), **self.estimator_state.state_dict()},
+            state_files=self.files.state_files(),
+            modules=self.estimator_state.sharded_modules(),
+        )
 
     def run(self) -> TrainResult:
         cfg = self.cfg
@@ -488,22 +474,6 @@ class Trainer:
         return self.result
 
 
-@contextlib.contextmanager
-def _maybe_searcher(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searcher | None) -> Iterator[Searcher]:
-    if searcher is not None:
-        yield searcher
-    else:
-        with retriever_session(cfg, run_dir, data.corpus_path) as s:
-            yield s
-
-
-def with_resolved_dtype(cfg: TrainConfig, device: torch.device) -> TrainConfig:
-    """`cfg` with `model.dtype: auto` replaced by what it resolves to on `device` (`resolve_dtype`),
-    so the run's config.yaml, the policy, the reference and the engines all name one dtype."""
-    dtype = resolve_dtype(cfg.model.dtype, device)
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
-
-
 def train(
     cfg: TrainConfig,
     run_dir: str | Path,
@@ -529,7 +499,8 @@ def train(
                     stack.enter_context(fresh_run_dir(run_dir, overwrite=overwrite, inputs=run_inputs(cfg)))
                 run_dir.mkdir(parents=True, exist_ok=True)
                 data = load_data(cfg, run_dir)
-                s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))
+                given = contextlib.nullcontext(searcher) if searcher is not None else None
+                s = stack.enter_context(given or retriever_session(cfg, run_dir, data.corpus_path))
             trainer = stack.enter_context(
                 Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main())
             )

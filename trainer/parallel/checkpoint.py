@@ -1,4 +1,5 @@
-"""Checkpoints of a sharded (FSDP2) run, through `torch.distributed.checkpoint` (DCP).
+"""Checkpoints of a sharded (FSDP2) run, through `torch.distributed.checkpoint` (DCP), and a
+training run's choice between them and one process's (`save_run_checkpoint`, `load_run_checkpoint`).
 
 Layout of `<run>/checkpoints/step_NNNNNN/`, the same names as a single-process checkpoint where
 they mean the same thing:
@@ -29,8 +30,8 @@ from typing import Any
 import torch
 
 from pvpo.atomic import atomic_write_text
-from pvpo.trainer.model.lora import checkpointed_module
-from pvpo.trainer.parallel.distributed import barrier, full_state_dict, is_main, rank, world_size
+from pvpo.trainer.model.lora import checkpointed_module, is_lora, load_lora_weights
+from pvpo.trainer.parallel.distributed import barrier, full_state_dict, is_distributed, is_main, rank, world_size
 from pvpo.trainer.state.checkpoint import (
     LATEST,
     POLICY_DIR,
@@ -38,7 +39,9 @@ from pvpo.trainer.state.checkpoint import (
     TRAINER_STATE,
     CheckpointError,
     load_trainer_state,
+    load_weights,
     rng_state,
+    save_checkpoint,
     set_rng_state,
 )
 from pvpo.trainer.state.run_dir import RunDir
@@ -140,4 +143,48 @@ def load_sharded_checkpoint(
         osd = target["optimizer" if name == "model" else f"{name}_optimizer"]
         set_state_dict(mod, opt, model_state_dict=target[name], optim_state_dict=osd)
     set_rng_state(load_trainer_state(ckpt / f"rank_{rank()}")["rng"])
+    return state
+
+
+def save_run_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    state_files: Sequence[str | Path],
+    modules: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer]],
+) -> Path:
+    """A training run's checkpoint of `step`: under torchrun the sharded one, the estimator's
+    sharded `modules` (PPO's critic) beside the policy in DCP; in one process
+    `state.checkpoint.save_checkpoint` (a state's modules are then in its `extra`)."""
+    if is_distributed():
+        return save_sharded_checkpoint(
+            run_dir,
+            step,
+            model=model,
+            tokenizer=tokenizer,
+            optimizer=optimizer,
+            extra=extra,
+            state_files=state_files,
+            modules=modules,
+        )
+    return save_checkpoint(
+        run_dir, step, model=model, tokenizer=tokenizer, optimizer=optimizer, extra=extra, state_files=state_files
+    )
+
+
+def load_run_checkpoint(
+    ckpt: Path, *, model: Any, optimizer: torch.optim.Optimizer, modules: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Restore a training run's weights (a LoRA policy's adapters), optimizer, RNG and, under
+    torchrun, the estimator's sharded `modules` from `ckpt`; its trainer state (step, extra)."""
+    if is_distributed():
+        return load_sharded_checkpoint(ckpt, model=model, optimizer=optimizer, modules=modules)
+    load_lora_weights(model, ckpt) if is_lora(model) else load_weights(model, ckpt)
+    state = load_trainer_state(ckpt)
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"])
     return state
