@@ -1,6 +1,7 @@
 """Shared by the torchrun tests: the smoke config made to learn something in 2 steps, `pvpo train`
 in one process and under `torchrun --nproc_per_node 2` (gloo on CPU), a 2-rank run killed once its
-first checkpoint is in place, and the per-step comparison of two runs' metrics."""
+first checkpoint is in place, the per-step comparison of two runs' metrics, and checks run on
+spawned gloo ranks of one group (`on_gloo_ranks`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,3 +148,25 @@ def assert_same_steps(one: list[dict], two: list[dict], keys: Sequence[str] | No
         for k in figures if keys is None else keys:
             assert k in a and k in b, (a["step"], k)
             assert b[k] == pytest.approx(a[k], rel=tol, abs=tol), (a["step"], k, a[k], b[k])
+
+
+def _gloo_rank(rank: int, world: int, init_file: str, out_dir: str, checks: Callable[[int, str], dict]) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        results = checks(rank, out_dir)
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(results))
+
+
+def on_gloo_ranks(checks: Callable[[int, str], dict], world: int = 2) -> list[dict]:
+    """`checks(rank, scratch_dir)` (a module-level function) on `world` spawned ranks of one gloo
+    group sharing a scratch directory; what each rank returned (JSON), in rank order."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        mp.spawn(_gloo_rank, args=(world, str(Path(tmp) / "init"), tmp, checks), nprocs=world, join=True)
+        return [json.loads((Path(tmp) / f"rank_{r}.json").read_text()) for r in range(world)]

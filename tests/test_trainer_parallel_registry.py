@@ -8,9 +8,6 @@ estimator or config is checked here without being named."""
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from parallel_support import on_gloo_ranks
 
 from pvpo.trainer.algorithms.spec import available_estimators, get_spec
 from pvpo.trainer.rollout.trajectory import Trajectory, collate
@@ -118,35 +116,23 @@ def _steps(name: str, parallel, value_model_path: Path, prompts: list[int]) -> l
     return out
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
+def _every_estimator(rank: int, scratch: str) -> dict:
+    """Each sharded estimator's two steps in one process (the whole batch) and on this rank's share."""
+    from pvpo.trainer.algorithms.data_parallel import SINGLE
+    from pvpo.trainer.parallel.shared_state import data_parallel
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        from pvpo.trainer.algorithms.data_parallel import SINGLE
-        from pvpo.trainer.parallel.shared_state import data_parallel
-
-        results = {}
-        for name in available_estimators():
-            if not get_spec(name).sharded:
-                continue
-            share = [0, 1, 2] if rank == 0 else [3]
-            one = _steps(name, SINGLE, Path(out_dir, f"{name}_one_{rank}.json"), list(range(PROMPTS)))
-            two = _steps(name, data_parallel(), Path(out_dir, f"{name}_two.json"), share)
-            results[name] = {"one": one, "two": two}
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(results))
+    share = [0, 1, 2] if rank == 0 else [3]
+    results = {}
+    for name in (n for n in available_estimators() if get_spec(n).sharded):
+        one = _steps(name, SINGLE, Path(scratch, f"{name}_one_{rank}.json"), list(range(PROMPTS)))
+        two = _steps(name, data_parallel(), Path(scratch, f"{name}_two.json"), share)
+        results[name] = {"one": one, "two": two}
+    return results
 
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_worker, args=(str(Path(tmp) / "init"), tmp), nprocs=WORLD, join=True)
-        return [json.loads((Path(tmp) / f"rank_{r}.json").read_text()) for r in range(WORLD)]
+    return on_gloo_ranks(_every_estimator, WORLD)
 
 
 @pytest.mark.parametrize("name", available_estimators())

@@ -8,31 +8,16 @@ rank's share is cut into (every registered estimator: `test_trainer_parallel_reg
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
+from parallel_support import on_gloo_ranks
 
 from pvpo.trainer.parallel.distributed import aligned_batches
 
 WORLD = 2
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        results = _checks(rank)
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(results))
-
-
-def _checks(rank: int) -> dict:
+def _checks(rank: int, _scratch: str) -> dict:
     from trainer_support import random_trajectories
 
     from pvpo.trainer.algorithms.adaptive_budget import extend_groups
@@ -151,12 +136,7 @@ def _checks(rank: int) -> dict:
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_worker, args=(str(Path(tmp) / "init"), tmp), nprocs=WORLD, join=True)
-        return [json.loads((Path(tmp) / f"rank_{r}.json").read_text()) for r in range(WORLD)]
+    return on_gloo_ranks(_checks, WORLD)
 
 
 def test_rank_zeros_object_reaches_every_rank(ranks):
