@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -170,3 +171,13 @@ def on_gloo_ranks(checks: Callable[[int, str], dict], world: int = 2) -> list[di
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         mp.spawn(_gloo_rank, args=(world, str(Path(tmp) / "init"), tmp, checks), nprocs=world, join=True)
         return [json.loads((Path(tmp) / f"rank_{r}.json").read_text()) for r in range(world)]
+
+
+def tiny_qwen2(seed: int = 0) -> Any:
+    """A 2-layer Qwen2 causal LM of vocabulary 64, seeded (a policy whose trunk a critic copies)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    shape = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2}
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=64, num_attention_heads=2, num_key_value_heads=1, **shape))

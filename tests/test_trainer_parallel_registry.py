@@ -14,8 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
-from parallel_support import on_gloo_ranks
+from parallel_support import on_gloo_ranks, tiny_qwen2
 
 from pvpo.trainer.algorithms.spec import available_estimators, get_spec
 from pvpo.trainer.rollout.trajectory import Trajectory, collate
@@ -60,21 +59,6 @@ def _embed(_encoder: str | None):
     return embed
 
 
-def _model() -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
 def _steps(name: str, parallel, value_model_path: Path, prompts: list[int]) -> list[dict]:
     """Two steps of estimator `name` on `prompts` (indices into each step's PROMPTS): the first
     rollouts (prompt 1's group is one rollout and one GT row, as Group Sampling injects it), the
@@ -86,7 +70,12 @@ def _steps(name: str, parallel, value_model_path: Path, prompts: list[int]) -> l
     spec = get_spec(name)
     cfg = load_config(None, [f"algorithm.estimator={name}", "algorithm.ppo.critic.micro_batch_rows=3"]).algorithm
     context = EstimatorContext(
-        algorithm=cfg, rollout_n=N, model=_model(), value_model_path=value_model_path, embed=_embed, parallel=parallel
+        algorithm=cfg,
+        rollout_n=N,
+        model=tiny_qwen2(),
+        value_model_path=value_model_path,
+        embed=_embed,
+        parallel=parallel,
     )
     state = spec.make_state(context)
     out = []

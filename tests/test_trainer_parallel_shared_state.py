@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parallel_support import on_gloo_ranks
+from parallel_support import on_gloo_ranks, tiny_qwen2
 
 from pvpo.trainer.parallel.distributed import aligned_batches
 
@@ -66,19 +66,7 @@ def _checks(rank: int, _scratch: str) -> dict:
     # PPO: one critic sharded over the ranks against one process's on the whole batch; rank 0 has
     # two micro-batches of 3 rows, rank 1 one (its second forward is an empty, weight-0 one)
     cfg = load_config(None, ["algorithm.ppo.critic.micro_batch_rows=3", "algorithm.ppo.critic.epochs=2"]).algorithm
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    model = tiny_qwen2()
     trajs = random_trajectories(8, 64, seed=3)
     rows = [list(range(0, 5)), list(range(5, 8))][rank]
 
