@@ -15,11 +15,12 @@ where another reaches a threshold (r_k <- r_k * 1[r_l >= t]), applied before nor
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from pvpo.trainer.algorithms.data_parallel import SINGLE, pooled_mean_std
 from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
 from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
@@ -83,19 +84,25 @@ def weight_vector(
 
 class GDPOState(EstimatorState):
     """Builds `components=` `[B, K]` from each trajectory's reward components, with the names,
-    weights, conditions and batch-norm flag of `algorithm.gdpo`."""
+    weights, conditions and batch-norm flag of `algorithm.gdpo`. Under torchrun the columns are
+    the components of every rank's trajectories and the batch normalisation is over every rank's."""
 
     def __init__(self, context: EstimatorContext) -> None:
-        self.cfg = context.algorithm.gdpo
+        self.cfg, self.parallel = context.algorithm.gdpo, context.parallel
 
     def kwargs(self, trajs: Sequence[Trajectory], batch: Batch) -> dict[str, Any]:
-        comps, names = component_matrix([t.reward_components for t in trajs], self.cfg.components)
+        names = self.cfg.components
+        if names is None and self.parallel.distributed:
+            mine = sorted({k for t in trajs for k in t.reward_components})
+            names = sorted({k for part in self.parallel.all_gather(mine) for k in part})
+        comps, names = component_matrix([t.reward_components for t in trajs], names)
         return {
             "components": comps,
             "component_names": names,
             "weights": self.cfg.weights,
             "conditions": self.cfg.conditions,
             "batch_norm": self.cfg.batch_norm,
+            "all_sum": self.parallel.all_sum if self.parallel.distributed else None,
         }
 
 
@@ -112,6 +119,7 @@ def gdpo(
     conditions: Sequence[Any] = (),
     batch_norm: bool = True,
     policy_rows: torch.Tensor | None = None,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """GDPO advantages `[B]` (arXiv:2601.05242, Eqs. 4-6): per-component group normalisation
@@ -123,7 +131,8 @@ def gdpo(
 
     `components`: `[B, K]`, one column per reward component (required: the trainer builds it
     from `Trajectory.reward_components`); `component_names` names the columns for `weights`
-    given by name and for `conditions`."""
+    given by name and for `conditions`; `all_sum` (a tensor summed over the ranks of a torchrun
+    run): the batch of Eq. 6 is every rank's."""
     check_rewards(rewards, uids)
     if components is None:
         raise ValueError(
@@ -142,19 +151,23 @@ def gdpo(
     per = torch.where(count > 1, per, torch.zeros_like(per))
     adv = per @ weight_vector(names, weights, per)
     if batch_norm:
-        adv = batch_normalise(adv, policy_rows, eps)
+        adv = batch_normalise(adv, policy_rows, eps, all_sum)
     return adv
 
 
-def batch_normalise(adv: torch.Tensor, rows: torch.Tensor | None, eps: float) -> torch.Tensor:
+def batch_normalise(
+    adv: torch.Tensor,
+    rows: torch.Tensor | None,
+    eps: float,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """GDPO's batch step (arXiv:2601.05242, Eq. 6), `(A - mean) / (std + eps)`, with the mean and
     unbiased std over `rows` (the policy's own rollouts; all rows when None), as the group step: an
-    injected GT row is scaled by the policy rows' statistics and moves none of them. Fewer than 2
+    injected GT row is scaled by the policy rows' statistics and moves none of them. `all_sum` (a
+    tensor summed over the ranks of a torchrun run): the batch is every rank's. Fewer than 2
     counted rows: `adv` unchanged (no spread to divide by)."""
-    wt = row_weights(adv, rows)
-    n = float(wt.sum())
+    counted = adv[row_weights(adv, rows) > 0]
+    mean, std, n = pooled_mean_std(counted, all_sum or SINGLE.all_sum)
     if n < 2:
         return adv
-    mean = (adv * wt).sum() / n
-    std = ((wt * (adv - mean) ** 2).sum() / (n - 1)).sqrt()
     return (adv - mean) / (std + eps)

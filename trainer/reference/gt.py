@@ -74,10 +74,12 @@ class GTRecord:
 
 
 class GTCache:
-    """uid -> GTRecord, plus the uids a source failed on, in a JSON file written atomically."""
+    """uid -> GTRecord, plus the uids a source failed on, in a JSON file written atomically;
+    `read_only` loads the file and never writes it (a torchrun rank other than the main one)."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
         self.path = Path(path) if path is not None else None
+        self.read_only = read_only
         self.records: dict[str, GTRecord] = {}
         self.failed: dict[str, int] = {}  # uid -> attempts spent
         if self.path is not None and self.path.exists():
@@ -94,7 +96,7 @@ class GTCache:
         return len(self.records)
 
     def save(self) -> None:
-        if self.path is None:
+        if self.path is None or self.read_only:
             return
         doc = {
             "version": FORMAT_VERSION,
