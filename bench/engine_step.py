@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,8 @@ def one_engine(run: Path, index: Path, engine: str, steps: int, out: Path) -> No
         with retriever_session(cfg, Path(tmp), data.corpus_path) as searcher:
             with Trainer(cfg, Path(tmp), data, searcher, show_progress=False) as trainer:
                 rows = [{"step": s, **trainer.train_step(s)} for s in range(1, steps + 1)]
+                for row in rows:  # the process's peak so far (kB on Linux): engine, model, steps together
+                    row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out.write_text(json.dumps(rows))
 
 
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens = m["cost/policy_tokens"]
                 print(
                     f"| {engine} | {m['step']} | {m['cost/rollouts']:.0f} | {tokens:.0f} | {roll:.1f} | {tokens / roll:.0f} "
-                    f"| {upd:.1f} | {roll + upd:.1f} | {m.get('mem/process_peak_rss_gib', float('nan')):.2f} |",
+                    f"| {upd:.1f} | {roll + upd:.1f} | {m['peak_rss_gib']:.2f} |",
                     flush=True,
                 )
     return 0
