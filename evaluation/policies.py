@@ -127,6 +127,9 @@ def token_policy(
     if spec.loads_folder:
         from transformers import AutoTokenizer
 
+        from pvpo.trainer.model.policy import check_model_folder
+
+        check_model_folder(model)
         tokenizer = AutoTokenizer.from_pretrained(str(model))
         return TokenPolicy(build_engine(engine, model=str(model), dtype=dtype, **options), tokenizer)
     from pvpo.trainer.model.policy import load_policy

@@ -21,13 +21,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # What any component may use from the namespace root: the registry type, progress, user errors,
-# crash-safe files and the statistics helpers (pvpo/*.py, none of which imports a component).
+# crash-safe files, folder locks and the statistics helpers (pvpo/*.py, none of which imports a component).
 ROOT_UTILITIES = {
     "pvpo",
     "pvpo.registry",
     "pvpo.progress",
     "pvpo.user_errors",
     "pvpo.atomic",
+    "pvpo.locks",
     "pvpo.stats",
     "pvpo.lazy_exports",
     "pvpo.model_catalog",
@@ -122,7 +123,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "pvpo.trainer.rollout.trajectory",
         "pvpo.retriever.encoder",  # prompt embeddings for the value model
     ),
-    "parallel": ("pvpo.trainer.state",),
+    "parallel": ("pvpo.trainer.state", "pvpo.trainer.algorithms.data_parallel", "pvpo.trainer.model.lora"),
     "reference": (
         *OUTSIDE,
         "pvpo.trainer.rollout",
@@ -130,7 +131,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "pvpo.trainer.state",
         "pvpo.trainer.model.policy",  # a local model as GT source
     ),
-    "state": ("pvpo.trainer.config",),
+    "state": ("pvpo.trainer.config", "pvpo.trainer.model.policy"),  # a checkpoint's weight files
 }
 
 

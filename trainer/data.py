@@ -315,16 +315,6 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
         set_default_dtype(None)
 
 
-@contextlib.contextmanager
-def searcher_for(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searcher | None) -> Iterator[Searcher]:
-    """`searcher` when the caller gives one, else the run's `retriever_session`."""
-    if searcher is not None:
-        yield searcher
-    else:
-        with retriever_session(cfg, run_dir, data.corpus_path) as s:
-            yield s
-
-
 def step_examples(train: Sequence[QAExample], step: int, k: int, seed: int) -> list[QAExample]:
     """The `k` prompts of `step` (1-based): consecutive slices of a per-epoch permutation."""
     n = len(train)

@@ -53,7 +53,9 @@ class LoRAConfig(Section):
     only the adapters train; checkpoints hold the merged weights (`policy/`, loadable by vLLM and
     transformers) and the adapter (`adapter/`)."""
 
-    enabled: bool = Field(False, description="train low-rank adapters instead of all weights (one process only)")
+    enabled: bool = Field(
+        False, description="train low-rank adapters instead of all weights (peft; sharded with FSDP2 under torchrun)"
+    )
     r: int = Field(16, ge=1, description="adapter rank")
     alpha: int = Field(32, ge=1, description="adapter scale numerator: the update is scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")

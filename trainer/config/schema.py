@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from pvpo.atomic import atomic_write_text
 from pvpo.trainer.algorithms.spec import check_aggregation
 from pvpo.trainer.config.algorithm import AlgorithmConfig
 from pvpo.trainer.config.policy import ModelConfig
@@ -426,4 +427,4 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     had_token = data["retriever"].get("token") is not None
     data["retriever"]["token"] = None
     text = yaml.safe_dump(data, sort_keys=False)
-    Path(path).write_text((TOKEN_NOT_WRITTEN if had_token else "") + text)
+    atomic_write_text(path, (TOKEN_NOT_WRITTEN if had_token else "") + text)  # a full disk never leaves half of it
