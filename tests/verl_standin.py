@@ -19,6 +19,7 @@ The tests that use it run unchanged against the real verl where it is importable
 
 from __future__ import annotations
 
+import asyncio
 import types
 from typing import Any
 
@@ -94,11 +95,14 @@ class AgentLoopBase:
         self.tokenizer = tokenizer
         self.processor = processor
         self.data_config = data_config.config
+        self.loop = asyncio.get_event_loop()  # as verl's base: a subclass must not reuse the name
 
     async def ct_build_initial_tokens(self, messages: list[dict], tools: Any = None, **kwargs: Any) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        ids = self.tokenizer.encode(ids, add_special_tokens=False)
-        return ids[-self.rollout_config.prompt_length :]
+        def build() -> list[int]:
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.encode(text, add_special_tokens=False)[-self.rollout_config.prompt_length :]
+
+        return await self.loop.run_in_executor(None, build)  # verl builds the prompt off the event loop
 
 
 def agent_loop_module() -> types.ModuleType:

@@ -85,8 +85,9 @@ class PVPOSearchAgentLoop(AgentLoopBase):
         self.retriever = shared_client(retriever_url, topk=topk, timeout=timeout)
         self.anchors = anchors_from(anchors)
         self.response_length = int(self.rollout_config.response_length)
-        # the whole response length is one turn's limit too: the tag protocol's turns are pieces of one message
-        self.loop = LoopConfig(max_new_tokens=self.response_length, max_response_tokens=self.response_length)
+        # the whole response length is one turn's limit too: the tag protocol's turns are pieces of one message;
+        # named `limits`: verl's AgentLoopBase keeps its asyncio event loop in `self.loop`
+        self.limits = LoopConfig(max_new_tokens=self.response_length, max_response_tokens=self.response_length)
 
     def _turns(self, prompt_ids: list[int], sampling_params: dict[str, Any], timing: dict[str, float]) -> TokenTurns:
         """The episode's turn source: verl's server, one sticky session per trajectory (the server
@@ -134,7 +135,7 @@ class PVPOSearchAgentLoop(AgentLoopBase):
             SearchBatcher(searcher, self.episode_config.topk, None),
             self.episode_config,
             self.reward_fn,
-            self.loop,
+            self.limits,
             seed=0,  # unused: verl's sampling parameters carry verl's seed, if any
         )
         metrics = traj.info.get("metrics", {})
