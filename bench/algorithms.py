@@ -1,7 +1,7 @@
 """Advantage estimators from one shared warm start, each at its own learning rate, on the demo's
 synthetic world (not run in CI).
 
-Design (issue 26):
+Design:
 - one warm start shared by every run (`--warm-steps` SFT steps, seed `--warm-seed`), so only the RL
   seed varies between seeds; the PVPO anchor, Group Sampling's partition and the GT trajectories
   are built once from it (`algorithms_runs.py` says why that changes no number);

@@ -42,7 +42,7 @@ from pvpo.stats import mean, paired_difference, standard_error
 
 ACCURACY_RATIO = 0.97  # Fig. 4: 55.0 / 56.8
 COST_RATIO = 0.40  # Fig. 4: 4.3 / 11.7 = 0.37, read as "at most 40% of the cost"
-SE_BAR = 0.05  # issue 26: the headline comparison's s.e., so that a 0.1 difference is visible
+SE_BAR = 0.05  # the headline comparison's s.e. must stay under this, so that a 0.1 difference is visible
 HEADLINE = (("pvpo+gs", 2), ("grpo", 5))
 MEASURES = {
     "paper": "paper's Fig. 4 cost (training rollouts' tool calls)",

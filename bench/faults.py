@@ -1,6 +1,6 @@
-"""Fault injection (issue 32): bad input tried as a new user would, through the `pvpo` CLI, each
+"""Fault injection: bad input tried as a new user would, through the `pvpo` CLI, each
 fault checked for its outcome (rc 2 and a one-line message naming the file/line, or the warning)
-and for the user's files it must not lose. Prints the table the README's reliability section shows.
+and for the user's files it must not lose. Prints the table of the documentation's reliability page (docs/reliability.md).
 
     python bench/faults.py [--workdir DIR] [--keep]
 
@@ -580,7 +580,7 @@ def main() -> None:
             held.append(row())
         except Exception as e:  # noqa: BLE001 - a broken row is reported as one, the table still prints
             held.append(Row(name, f"the fault injection itself failed: {e!r}"[:200], False))
-    for title, rows in (("What already held", held), ("What failed before issue 32", failing)):
+    for title, rows in (("What already held", held), ("What the earlier code failed", failing)):
         print(f"\n{title}\n\n| fault | result | ok |\n|---|---|---|")
         for r in rows:
             result = r.result.replace(str(work), "$W").replace("|", "/")

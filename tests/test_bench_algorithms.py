@@ -1,4 +1,4 @@
-"""bench/algorithms.py (issue 26): its statistics, cost measures, learning-rate pick, Fig. 4 verdict
+"""bench/algorithms.py: its statistics, cost measures, learning-rate pick, Fig. 4 verdict
 and question splits on made-up runs (fast), and one tiny benchmark end to end (slow)."""
 
 from __future__ import annotations

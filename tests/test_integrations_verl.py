@@ -1,4 +1,4 @@
-"""Issue 27: PVPO and our search environment in verl. Each test runs against the real verl where it
+"""PVPO and our search environment in verl. Each test runs against the real verl where it
 is importable (`make test-verl`: verl 0.9.1 in .venv-verl, its own transformers) and against a
 stand-in of the interface the adapter uses elsewhere (verl needs transformers < 5.11, our venv
 pins 5.24: see tests/verl_standin.py and README "verl"). No verl training run happens here."""

@@ -185,7 +185,7 @@ def test_shortened_demo_learns_held_out_em_rises_and_train_reward_beats_the_anch
 
 
 def test_demo_refuses_a_run_dir_holding_a_users_file_and_keeps_it(tmp_path):
-    """Issue 23: `pvpo demo --run-dir D` deleted D with the user's files in it."""
+    """`pvpo demo --run-dir D` never deletes D with the user's files in it."""
     from typer.testing import CliRunner
 
     from pvpo.cli import app
