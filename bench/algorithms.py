@@ -12,11 +12,16 @@ Design:
   compares N=2 and N=5), with `--evals` test evaluations;
 - `results.md`: the sweep, a table per (algorithm, N) with the three cost measures (the paper's,
   amortised over `--amortise-epochs`, all-in), paired comparisons on the same test questions, and
-  the verdict on the Fig. 4 question with its power (`algorithms_report.py`); `em_vs_cost.png`.
+  the verdict on the Fig. 4 question with its power (`algorithms_report.py`); the plot (`--plot`).
+- every finished run's results go to `--results` (`algorithms_results.py`: small JSON, shipped in
+  the repository), and the report is computed from them alone: `--report-only` recomputes it, the
+  README's block (`--readme README.md` rewrites it) and the plot, byte for byte, without the runs'
+  folders (`--out`, which only holds the runs themselves and results.md).
+- `--lr-from DIR`: no sweep; each (algorithm, N) at the lr another benchmark's sweep picked (its
+  `--results`), e.g. to run the same arms longer.
 Algorithms are estimator names (`pvpo`, `grpo`, `dr_grpo`, `rloo`, `gdpo`, `v05`, `v05_value`,
 `ppo`); a `+gs` suffix turns on Group Sampling with GT trajectories; `all` is every registered
-estimator plus `pvpo+gs`. A finished run is kept (an interrupted benchmark resumes), and
-`--report-only` writes the report from the finished runs.
+estimator plus `pvpo+gs`. A finished run is kept (an interrupted benchmark resumes).
 
 Learning-rate grid: 3e-5, 1e-4, 3e-4, 1e-3, the same for every estimator (none gets a finer
 search). AdamW's step is invariant to the loss's scale, so GRPO's division by the group's std or
@@ -50,9 +55,11 @@ questions (paired) and 0.072 over seeds at 3 seeds, about 0.054 together extrapo
 (8 would reach 0.048): the seeds, not the questions, set the power.
 
     python bench/algorithms.py [--algorithms pvpo+gs,pvpo,grpo,dr_grpo,rloo | all] [--n 2,5]
-        [--seeds 0,1,2,3,4,5] [--sweep-seeds 100] [--lr-grid 3e-5,1e-4,3e-4,1e-3] [--steps 60]
-        [--evals 4] [--jobs 2] [--amortise-epochs 10] [--warm-steps 362,360,...] [--warm-band 0.3,0.6]
-        [--out runs/bench_algorithms] [--report-only] [key=value ...]
+        [--seeds 0,1,2,3,4,5] [--sweep-seeds 100] [--lr-grid 3e-5,1e-4,3e-4,1e-3 | --lr-from DIR]
+        [--steps 60] [--evals 4] [--jobs 2] [--amortise-epochs 10] [--warm-steps 362,360,...]
+        [--warm-band 0.3,0.6] [--out runs/bench_algorithms] [--results bench/results/algorithms]
+        [--plot PNG] [--readme README.md] [key=value ...]
+    python bench/algorithms.py --report-only [--results DIR] [--out DIR] [--readme README.md]
 """
 
 from __future__ import annotations
@@ -60,7 +67,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import sys
 import time
@@ -73,7 +79,18 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # the sibling modules (script or test import)
     sys.path.insert(0, str(HERE))
 
-from algorithms_report import Key, pick_lr, report  # noqa: E402
+from algorithms_report import Key, pick_lr, readme_block, report  # noqa: E402
+from algorithms_results import (  # noqa: E402
+    check_results,
+    export,
+    invocation_record,
+    load_warm,
+    machine_record,
+    read_bench,
+    save_bench,
+    settings_record,
+    stored_runs,
+)
 from algorithms_runs import (  # noqa: E402
     Job,
     Settings,
@@ -163,25 +180,52 @@ def picks_from(
 @dataclass(frozen=True)
 class Plan:
     """The benchmark's runs: the sweep's, and the final seeds of each (algorithm, N) once its sweep
-    has picked a learning rate."""
+    has picked a learning rate (or at the `fixed` learning rates, without a sweep)."""
 
     algs: tuple[str, ...]
     ns: tuple[int, ...]
     grid: tuple[float, ...]
     sweep: tuple[Job, ...]
     seeds: tuple[int, ...]
+    fixed: dict[Key, float] | None = None
+
+    def picks(self, out: Path) -> dict[Key, float]:
+        if self.fixed is not None:
+            return dict(self.fixed)
+        return picks_from(self.algs, self.ns, self.grid, self.sweep, finished(out, self.sweep))
 
     def ready_finals(self, out: Path) -> list[Job]:
-        """The final runs of every (algorithm, N) whose sweep has finished."""
-        return final_jobs(picks_from(self.algs, self.ns, self.grid, self.sweep, finished(out, self.sweep)), self.seeds)
+        """The final runs of every (algorithm, N) whose learning rate is known."""
+        return final_jobs(self.picks(out), self.seeds)
+
+
+def picks_of(results: Path, algs: Sequence[str], ns: Sequence[int]) -> dict[Key, float]:
+    """The learning rates another benchmark's sweep picked (its results directory), for `algs` x `ns`."""
+    plan = read_bench(results)["plan"]
+    need = len(plan["lr_grid"]) * len(plan["sweep_seeds"])
+    scores: dict[Key, dict[float, list[float]]] = {}
+    for r in stored_runs(results, "sweep"):
+        scores.setdefault((r["alg"], r["n"]), {}).setdefault(r["lr"], []).append(r["em"])
+    missing = [f"{a} N={n}" for n in ns for a in algs if sum(map(len, scores.get((a, n), {}).values())) < need]
+    if missing:
+        raise SystemExit(f"--lr-from {results}: the sweep of {', '.join(missing)} has not finished there")
+    return {(a, n): pick_lr(scores[(a, n)]) for n in ns for a in algs}
 
 
 def run_plan(
-    settings: Settings, testbed: Any, warm: dict[str, Any], plan: Plan, searcher: Any, url: str, n_jobs: int
-) -> None:
+    settings: Settings,
+    testbed: Any,
+    warm: dict[str, Any],
+    plan: Plan,
+    searcher: Any,
+    url: str,
+    n_jobs: int,
+    on_done: Callable[[Job, dict[str, Any]], None] | None = None,
+) -> int:
     """Run every unfinished run of `plan`, `n_jobs` processes at a time (one torch thread each),
     the largest N first; an (algorithm, N)'s final runs are queued as soon as its sweep is done, so
-    no process waits for the whole sweep. One line per finished run."""
+    no process waits for the whole sweep. One line per finished run, and `on_done(job, summary)`;
+    returns how many ran."""
     out, t0, k = settings.out, time.perf_counter(), 0
 
     def todo(jobs: Sequence[Job]) -> list[Job]:
@@ -190,6 +234,8 @@ def run_plan(
     def line(j: Job, r: dict[str, Any]) -> None:
         nonlocal k
         k += 1
+        if on_done is not None:
+            on_done(j, r)
         print(
             f"[{k}] {j.stage} {j.alg} N={j.n} lr={j.lr:g} seed={j.seed}: {r['split']} EM {r['em']:.3f}, "
             f"{r['wall_s']:.0f} s ({time.perf_counter() - t0:.0f} s so far)",
@@ -202,7 +248,7 @@ def run_plan(
             line(j, run_one(settings, testbed, warm, j, searcher))
         for j in todo(plan.ready_finals(out)):
             line(j, run_one(settings, testbed, warm, j, searcher))
-        return
+        return k
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
@@ -234,15 +280,97 @@ def run_plan(
         except BaseException:  # a failed run or ^C: stop queueing (the finished runs are kept)
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+    return k
 
 
-def machine() -> str:
-    import torch
-
-    return (
-        f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}, "
-        f"torch {torch.__version__}, load average {os.getloadavg()[0]:.1f} at the start"
+def report_from(results: Path, out: Path, readme: Path | None = None, plot: Path | None = None) -> str:
+    """The report of the results directory `results` alone (`algorithms_results`): `results.md`
+    in `out`, the plot at `plot` (default: where its plan says), and with `readme` that README's
+    block of `results` rewritten in place. Returns results.md's text followed by the README block."""
+    doc = read_bench(results)
+    plan, settings = doc["plan"], doc["settings"]
+    warm = load_warm(results / "warm.json")
+    sweep_runs, final_runs = stored_runs(results, "sweep"), stored_runs(results, "final")
+    sweep: dict[Key, dict[float, list[float]]] = {}
+    for r in sweep_runs:
+        sweep.setdefault((r["alg"], r["n"]), {}).setdefault(r["lr"], []).append(r["em"])
+    final: dict[Key, list[dict[str, Any]]] = {}
+    for r in final_runs:
+        final.setdefault((r["alg"], r["n"]), []).append(r)
+    for (a, n), runs in final.items():
+        if len({r["lr"] for r in runs}) > 1:
+            raise SystemExit(f"{results}: the final runs of {a} N={n} have several learning rates")
+    lrs = (
+        f"learning rates picked by the sweep of {plan['lr_from']}"
+        if plan.get("lr_from")
+        else f"lr grid {', '.join(f'{x:g}' for x in plan['lr_grid'])} on sweep seeds {plan['sweep_seeds']}"
     )
+    lines = [
+        f"results: {_rel(results)} ({len(sweep_runs)} sweep + {len(final_runs)} final runs)",
+        f"settings: {settings['steps']} RL steps per run, {settings['evals']} test evaluations per final run, config "
+        f"{settings['config']} (sha256 {settings['config_sha256'][:12]}), overrides {settings['overrides']}; {lrs}, "
+        f"final seeds {plan['seeds']}",
+    ]
+    for inv in doc["invocations"]:
+        m = inv["machine"]
+        lines.append(
+            f"ran: {inv['command']} ({inv['runs_trained']} runs, {inv['wall_s']} s wall, finished {inv['finished_utc']} "
+            f"UTC) on {m['cpu']}, {m['cores']} cores ({', '.join(m['flags'])}), Python {m['python']}, torch {m['torch']}, "
+            f"transformers {m['transformers']}, commit {m['commit']}; niceness {inv['niceness']}, load average "
+            f"{inv['load_average'][0]} at its start, {inv['load_average'][1]} at its end"
+        )
+    run_s = sum(r["wall_s"] for r in [*sweep_runs, *final_runs])
+    lines.append(f"the runs' own wall time {run_s:.0f} s plus the warm phase {warm['wall_s']:.0f} s")
+    text = report(
+        header="\n".join(lines) + "\n",
+        warm=warm,
+        sweep=sweep,
+        grid=plan["lr_grid"],
+        final=final,
+        epochs=plan["amortise_epochs"],
+        out=out,
+        plot=plot if plot is not None else REPO / plan["plot"],
+    )
+    block = readme_block(
+        final, warm, sweep, plan["lr_grid"], plan["amortise_epochs"], plan.get("lr_from"), record=lines
+    )
+    if readme is not None and final:
+        replace_readme_block(readme, _rel(results), block)
+    return text + "\n" + block
+
+
+def _rel(path: Path) -> str:
+    """`path` relative to the repository when inside it (as the results record paths)."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def readme_markers(source: str) -> tuple[str, str]:
+    """The lines around the README block of the results directory `source`."""
+    return (
+        f"<!-- generated by `python bench/algorithms.py --report-only --results {source}`: do not edit -->",
+        f"<!-- end of the block generated from {source} -->",
+    )
+
+
+def readme_block_of(text: str, source: str) -> str | None:
+    """The block of `source` in a README's `text` (between its markers), or None."""
+    begin, end = readme_markers(source)
+    if begin not in text or end not in text:
+        return None
+    return text.split(begin + "\n", 1)[1].split(end, 1)[0]
+
+
+def replace_readme_block(readme: Path, source: str, block: str) -> None:
+    """Rewrite the block of `source` in `readme` (its markers must be there already)."""
+    text = readme.read_text(encoding="utf-8")
+    old = readme_block_of(text, source)
+    begin, end = readme_markers(source)
+    if old is None:
+        raise SystemExit(f"--readme {readme}: no block for {source}; put the lines\n{begin}\n{end}\nwhere it goes")
+    readme.write_text(text.replace(begin + "\n" + old + end, begin + "\n" + block + end, 1), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -252,6 +380,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", default="0,1,2,3,4,5", help="RL seeds of the final (test) runs")
     ap.add_argument("--sweep-seeds", default="100", help="RL seeds of the lr sweep (validation)")
     ap.add_argument("--lr-grid", default=DEFAULT_LR_GRID, help="learning rates swept per (algorithm, N)")
+    ap.add_argument(
+        "--lr-from", type=Path, default=None, help="no sweep: the lrs another benchmark's sweep picked (its --results)"
+    )
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
     ap.add_argument("--evals", type=int, default=4, help="test evaluations per final run (the last at its end)")
     ap.add_argument(
@@ -264,10 +395,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--amortise-epochs", type=float, default=10.0, help="E of the amortised cost measure")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once, one process and one torch thread each")
     ap.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml")
-    ap.add_argument("--out", type=Path, default=Path("runs/bench_algorithms"))
-    ap.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_algorithms"), help="the runs' folders, results.md")
+    ap.add_argument(
+        "--results", type=Path, default=REPO / "bench" / "results" / "algorithms", help="the per-run results (shipped)"
+    )
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        help="the plot's path (default: <results>/em_vs_cost.png, or as recorded there)",
+    )
+    ap.add_argument("--readme", type=Path, default=None, help="rewrite this README's block of --results")
+    ap.add_argument(
+        "--report-only", action="store_true", help="recompute the report from --results alone (trains nothing)"
+    )
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config, for every run")
     args = ap.parse_args(argv)
+    if args.report_only:
+        print(report_from(args.results, args.out, args.readme, args.plot))
+        print(f"wrote {args.out / 'results.md'}", file=sys.stderr)
+        return
     for flag, v in (("--steps", args.steps), ("--evals", args.evals), ("--jobs", args.jobs)):
         if v < 1:
             raise SystemExit(f"{flag} must be >= 1, got {v}")
@@ -298,62 +445,66 @@ def main(argv: list[str] | None = None) -> None:
     )
     if not args.config.exists():
         raise SystemExit(f"--config {args.config}: no such file")
+    fixed = picks_of(args.lr_from, algs, ns) if args.lr_from is not None else None
     check_settings(settings)
-    t_start = time.perf_counter()
-    header = f"machine: {machine()}\ncommand: python bench/algorithms.py {shlex.join(argv if argv is not None else sys.argv[1:])}\n"
-    print(header, file=sys.stderr)
-    sweep = sweep_jobs(algs, ns, grid, sweep_seeds)
-    if not args.report_only:
-        import torch
+    doc = check_results(args.results, settings_record(settings))
+    t_start, load_start, machine = time.perf_counter(), os.getloadavg()[0], machine_record()
+    command = f"python bench/algorithms.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
+    print(f"command: {command}\n", file=sys.stderr)
+    sweep = [] if fixed is not None else sweep_jobs(algs, ns, grid, sweep_seeds)
+    plan = Plan(tuple(algs), tuple(ns), tuple(grid), tuple(sweep), tuple(seeds), fixed)
+    import torch
 
-        from pvpo.retriever.build import build_index
-        from pvpo.retriever.client import RetrieverClient
-        from pvpo.retriever.server import BackgroundServer
+    from pvpo.retriever.build import build_index
+    from pvpo.retriever.client import RetrieverClient
+    from pvpo.retriever.server import BackgroundServer
 
-        torch.set_num_threads(1)  # the loopback retriever's query encoder: one thread beside the runs
-        testbed = build_testbed(settings, args.out)
-        index = args.out / "index"
-        if not (index / "meta.json").exists():
-            from algorithms_runs import config
+    torch.set_num_threads(1)  # the loopback retriever's query encoder: one thread beside the runs
+    testbed = build_testbed(settings, args.out)
+    index = args.out / "index"
+    if not (index / "meta.json").exists():
+        from algorithms_runs import config
 
-            build_index(testbed.data.corpus_path, index, model=config(settings, []).retriever.encoder)
-        topk = _topk(settings)
-        with BackgroundServer(str(index)) as server, RetrieverClient(server.url, topk=topk) as searcher:
-            warm = warm_phase(settings, testbed, searcher)
-            plan = Plan(tuple(algs), tuple(ns), tuple(grid), tuple(sweep), tuple(seeds))
-            run_plan(settings, testbed, warm, plan, searcher, server.url, args.jobs)
-    warm_path = args.out / "warm" / "summary.json"
-    if not warm_path.exists():
-        raise SystemExit(f"{args.out}: no finished warm start ({warm_path}); run without --report-only first")
-    warm = json.loads(warm_path.read_text())
-    done_sweep = finished(args.out, sweep)
-    picks = picks_from(algs, ns, grid, sweep, done_sweep)
-    for a, n in ((a, n) for n in ns for a in algs):
-        if (a, n) not in picks:
-            print(f"sweep not finished, left out: {a} N={n}", file=sys.stderr)
-    done_final = finished(args.out, final_jobs(picks, seeds))
-    final: dict[Key, list[dict[str, Any]]] = {}
-    for j, r in done_final.items():
-        final.setdefault((j.alg, j.n), []).append(r)
-    wall = time.perf_counter() - t_start
-    run_s = sum(r["wall_s"] for r in [*done_sweep.values(), *done_final.values()])
-    header += (
-        f"settings: {args.steps} RL steps per run, {args.evals} test evaluations per final run, lr grid "
-        f"{', '.join(f'{x:g}' for x in grid)} on sweep seeds {sweep_seeds}, final seeds {seeds}, {args.jobs} runs at once "
-        f"(one torch thread each); this invocation {wall:.0f} s, the runs' own wall time {run_s:.0f} s "
-        f"({len(done_sweep)} sweep + {len(done_final)} final runs) plus the warm phase {warm['wall_s']:.0f} s\n"
-    )
-    text = report(
-        header=header,
-        warm=warm,
-        sweep=sweep_scores(sweep, done_sweep),
-        grid=grid,
-        final=final,
-        epochs=args.amortise_epochs,
-        out=args.out,
-    )
-    print(text)
-    print(f"wrote {args.out / 'results.md'}" + (f" and {args.out / 'em_vs_cost.png'}" if final else ""))
+        build_index(testbed.data.corpus_path, index, model=config(settings, []).retriever.encoder)
+    topk = _topk(settings)
+    # the plan of every invocation into these results together (e.g. two invocations for two sets of arms)
+    old = doc["plan"]
+    doc["plan"] = {
+        "algorithms": _union(old.get("algorithms", []), algs),
+        "n": _union(old.get("n", []), ns),
+        "seeds": _union(old.get("seeds", []), seeds),
+        "sweep_seeds": _union(old.get("sweep_seeds", []), [] if fixed is not None else sweep_seeds),
+        "lr_grid": sorted(_union(old.get("lr_grid", []), grid if fixed is None else sorted(set(fixed.values())))),
+        "lr_from": _rel(args.lr_from) if args.lr_from is not None else None,
+        "amortise_epochs": args.amortise_epochs,
+        "plot": _rel(args.plot) if args.plot is not None else old.get("plot", _rel(args.results / "em_vs_cost.png")),
+    }
+    # this invocation's record, rewritten after each run it trains: an interrupted one keeps its share
+    doc["invocations"].append(invocation_record(command, machine, t_start, load_start, 0))
+    save_bench(args.results, doc)
+
+    def on_done(job: Job, result: dict[str, Any]) -> None:
+        export(args.results, None, {(job.stage, job.name): result})
+        doc["invocations"][-1] = invocation_record(
+            command, machine, t_start, load_start, doc["invocations"][-1]["runs_trained"] + 1
+        )
+        save_bench(args.results, doc)
+
+    with BackgroundServer(str(index)) as server, RetrieverClient(server.url, topk=topk) as searcher:
+        warm = warm_phase(settings, testbed, searcher)
+        export(args.results, warm, {})
+        run_plan(settings, testbed, warm, plan, searcher, server.url, args.jobs, on_done)
+    if not doc["invocations"][-1]["runs_trained"]:
+        doc["invocations"].pop()
+    done = {**finished(args.out, sweep), **finished(args.out, plan.ready_finals(args.out))}
+    export(args.results, warm, {(j.stage, j.name): r for j, r in done.items()})  # those of earlier invocations too
+    save_bench(args.results, doc)
+    print(report_from(args.results, args.out, args.readme))
+    print(f"wrote {args.results} and {args.out / 'results.md'}", file=sys.stderr)
+
+
+def _union(a: Sequence[Any], b: Sequence[Any]) -> list[Any]:
+    return list(dict.fromkeys([*a, *b]))
 
 
 def _topk(settings: Settings) -> int:

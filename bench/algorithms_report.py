@@ -274,7 +274,7 @@ def cost_ratio(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     return r, abs(r) * rel
 
 
-def plot(
+def plot_curves(
     final: dict[Key, list[dict[str, Any]]], start: list[float], warm: dict[str, Any], epochs: float, path: Path
 ) -> None:
     """Test EM gain over the shared start against cumulative cost, one panel per cost measure: mean
@@ -307,7 +307,8 @@ def plot(
         "one shared warm start; each (algorithm, N) at its lr (picked on validation when swept); band: +- s.e. (questions and seeds)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, metadata={"Software": None})  # the same bytes from the same results
     plt.close(fig)
 
 
@@ -320,8 +321,10 @@ def report(
     final: dict[Key, list[dict[str, Any]]],
     epochs: float,
     out: Path,
+    plot: Path | None = None,
 ) -> str:
-    """results.md's text (also written, with em_vs_cost.png when there are final runs, into `out`)."""
+    """results.md's text (also written into `out`), and the plot when there are final runs (at
+    `plot`, default `out`/em_vs_cost.png)."""
     start_val, start_test = warm["start"]["validation"]["em_q"], warm["start"]["test"]["em_q"]
     o, gs = warm["one_off"], warm.get("group_sampling", {})
     parts = [
@@ -355,9 +358,98 @@ def report(
             "## Verdict",
             fig4_verdict(final, start_test, warm, epochs),
         ]
-        plot(final, start_test, warm, epochs, out / "em_vs_cost.png")
+        plot_curves(final, start_test, warm, epochs, plot if plot is not None else out / "em_vs_cost.png")
     else:
         parts.append("No final run has finished yet.")
     text = "\n\n".join(parts) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(text)
     return text
+
+
+def readme_table(
+    final: dict[Key, list[dict[str, Any]]],
+    start: list[float],
+    warm: dict[str, Any],
+    sweep: dict[Key, dict[float, list[float]]],
+    grid: Sequence[float],
+    epochs: float,
+    lr_from: str | None = None,
+) -> str:
+    """The README's table: per (algorithm, N) its lr, test EM (the best of each N in bold), gain
+    over the shared start and the three costs, means over seeds."""
+    seeds = "/".join(str(k) for k in sorted({len(r) for r in final.values()}))
+    where = f"the sweep of {lr_from}" if lr_from else "picked on validation"
+    rows = [
+        f"| algorithm | N | lr ({where}) | test EM ({seeds} seeds) | gain over the start +- s.e. (questions / seeds) "
+        f"| cost: paper's Fig. 4 | amortised, E={epochs:g} | all-in |",
+        "|---|---|---|---|---|---:|---:|---:|",
+    ]
+    em = {k: mean([mean(x) for x in final_em(runs)]) for k, runs in final.items()}
+    for (alg, n), runs in sorted(final.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        lr = runs[0]["lr"]
+        edge = " (grid edge)" if sweep and len(grid) > 1 and lr in (min(grid), max(grid)) else ""
+        best = em[(alg, n)] == max(v for (_, m), v in em.items() if m == n)
+        cell = f"**{em[(alg, n)]:.3f}**" if best else f"{em[(alg, n)]:.3f}"
+        last = [r["curve"][-1] for r in runs]
+        c = {m: mean([cost(r, p, warm, m, epochs) for r, p in zip(runs, last)]) for m in MEASURES}
+        rows.append(
+            f"| {alg} | {n} | {lr:g}{edge} | {cell} | {_cmp_cell(compare(final_em(runs), [start]))} "
+            f"| {c['paper']:,.0f} | {c['amortised']:,.0f} | {c['all-in']:,.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def headline_lines(final: dict[Key, list[dict[str, Any]]], warm: dict[str, Any]) -> str:
+    """PVPO at N=2 against GRPO at N=5, with Group Sampling (its GT rows are oracle trajectories)
+    and without it (the anchor alone), side by side; empty when those arms did not run."""
+    base = HEADLINE[1]
+    if base not in final:
+        return ""
+    gt = warm.get("group_sampling", {}).get("gs/gt_frac", 0.0)
+    arms = (
+        (
+            HEADLINE[0],
+            "PVPO with Group Sampling, N=2 (its GT rows are the synthetic world's oracle trajectories, on the "
+            f"{gt:.1%} of the RL prompts the reference never solves)",
+        ),
+        (("pvpo", 2), "PVPO without Group Sampling (the anchor alone), N=2"),
+    )
+    words = {
+        "A > B": f"above {base[0].upper()} N={base[1]} by more than 2 s.e.",
+        "A < B": f"below {base[0].upper()} N={base[1]} by more than 2 s.e.",
+        "not resolved": "not resolved at 2 s.e.",
+    }
+    lines = []
+    for key, label in arms:
+        if key in final:
+            c = compare(final_em(final[key]), final_em(final[base]))
+            lines.append(
+                f"- **{label} - {base[0].upper()} N={base[1]}: {c.diff:+.3f} +- {c.se:.3f}**, {words[c.verdict()]}"
+            )
+    return "\n".join(lines)
+
+
+def readme_block(
+    final: dict[Key, list[dict[str, Any]]],
+    warm: dict[str, Any],
+    sweep: dict[Key, dict[float, list[float]]],
+    grid: Sequence[float],
+    epochs: float,
+    lr_from: str | None = None,
+    record: Sequence[str] = (),
+) -> str:
+    """What the README shows of a benchmark, all of it computed here: the record of the runs,
+    `readme_table`, the headline comparisons (`headline_lines`), all paired comparisons and the
+    Fig. 4 verdict."""
+    start = warm["start"]["test"]["em_q"]
+    parts = [
+        "\n".join(f"- {line}" for line in record),
+        readme_table(final, start, warm, sweep, grid, epochs, lr_from),
+        headline_lines(final, warm),
+        f"Paired on the same {len(start)} test questions (s.e. over questions and seeds together; a difference is "
+        "resolved beyond 2 s.e.):",
+        pairs_table(final),
+        fig4_verdict(final, start, warm, epochs),
+    ]
+    return "\n\n".join(p for p in parts if p) + "\n"

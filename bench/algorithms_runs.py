@@ -97,6 +97,19 @@ class Testbed:
     uids: dict[str, list[str]] = field(default_factory=dict)
 
 
+def schedule_record(settings: Settings) -> dict[str, Any]:
+    """What every run of a benchmark shares besides its config: overrides, steps, evaluations and
+    the warm start."""
+    return {
+        "overrides": list(settings.overrides),
+        "steps": settings.steps,
+        "evals": settings.evals,
+        "warm_steps": list(settings.warm_steps),
+        "warm_seed": settings.warm_seed,
+        "warm_band": list(settings.warm_band),
+    }
+
+
 def check_settings(settings: Settings) -> None:
     """Record in `<out>/bench.json` what every run of `settings.out` depends on (the config and its
     text, the overrides, steps, evaluations, the warm start), and refuse other values there: a kept
@@ -106,12 +119,7 @@ def check_settings(settings: Settings) -> None:
     record = {
         "config": str(settings.config),
         "config_text": settings.config.read_text(encoding="utf-8") if settings.config.exists() else None,
-        "overrides": list(settings.overrides),
-        "steps": settings.steps,
-        "evals": settings.evals,
-        "warm_steps": list(settings.warm_steps),
-        "warm_seed": settings.warm_seed,
-        "warm_band": list(settings.warm_band),
+        **schedule_record(settings),
     }
     path = settings.out / "bench.json"
     if path.exists():
@@ -317,6 +325,14 @@ def _shared_start_trainer() -> type:
     return SharedStartTrainer
 
 
+def cost_by_kind(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """A run's own cumulative rollouts and tool calls by kind (`train`, `anchor`, `gt`) at a step
+    (the one-off anchor and GT work it copied from the shared start are in the warm phase's)."""
+    one_off = {k: metrics[f"cost/cum_{k}_rollouts"] for k in ("anchor", "gt")}
+    rollouts = {"train": metrics["cost/cum_rollouts"] - sum(one_off.values()), **one_off}
+    return {k: {"rollouts": rollouts[k], "tool_calls": metrics[f"cost/cum_{k}_tool_calls"]} for k in rollouts}
+
+
 def run_one(settings: Settings, testbed: Testbed, warm: dict[str, Any], job: Job, searcher: Any) -> dict[str, Any]:
     """Train `job` from the shared warm start (with the shared anchor, partition and GT when it
     uses them) and evaluate on validation (sweep) or test (final); the summary is saved as
@@ -346,7 +362,10 @@ def run_one(settings: Settings, testbed: Testbed, warm: dict[str, Any], job: Job
         result = t.run()
     wall = time.perf_counter() - t0
     m = result.metrics
-    curve = [{"step": 0, "em_q": warm["start"][split]["em_q"], "train_rollouts": 0.0, "train_tool_calls": 0.0}]
+    zero = {k: {"rollouts": 0.0, "tool_calls": 0.0} for k in ("train", "anchor", "gt")}
+    curve = [
+        {"step": 0, "em_q": warm["start"][split]["em_q"], "train_rollouts": 0.0, "train_tool_calls": 0.0, "cost": zero}
+    ]
     for r in m:
         if "eval/accuracy" in r:
             tag = "after" if r is m[-1] else f"step{r['step']}"
@@ -358,6 +377,7 @@ def run_one(settings: Settings, testbed: Testbed, warm: dict[str, Any], job: Job
                     - r["cost/cum_anchor_rollouts"]
                     - r["cost/cum_gt_rollouts"],
                     "train_tool_calls": r["cost/cum_train_tool_calls"],
+                    "cost": cost_by_kind(r),
                 }
             )
     last = m[-1]

@@ -15,16 +15,18 @@ Prints the machine, the command and one table row per engine and step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 
-def one_engine(run: Path, engine: str, steps: int, out: Path) -> None:
+def one_engine(run: Path, index: Path, engine: str, steps: int, out: Path) -> None:
     """Train `steps` RL steps of `run`'s config on `engine` in a fresh run dir; metrics to `out`."""
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.loop import Trainer
@@ -37,7 +39,7 @@ def one_engine(run: Path, engine: str, steps: int, out: Path) -> None:
         f"run.steps={steps}",
         "run.checkpoint_every=0",
         f"rollout.engine={engine}",
-        f"retriever.index_dir={run / 'index'}",
+        f"retriever.index_dir={index}",
         f"algorithm.anchor.reuse_from={run}",
     ]
     cfg = load_config(run / "config.yaml", overrides)
@@ -46,7 +48,23 @@ def one_engine(run: Path, engine: str, steps: int, out: Path) -> None:
         with retriever_session(cfg, Path(tmp), data.corpus_path) as searcher:
             with Trainer(cfg, Path(tmp), data, searcher, show_progress=False) as trainer:
                 rows = [{"step": s, **trainer.train_step(s)} for s in range(1, steps + 1)]
+                for row in rows:  # the process's peak so far (kB on Linux): engine, model, steps together
+                    row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     out.write_text(json.dumps(rows))
+
+
+def cpu_name() -> str:
+    """The CPU model and its bf16 / AVX-512 flags (they decide the recipe's dtype and speed on CPU)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    wanted = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({', '.join(wanted) or 'no AVX-512'})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,22 +72,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--run", type=Path, required=True, help="a recipe run dir (config.yaml, initial_policy, index, anchor)"
     )
+    ap.add_argument("--index", type=Path, default=None, help="the run's index folder (default: RUN/index)")
     ap.add_argument("--engines", default="hf,vllm", help="comma-separated rollout engines")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--one", nargs=2, metavar=("ENGINE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    index = args.index or args.run / "index"
     if args.one:
-        one_engine(args.run, args.one[0], args.steps, Path(args.one[1]))
+        one_engine(args.run, index, args.one[0], args.steps, Path(args.one[1]))
         return 0
-    for need in ("config.yaml", "initial_policy", "index", "anchor.json"):
+    for need in ("config.yaml", "initial_policy", "anchor.json"):
         if not (args.run / need).exists():
             ap.error(f"--run {args.run}: no {need} there; give a recipe run that got past its anchor")
-    print(f"machine: {platform.machine()} {platform.processor()}, {os.cpu_count()} cores, load {os.getloadavg()}")
+    if not (index / "meta.json").exists():
+        ap.error(f"--index {index}: no index there (meta.json); give the run's index folder")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, load {os.getloadavg()}")
+    print(f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")
     print("command: python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
     print()
-    print("| engine | step | rollouts | policy tokens | rollout s | tokens/s | update s | step s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| engine | step | rollouts | policy tokens | rollout s | tokens/s | update s | step s | peak RSS GiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for engine in args.engines.split(","):
             out = Path(tmp) / f"{engine}.json"
@@ -78,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 __file__,
                 "--run",
                 str(args.run),
+                "--index",
+                str(index),
                 "--steps",
                 str(args.steps),
                 "--one",
@@ -90,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 tokens = m["cost/policy_tokens"]
                 print(
                     f"| {engine} | {m['step']} | {m['cost/rollouts']:.0f} | {tokens:.0f} | {roll:.1f} | {tokens / roll:.0f} "
-                    f"| {upd:.1f} | {roll + upd:.1f} |",
+                    f"| {upd:.1f} | {roll + upd:.1f} | {m['peak_rss_gib']:.2f} |",
                     flush=True,
                 )
     return 0

@@ -247,7 +247,8 @@ def load_dataset(
     seen: set[str] = set()
     for e in examples:
         if e.uid in seen:
-            raise ValueError(f"duplicate uid {e.uid!r} in dataset {source!r}")
+            where = str(source) if isinstance(source, str | Path) else "the questions given"
+            raise ValueError(f"duplicate uid {e.uid!r} in dataset {where}: give each question its own id")
         seen.add(e.uid)
     return examples
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pvpo.user_errors import request_traceback
+from pvpo.user_errors import add_note, request_traceback, stop_on_sigterm
 
 eval_app = typer.Typer(
     name="eval",
@@ -220,7 +220,7 @@ def _run(
     from pvpo.envs.loaders import bound_questions, load_dataset
     from pvpo.evaluation.judge import JudgeCache, judge_run
     from pvpo.evaluation.policies import token_policy
-    from pvpo.evaluation.run import check_out_dir, run_eval
+    from pvpo.evaluation.run import answered_note, check_out_dir, run_eval
     from pvpo.retriever.client import RetrieverClient
 
     resolved = [resolve_dataset(d, split=split, data_dir=data_dir) for d in datasets]  # fail before loading a model
@@ -247,7 +247,10 @@ def _run(
         policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)
         model_id = _model_id(model)
     name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
-    with RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher:
+    with (
+        stop_on_sigterm(),
+        RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher,
+    ):
         for ds, examples in zip(resolved, subsets, strict=True):
             meta = {
                 "label": name,
@@ -260,9 +263,20 @@ def _run(
                 "engine": engine if engine != "openai" else f"openai-{api}",
             }
             run_dir = out / ds.name
-            m = run_eval(
-                policy, examples, searcher, settings, run_dir, meta=meta, show_progress=not quiet, overwrite=overwrite
-            )
+            try:
+                m = run_eval(
+                    policy,
+                    examples,
+                    searcher,
+                    settings,
+                    run_dir,
+                    meta=meta,
+                    show_progress=not quiet,
+                    overwrite=overwrite,
+                )
+            except (KeyboardInterrupt, OSError) as err:  # the line it ends with says how far it got
+                add_note(err, answered_note(run_dir, len(examples)))
+                raise
             line = f"{ds.name} ({ds.split}, N={m['n']}): EM {m['em']:.4f} (s.e. {m['em_se']:.4f})  F1 {m['f1']:.4f}  ACC {m['acc']:.4f}"
             if judge is not None:
                 judge.cache = JudgeCache(None)  # each run keeps its own cache file

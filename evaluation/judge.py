@@ -190,10 +190,16 @@ def judge_run(run_dir: str | Path, judge: Judge, *, show_progress: bool = True) 
     """Grade every prediction of an evaluation run folder: rewrite its predictions.jsonl with the
     verdicts (atomically), add the summary to its metrics.json and return the summary. Replies
     are cached in `judge_cache.jsonl` beside them unless the judge has its own cache."""
-    from pvpo.atomic import atomic_write_jsonl
+    from pvpo.locks import folder_lock
+
+    with folder_lock(run_dir, "pvpo eval judge"):  # the folder's one writer (pvpo.locks)
+        return _judge_run(Path(run_dir), judge, show_progress=show_progress)
+
+
+def _judge_run(run: Path, judge: Judge, *, show_progress: bool) -> dict[str, Any]:
+    from pvpo.atomic import atomic_write_jsonl, read_json
     from pvpo.evaluation.run import METRICS, PREDICTIONS, load_done, write_json
 
-    run = Path(run_dir)
     items = load_done(run / PREDICTIONS)
     if not items:
         raise FileNotFoundError(f"{run / PREDICTIONS}: no predictions to judge")
@@ -204,6 +210,6 @@ def judge_run(run_dir: str | Path, judge: Judge, *, show_progress: bool = True) 
     atomic_write_jsonl(run / PREDICTIONS, judged)
     summary = judge_summary(verdicts, model=judge.client.model)
     metrics_path = run / METRICS
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    metrics = read_json(metrics_path, fix="evaluate the run again to rewrite it") if metrics_path.exists() else {}
     write_json(metrics_path, {**metrics, **summary})
     return summary

@@ -121,6 +121,9 @@ def token_policy(
     if engine == "vllm":
         from transformers import AutoTokenizer
 
+        from pvpo.trainer.model.policy import check_model_folder
+
+        check_model_folder(model)
         tokenizer = AutoTokenizer.from_pretrained(str(model))
         return TokenPolicy(build_engine("vllm", model=str(model), dtype=dtype, **dict(engine_options or {})), tokenizer)
     from pvpo.trainer.model.policy import load_policy

@@ -11,12 +11,16 @@ settings; `<out>/run.json` the settings, so a restarted run refuses to mix setti
 
 Resume: questions are processed in fixed batches by position in the (sub)set; items already in
 predictions.jsonl are skipped, so a run killed mid-way and restarted writes the same file as an
-uninterrupted one (a torn last line is dropped and redone).
+uninterrupted one (a torn last line is dropped and redone). Items are read back by question id:
+one process writes a folder at a time (`pvpo.locks`), and a line repeating an answered id or not
+holding an item at all is dropped with a warning, so no question ever counts twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -25,10 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pvpo.atomic import append_jsonl, atomic_write_json, atomic_write_jsonl, read_jsonl, replaced_path
+from pvpo.atomic import append_jsonl, atomic_write_json, atomic_write_jsonl, read_json, replaced_path
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
 from pvpo.envs.loaders import read_records
+from pvpo.locks import folder_lock, is_lock_file
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol, answer_metrics, get_protocol
@@ -36,6 +41,8 @@ from pvpo.stats import mean, standard_error
 
 if TYPE_CHECKING:
     from pvpo.trainer.rollout.agent_loop import LoopConfig
+
+log = logging.getLogger(__name__)
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
@@ -211,9 +218,56 @@ def read_items(path: str | Path) -> list[dict[str, Any]]:
 
 
 def load_done(path: Path) -> list[dict[str, Any]]:
-    """Complete items of a predictions.jsonl being resumed; a torn last line (a kill mid-write) is
-    cut off the file so the next append starts on a clean line."""
-    return read_jsonl(path, repair=True)
+    """The answered items of a predictions.jsonl, one per question id, in file order.
+
+    What a kill or a second writer can leave is repaired, with a warning, and the file rewritten
+    (atomically) without it: a torn last line or a line that holds no item is dropped (its question
+    is answered again), and a line repeating an id answered above it is dropped (the first answer
+    counts), so the next append starts on a clean line and no question counts twice."""
+    if not path.exists():
+        return []
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    damaged = repeated = 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:  # json.JSONDecodeError and UnicodeDecodeError
+            item = None
+        if not isinstance(item, dict) or "id" not in item:
+            damaged += 1
+        elif str(item["id"]) in seen:
+            repeated += 1
+        else:
+            seen.add(str(item["id"]))
+            items.append(item)
+    if damaged or repeated:
+        log.warning(
+            "%s: dropped %d damaged or torn line(s) (their questions are answered again) and %d answer(s) "
+            "repeating an id above them (the first counts); rewrote it with the %d answers left",
+            path,
+            damaged,
+            repeated,
+            len(items),
+        )
+        atomic_write_jsonl(path, items)
+    return items
+
+
+def answered_note(out_dir: str | Path, n: int) -> str:
+    """How far an evaluation into `out_dir` of `n` questions got and how to finish it, for the line
+    a stopped or failed `pvpo eval` ends with (the file is read as it is, not repaired)."""
+    path = Path(out_dir) / PREDICTIONS
+    ids: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in path.read_bytes().splitlines() if path.exists() else []:
+            with contextlib.suppress(ValueError):
+                item = json.loads(line)
+                if isinstance(item, dict) and "id" in item:
+                    ids.add(str(item["id"]))
+    return f"{len(ids)} of {n} answers are saved in {path}: run the same command again to answer the rest"
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -278,7 +332,9 @@ def check_out_dir(out: str | Path, datasets: Sequence[str], *, overwrite: bool) 
         return
     wanted = set(datasets)
     foreign = sorted(
-        p.name for p in out.iterdir() if not (p.is_dir() and (_is_run_folder(p) or (p.name in wanted and not _held(p))))
+        p.name
+        for p in out.iterdir()
+        if not (is_lock_file(p.name) or (p.is_dir() and (_is_run_folder(p) or (p.name in wanted and not _held(p)))))
     )
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
@@ -297,7 +353,7 @@ def _other_run(out_dir: Path, run: Mapping[str, Any]) -> str | None:
     if not path.exists():
         names = sorted(p.name for p in out_dir.iterdir())
         return f"files that are not an evaluation run ({', '.join(names[:3])})"
-    before = json.loads(path.read_text())
+    before = read_json(path, fix=f"delete {out_dir} (or use another --out) and evaluate again")
     diff = [k for k in _SAME_RUN_KEYS if before.get(k) != run.get(k)]
     return (
         f"a run with other settings ({diff[0]}: {before.get(diff[0])!r} there, {run.get(diff[0])!r} now)"
@@ -325,10 +381,29 @@ def run_eval(
     (dataset, split, source, limit, sample_seed, model, engine) is recorded with the settings.
     A folder holding another run or other files is refused (EvalError) unless `overwrite`; then
     it is moved aside, deleted once the first answers are written, and moved back if the run
-    fails before."""
+    fails before. One process writes a folder at a time: another one writing `out_dir` is refused
+    (`pvpo.locks.FolderInUse`, naming its PID)."""
     if not examples:
         raise EvalError(f"dataset {meta.get('dataset', '')!r} has no questions to evaluate ({meta.get('source', '')})")
     out = Path(out_dir)
+    with folder_lock(out, "pvpo eval"):
+        return _run_eval(
+            policy, examples, searcher, settings, out, meta=meta, show_progress=show_progress, overwrite=overwrite
+        )
+
+
+def _run_eval(
+    policy: EvalPolicy,
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    settings: EvalSettings,
+    out: Path,
+    *,
+    meta: Mapping[str, Any],
+    show_progress: bool,
+    overwrite: bool,
+) -> dict[str, Any]:
+    """`run_eval` with the folder's lock held."""
     run = {**dict(meta), "n": len(examples), "settings": asdict(settings)}
     other = _other_run(out, run)
     if other is not None and not overwrite:

@@ -1,5 +1,6 @@
 """Crash-safe files: atomic replacement (a reader sees the old file or the new one, never half of
-one), fsynced JSON-lines appends, and a JSON-lines reader that survives a write torn by a crash.
+one), fsynced JSON-lines appends, a JSON-lines reader that survives a write torn by a crash, and
+the errors a damaged file or a full disk raise (one line each at the CLI: `pvpo.user_errors`).
 
 Every component writes its state through these (run dirs, checkpoints, anchors, GT caches, value
 models, evaluation predictions and metrics), so "nothing lost on a crash" is argued once, here.
@@ -7,6 +8,7 @@ models, evaluation predictions and metrics), so "nothing lost on a crash" is arg
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -17,6 +19,53 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# below this many free bytes, a write that failed inside a library (which reports no errno) failed
+# because the disk filled up
+_NEARLY_FULL = 1 << 20
+
+
+class DamagedFileError(ValueError):
+    """A file that is there but cannot be read as what it should be (truncated, corrupted, not the
+    format its name says). The message names the file, the cause and what to do; a ValueError, so
+    `pvpo` prints it as one line with exit status 2."""
+
+    def __init__(self, path: str | Path, cause: str, fix: str) -> None:
+        self.filename, self.cause, self.fix = str(path), cause, fix
+        super().__init__(f"{path} is damaged ({cause}): {fix}")
+
+
+def read_json(path: str | Path, *, fix: str) -> Any:
+    """The JSON document in `path`; a file that is not JSON is a DamagedFileError naming it, with
+    `fix` as what to do."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_bytes())
+    except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError
+        raise DamagedFileError(path, f"not JSON: {e}", fix) from None
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes this process may still write on `path`'s file system (root may use the reserved blocks)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = os.statvfs(path)
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+
+
+def disk_full_error(err: BaseException, path: str | Path) -> OSError | None:
+    """`OSError(ENOSPC)` naming `path` when `err`, raised by a library writing under `path`, was the
+    disk filling up (torch's zip writer says only `unexpected pos ...`, safetensors `os error 28`);
+    None when it was something else. Call it before removing what the failed write left."""
+    if isinstance(err, OSError) or not isinstance(err, Exception):
+        return None
+    text = str(err)
+    full = "No space left" in text or "os error 28" in text or "StorageFull" in text
+    try:
+        full = full or _free_bytes(Path(path)) < _NEARLY_FULL
+    except OSError:
+        pass
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) if full else None
 
 
 def replaced_path(path: str | Path) -> Path:
@@ -58,15 +107,19 @@ def atomic_write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> P
 def atomic_write_dir(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Call `write(tmp)` on an empty `<path>.tmp` folder, then rename it to `path` (replacing it),
     so `path` is absent, the old folder, or complete: never half written. A `write` that raises
-    leaves no `.tmp` folder behind."""
+    leaves no `.tmp` folder behind; one that failed because the disk filled up raises
+    `OSError(ENOSPC)` whatever the library that wrote reported (`disk_full_error`)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         write(tmp)
-    except BaseException:
+    except BaseException as err:
+        full = disk_full_error(err, path)  # before the partial files go and free the space again
         shutil.rmtree(tmp, ignore_errors=True)
+        if full is not None:
+            raise full from err
         raise
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)

@@ -195,17 +195,22 @@ def pull(name_or_path: str, *, force: bool = False, check_hashes: bool = True) -
         raise ModelCatalogError(
             f"{src.gguf}: sha256 {digest[:12]}... differs from the catalog's (corrupt file); fix: {src.fix}"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: Path) -> None:
         convert_gguf(src.gguf, tmp)
         _write_manifest(tmp, src, digest)
 
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_dir(target, write)
     except ModelCatalogError:
         raise
     except Exception as err:  # a GGUF transformers cannot read: the file, not our code
+        if isinstance(err, OSError) and err.errno is not None:  # the cache's file system (full, read-only, ...)
+            from pvpo.user_errors import add_note
+
+            add_note(err, f"the model cache is {cache_dir()}: set $PVPO_CACHE_DIR to a writable folder with room")
+            raise
         raise ModelCatalogError(f"{src.gguf}: cannot convert ({type(err).__name__}: {err}); fix: {src.fix}") from err
     return target
 

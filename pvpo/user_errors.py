@@ -1,9 +1,15 @@
-"""Known user mistakes (a bad path, a bad value, an unreachable server) as one line naming the
-cause and the fix, instead of a traceback; `pvpo --debug ...` keeps the traceback."""
+"""Known user mistakes (a bad path, a bad value, an unreachable server) and faults of the machine
+(a full disk, a read-only file system, a damaged file, a folder another process writes, SIGTERM
+or Ctrl-C) as one line naming the cause and the fix, instead of a traceback; `pvpo --debug ...`
+keeps the traceback. A command adds where it stopped and how to go on with `add_note`."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import typer
@@ -30,6 +36,74 @@ def _is_instance(err: BaseException, module: str, name: str) -> bool:
     return isinstance(cls, type) and isinstance(err, cls)
 
 
+# what an OS fault means and what to do, by errno
+_OS_FAULTS = {
+    errno.ENOSPC: ("no space left on the device", "free space on that disk, or write elsewhere"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota, or write elsewhere"),
+    errno.EROFS: ("read-only file system", "write to a writable folder, or remount that one read-write"),
+    errno.EACCES: ("permission denied", "check the owner and mode of the file and its folder, or write elsewhere"),
+    errno.EPERM: ("operation not permitted", "check the owner and mode of the file and its folder, or write elsewhere"),
+    errno.EIO: ("input/output error", "the disk may be failing: check it (dmesg), then run again"),
+}
+
+
+def add_note(err: BaseException, note: str) -> None:
+    """Add `note` to `err` (where the command stopped, how to go on): printed after the fix of its
+    one-line error, and in its traceback under --debug. `BaseException.add_note` from Python 3.11,
+    its attribute on 3.10."""
+    if hasattr(err, "add_note"):
+        err.add_note(note)
+    else:
+        err.__notes__ = [*getattr(err, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+def _notes(err: BaseException) -> str:
+    """What the command that failed added about where it stopped (`add_note`), as one clause."""
+    return "; ".join(getattr(err, "__notes__", []))
+
+
+def os_fault(err: OSError) -> str | None:
+    """`error: file: cause` and `fix: ...` for a fault of the file system (full disk, read-only,
+    permission denied, I/O error), None for another OSError."""
+    fault = _OS_FAULTS.get(err.errno or 0)
+    if fault is None:
+        return None
+    cause, fix = fault
+    where = f"{err.filename}: " if err.filename else ""
+    notes = _notes(err)
+    return f"error: {where}{cause}\n  fix: {fix}{'; ' + notes if notes else ''}"
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so it ends as Ctrl-C (SIGINT) does: files closed,
+    temporary files removed, and one line saying where the command stopped."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block SIGTERM raises `Stopped` in the main thread (by default it kills the process
+    with no word and no clean-up); the previous handler comes back after it."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Stopped()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def describe_stop(err: KeyboardInterrupt) -> tuple[str, int]:
+    """The line a command stopped by SIGINT or SIGTERM ends with (what its command noted about
+    where it stopped and how to go on), and its exit status (128 + the signal's number)."""
+    signum = getattr(err, "signum", signal.SIGINT)
+    notes = _notes(err)
+    return f"stopped by {signal.Signals(signum).name}{': ' + notes if notes else ''}", 128 + int(signum)
+
+
 def describe(err: BaseException) -> str | None:
     """`error: cause` (and, where one is known, `fix: ...` on a second line) for a user mistake;
     None for anything else, which should keep its traceback."""
@@ -46,6 +120,12 @@ def describe(err: BaseException) -> str | None:
             f"error: cannot reach a server: {type(err).__name__}: {err}\n"
             "  fix: check the URL and that the server is running"
         )
+    if _is_instance(err, "pvpo.locks", "FolderInUse"):
+        pid = getattr(err, "pid", None)
+        stop = f"stop it (kill {pid}; a killed process frees the folder at once)" if pid else "stop it"
+        return f"error: {err}\n  fix: wait for that process to end, or {stop}; or write into another folder"
+    if isinstance(err, OSError) and (message := os_fault(err)) is not None:
+        return message
     if isinstance(err, FileNotFoundError | NotADirectoryError | IsADirectoryError | PermissionError):
         what = f"{err.strerror}: {err.filename}" if err.filename else str(err)
         return f"error: {what}\n  fix: check the path"
@@ -66,6 +146,12 @@ class UserErrorGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM within `stop_on_sigterm`
+            if ctx.params.get("debug") or _traceback_requested:
+                raise
+            line, status = describe_stop(err)
+            typer.echo(line, err=True)
+            ctx.exit(status)
         except Exception as err:
             if ctx.params.get("debug") or _traceback_requested:
                 raise

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pvpo.atomic import disk_full_error
 from pvpo.retriever.corpus import CorpusCheck, CorpusStore, corpus_layout, iter_corpus, write_jsonl
 from pvpo.retriever.index import (
     OFFSETS_FILE,
@@ -178,6 +179,11 @@ def write_dense_index(
     try:
         faiss.write_index(index, str(tmp_index))
         os.replace(tmp_index, out / INDEX_FILE)
+    except RuntimeError as err:  # faiss reports a full disk as a failed fwrite, without an errno
+        full = disk_full_error(err, out / INDEX_FILE)
+        if full is not None:
+            raise full from err
+        raise
     finally:
         tmp_index.unlink(missing_ok=True)
     params = dict(DEFAULT_SEARCH_PARAMS) | (search_params or {})

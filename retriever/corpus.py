@@ -5,6 +5,7 @@ of line offsets)."""
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 from collections.abc import Iterator, Sequence
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from pvpo.retriever.types import Passage, make_contents
+
+log = logging.getLogger(__name__)
 
 _SCAN_CHUNK = 64 << 20  # bytes of the mapped file scanned for newlines at a time
 
@@ -205,6 +208,34 @@ def line_spans(path: str | Path) -> np.ndarray:
     return np.stack([starts[keep], ends_arr[keep]], axis=1)
 
 
+def _cached_spans(path: Path, size: int) -> np.ndarray | None:
+    """The line spans cached in `path` for a corpus file of `size` bytes, or None when there is no
+    cache, it was made for another file, or it is damaged (a cache: it is rebuilt, with a warning)."""
+    if not path.exists():
+        return None
+    try:
+        cached = np.load(path, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as e:  # a cut or overwritten .npy
+        log.warning("%s is damaged (%s): rebuilding it from the corpus", path, e)
+        return None
+    # The last row is a sentinel (-1, file size): a changed corpus file invalidates the cache.
+    if cached.ndim == 2 and cached.shape[1:] == (2,) and len(cached) and tuple(cached[-1]) == (-1, size):
+        return cached[:-1]
+    return None
+
+
+def _save_spans(path: Path, spans: np.ndarray) -> None:
+    """Cache the line spans at `path` atomically (a kill never leaves half a cache); a folder that
+    cannot be written (a read-only index) keeps no cache, with a warning."""
+    tmp = path.with_name(path.name + ".tmp.npy")
+    try:
+        np.save(tmp, spans)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        log.warning("cannot cache the corpus line offsets in %s (%s): they are recomputed at each start", path, e)
+
+
 class CorpusStore:
     """Row -> passage lookup over a JSON-lines corpus file, memory-mapped.
 
@@ -216,16 +247,11 @@ class CorpusStore:
         if not self.path.exists():
             raise FileNotFoundError(f"corpus file {self.path} does not exist")
         size = self.path.stat().st_size
-        spans = None
-        if offsets_path is not None and Path(offsets_path).exists():
-            cached = np.load(offsets_path, mmap_mode="r")
-            # The last row is a sentinel (-1, file size): a changed corpus file invalidates the cache.
-            if cached.ndim == 2 and len(cached) and tuple(cached[-1]) == (-1, size):
-                spans = cached[:-1]
+        spans = _cached_spans(Path(offsets_path), size) if offsets_path is not None else None
         if spans is None:
             spans = line_spans(self.path)
             if offsets_path is not None:
-                np.save(offsets_path, np.concatenate([spans, np.array([[-1, size]], dtype=np.int64)]))
+                _save_spans(Path(offsets_path), np.concatenate([spans, np.array([[-1, size]], dtype=np.int64)]))
         self._spans = spans
         self._file = self.path.open("rb")
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""

@@ -6,6 +6,7 @@ corpus as JSON lines with a cached line-span table, and the backend's own files.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pvpo.atomic import DamagedFileError, read_json
 from pvpo.registry import Registry
 from pvpo.retriever.corpus import CorpusStore
 from pvpo.retriever.types import Passage
@@ -79,7 +81,10 @@ def read_meta(index_dir: str | Path) -> dict[str, Any]:
     path = Path(index_dir) / META_FILE
     if not path.exists():
         raise FileNotFoundError(f"{index_dir} is not an index directory: {META_FILE} is missing")
-    return json.loads(path.read_text())
+    meta = read_json(path, fix="rebuild the index with `pvpo retriever build` (or restore the file from a copy)")
+    if not isinstance(meta, dict):
+        raise DamagedFileError(path, f"a JSON {type(meta).__name__}, not an object", "rebuild the index")
+    return meta
 
 
 def write_meta(index_dir: str | Path, meta: dict[str, Any]) -> None:
@@ -255,7 +260,22 @@ def read_faiss_index(path: Path, *, mmap: bool = False) -> Any:
     flags = 0
     if mmap:
         flags = getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP) | faiss.IO_FLAG_READ_ONLY
-    return faiss.read_index(str(path), flags)
+    if not Path(path).is_file():
+        raise FileNotFoundError(
+            errno.ENOENT, "no FAISS index file (rebuild the index with `pvpo retriever build`)", str(path)
+        )
+    try:
+        return faiss.read_index(str(path), flags)
+    except RuntimeError as e:  # faiss reads a cut or corrupted file as "read error" / "Index type ... not recognized"
+        raise DamagedFileError(
+            path, _last_line(e), "rebuild the index with `pvpo retriever build --corpus ... --out DIR`"
+        ) from None
+
+
+def _last_line(err: BaseException) -> str:
+    """The useful part of a FAISS error (its last line, without the C++ location before it)."""
+    text = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+    return text.split("' failed: ")[-1].split("Error: ")[-1].strip()
 
 
 # --- dense retriever --------------------------------------------------------------------------

@@ -234,9 +234,10 @@ TINY_WORLD = [
 def test_a_tiny_benchmark_runs_resumes_and_reports(tmp_path: Path):
     """Two algorithms, a 2-value sweep and two final seeds on a small world, two processes; run
     again it redoes nothing, and --report-only writes the same report."""
-    out = tmp_path / "b"
+    out, results = tmp_path / "b", tmp_path / "results"
     argv = "--algorithms pvpo+gs,grpo --n 2 --seeds 0,1 --sweep-seeds 7 --lr-grid 1e-4,1e-3 --steps 2 --evals 2"
     argv = [*argv.split(), *"--warm-steps 4,6 --warm-band 0.99,1 --jobs 2".split(), "--out", str(out), *TINY_WORLD]
+    argv += ["--results", str(results)]
     algorithms.main(argv)
     warm = json.loads((out / "warm" / "summary.json").read_text())
     assert set(warm["uids"]) == {"rl", "sft", "val", "test"}
@@ -244,25 +245,38 @@ def test_a_tiny_benchmark_runs_resumes_and_reports(tmp_path: Path):
     assert [t["steps"] for t in warm["tries"]] in ([4, 6], [6, 4]) and not warm["in_band"]
     assert warm["warm_steps"] == warm["tries"][-1]["steps"] and warm["policy_dir"] == f"steps{warm['warm_steps']}"
     assert sum(map(len, warm["uids"].values())) == len({u for v in warm["uids"].values() for u in v})
-    results = sorted(out.glob("*/*/result.json"))
-    assert len(results) == 4 + 4  # 2 algorithms x 2 lrs x 1 sweep seed, then 2 algorithms x 2 seeds
-    sweep = [json.loads(p.read_text()) for p in results if p.parts[-3] == "sweep"]
-    final = [json.loads(p.read_text()) for p in results if p.parts[-3] == "final"]
+    results_of = lambda d: sorted(d.glob("*/*/result.json"))  # noqa: E731
+    run_files = results_of(out)
+    assert len(run_files) == 4 + 4  # 2 algorithms x 2 lrs x 1 sweep seed, then 2 algorithms x 2 seeds
+    sweep = [json.loads(p.read_text()) for p in run_files if p.parts[-3] == "sweep"]
+    final = [json.loads(p.read_text()) for p in run_files if p.parts[-3] == "final"]
     assert {r["split"] for r in sweep} == {"validation"} and {r["split"] for r in final} == {"test"}
     assert all(len(r["curve"][-1]["em_q"]) == len(warm["uids"]["test"]) for r in final)
     assert all(len(r["curve"]) == 3 for r in final)  # the start, step 1, the end
     assert all(r["curve"][0]["em_q"] == warm["start"]["test"]["em_q"] for r in final)
     gs = next(r for r in final if r["alg"] == "pvpo+gs")
     assert gs["uses_anchor"] and gs["group_sampling"]
-    mtimes = {p: p.stat().st_mtime_ns for p in results}
+    mtimes = {p: p.stat().st_mtime_ns for p in run_files}
     text = (out / "results.md").read_text()
-    assert "## Verdict" in text and (out / "em_vs_cost.png").exists()
-    algorithms.main(argv)  # resumes: nothing to redo
-    assert {p: p.stat().st_mtime_ns for p in results} == mtimes
-    algorithms.main([*argv, "--report-only"])
-    report_only = (out / "results.md").read_text()
-    strip = lambda t: t.split("\n\n", 1)[1]  # noqa: E731 (the header's command and timings differ)
-    assert strip(report_only) == strip(text)
+    plot = (results / "em_vs_cost.png").read_bytes()
+    assert "## Verdict" in text and plot
+    # the shipped results: one file a run, per evaluation the per-question EM and the cost by kind
+    shipped = sorted(p.relative_to(results).as_posix() for p in results.glob("*/*.json"))
+    assert shipped == sorted(f"{p.parts[-3]}/{p.parts[-2]}.json" for p in results_of(out))
+    gs_run = json.loads((results / "final" / f"{gs['alg']}_n2_lr{gs['lr']:g}_s0.json").read_text())
+    assert set(gs_run["curve"][-1]["cost"]) == {"train", "anchor", "gt"} and set(gs_run["curve"][-1]["em_q"]) <= {
+        "0",
+        "1",
+    }
+    bench = json.loads((results / "bench.json").read_text())
+    assert [i["runs_trained"] for i in bench["invocations"]] == [8]
+    algorithms.main(argv)  # resumes: nothing to redo, and no invocation recorded
+    assert {p: p.stat().st_mtime_ns for p in results_of(out)} == mtimes
+    assert json.loads((results / "bench.json").read_text())["invocations"] == bench["invocations"]
+    # the report from the shipped results alone, without the runs' folders: the same text and plot
+    fresh = tmp_path / "fresh"
+    algorithms.main(["--report-only", "--results", str(results), "--out", str(fresh)])
+    assert (fresh / "results.md").read_text() == text and (results / "em_vs_cost.png").read_bytes() == plot
 
 
 def test_an_out_dir_refuses_settings_its_runs_were_not_trained_with(tmp_path: Path):
@@ -286,10 +300,45 @@ def test_every_registered_estimator_runs_in_the_benchmark(tmp_path: Path):
 
     out = tmp_path / "b"
     argv = ["--algorithms", "all", "--n", "2", "--seeds", "0", "--lr-grid", "3e-4", "--steps", "2", "--evals", "1"]
-    algorithms.main([*argv, "--warm-steps", "4", "--warm-band", "0,1", "--jobs", "1", "--out", str(out), *TINY_WORLD])
+    argv += [
+        "--warm-steps",
+        "4",
+        "--warm-band",
+        "0,1",
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+        "--results",
+        str(tmp_path / "r"),
+    ]
+    algorithms.main([*argv, *TINY_WORLD])
     final = {json.loads(p.read_text())["alg"]: json.loads(p.read_text()) for p in out.glob("final/*/result.json")}
     assert set(final) == {"pvpo+gs", *available_estimators()} and not list(out.glob("sweep/*"))
     assert all(r["steps"] == 2 and r["split"] == "test" and len(r["curve"]) == 2 for r in final.values())
     assert final["pvpo"]["uses_anchor"] and not final["pvpo"]["group_sampling"] and not final["grpo"]["uses_anchor"]
     text = (out / "results.md").read_text()
     assert all(f"| {a} | 2 | 0.0003 | 1 |" in text for a in final)
+
+
+SHIPPED = sorted(p.parent for p in (BENCH / "results").glob("algorithms*/bench.json"))
+
+
+@pytest.mark.parametrize("results", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_the_readme_block_and_the_plot_are_recomputed_from_the_shipped_results_alone(results: Path, tmp_path: Path):
+    """`--report-only` on the committed per-run JSON (no run folder) prints the README's block
+    exactly, and draws the committed plot byte for byte (with the matplotlib it was drawn with)."""
+    import matplotlib
+    from algorithms_results import REPO, read_bench
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    source = results.relative_to(REPO).as_posix()
+    shipped = algorithms.readme_block_of(readme, source)
+    assert shipped is not None, f"README.md has no block generated from {source}"
+    plot = tmp_path / "plot.png"
+    text = algorithms.report_from(results, tmp_path / "out", plot=plot)
+    assert text.endswith("\n" + shipped)
+    doc = read_bench(results)
+    drawn_with = {inv["machine"]["matplotlib"] for inv in doc["invocations"]}
+    if drawn_with == {matplotlib.__version__}:
+        assert plot.read_bytes() == (REPO / doc["plan"]["plot"]).read_bytes()

@@ -94,6 +94,14 @@ def test_unknown_records_and_duplicate_uids_are_rejected(tmp_path: Path) -> None
         load_dataset(tmp_path / "missing.jsonl")
 
 
+def test_a_duplicate_id_in_a_dataset_file_names_the_file_not_a_python_repr(tmp_path: Path) -> None:
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text("".join(json.dumps({"id": "1", "question": q, "golden_answers": ["a"]}) + "\n" for q in "xy"))
+    with pytest.raises(ValueError) as info:
+        load_dataset(dup)
+    assert str(info.value) == f"duplicate uid 'dup/1' in dataset {dup}: give each question its own id"
+
+
 def test_corpus_command_writes_each_distinct_paragraph_once(tmp_path: Path) -> None:
     from pvpo.cli import app
 

@@ -21,13 +21,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # What any component may use from the namespace root: the registry type, progress, user errors,
-# crash-safe files and the statistics helpers (pvpo/*.py, none of which imports a component).
+# crash-safe files, folder locks and the statistics helpers (pvpo/*.py, none of which imports a component).
 ROOT_UTILITIES = {
     "pvpo",
     "pvpo.registry",
     "pvpo.progress",
     "pvpo.user_errors",
     "pvpo.atomic",
+    "pvpo.locks",
     "pvpo.stats",
     "pvpo.lazy_exports",
     "pvpo.model_catalog",

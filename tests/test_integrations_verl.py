@@ -52,6 +52,16 @@ def verl_api(monkeypatch, record_property):
     )
 
 
+@pytest.mark.skipif(REAL_VERL, reason="verl is installed: nothing is missing")
+@pytest.mark.parametrize("module", ["agent_loop", "search_tool", "plugin"])
+def test_the_adapter_without_verl_says_how_to_install_it(module: str) -> None:
+    code = f"import pvpo.integrations.verl.{module}"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 1 and last.startswith("ModuleNotFoundError: pvpo.integrations.verl."), res.stderr
+    assert "needs verl, which is not installed here (no module named 'verl'): pip install 'pvpo-search[verl]'" in last
+
+
 def write_anchor(path: Path, values: dict[str, float]) -> Path:
     store = AnchorStore(path)
     for uid, value in values.items():

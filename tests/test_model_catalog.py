@@ -90,6 +90,41 @@ def test_missing_and_unreadable_gguf_files(cache: Path, tmp_path: Path) -> None:
     assert [p.name for p in (cache / "models").iterdir()] == []  # the temp folder is gone too
 
 
+def test_a_read_only_model_cache_is_one_line_naming_it_and_the_variable_that_moves_it(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only tmpfs where this runs as root and can mount one, else a fault-injected mkdir."""
+    import errno
+
+    from pvpo.cli import app
+
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    cache.mkdir()
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(cache)]).returncode == 0
+    )
+    if not mounted:
+        real_mkdir = Path.mkdir
+
+        def read_only(self: Path, *args: object, **kwargs: object) -> None:
+            if self.is_relative_to(cache):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+            real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Path, "mkdir", read_only)
+    try:
+        res = CliRunner().invoke(app, ["models", "pull", str(gguf)])
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(cache)], check=True)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines[0] == f"error: {cache / 'models'}: read-only file system", lines
+    assert f"the model cache is {cache}: set $PVPO_CACHE_DIR to a writable folder" in lines[1]
+
+
 def test_cli_unknown_name_is_one_line_rc2(cache: Path) -> None:
     from pvpo.cli import app
 

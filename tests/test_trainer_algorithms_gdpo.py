@@ -124,3 +124,19 @@ def test_gdpo_normalises_each_group_over_its_policy_rows_only():
     # the GT row 2 x (1/3) / 0.57735 = 1.1547 and push the policy rows below 0
     old = gdpo(comps.sum(1), uids, components=comps, batch_norm=False)
     torch.testing.assert_close(old[:3], torch.tensor([-0.57735, -0.57735, 1.1547]), atol=1e-4, rtol=0)
+
+
+def test_gdpo_batch_step_gives_the_policy_rows_the_same_advantages_with_or_without_gt_rows():
+    # group p: policy rows (0, 1), (1, 0); group q: (0, 0), (1, 1); then each gets a GT row (1, 1)
+    comps = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    uids = ["p", "p", "q", "q"]
+    gdpo = get_estimator("gdpo")
+    alone = gdpo(comps.sum(1), uids, components=comps, policy_rows=torch.ones(4, dtype=torch.bool))
+    # before the batch step (0, 0, -2 R2, +2 R2): mean 0, unbiased std sqrt(4 / 3)
+    torch.testing.assert_close(alone, torch.tensor([0.0, 0.0, -2 * R2, 2 * R2]) / math.sqrt(4 / 3), atol=1e-5, rtol=0)
+    with_gt = torch.cat([comps, torch.tensor([[1.0, 1.0], [1.0, 1.0]])])
+    rows = torch.tensor([True] * 4 + [False] * 2)
+    adv = gdpo(with_gt.sum(1), [*uids, "p", "q"], components=with_gt, policy_rows=rows)
+    torch.testing.assert_close(adv[:4], alone, atol=1e-5, rtol=0)
+    # the GT rows (2 R2 before the batch step) are scaled by the policy rows' statistics
+    torch.testing.assert_close(adv[4:], torch.tensor([2 * R2, 2 * R2]) / math.sqrt(4 / 3), atol=1e-5, rtol=0)

@@ -21,7 +21,7 @@ def test_the_pvpo_paper_preset_resolves_by_name_with_the_papers_method_keys():
     alg, gs = cfg.algorithm, cfg.algorithm.group_sampling
     assert (cfg.rollout.n, alg.anchor.num_rollouts, alg.estimator, alg.reward) == (5, 5, "pvpo", "pvpo")
     assert (gs.enabled, gs.drop_threshold, gs.gt_threshold, gs.metric) == (True, 1.0, 0.0, "reward")
-    assert alg.gt.replace_per_group == 1 and cfg.rollout.temperature == 0.6
+    assert alg.gt.replace_per_group == 1
     assert (cfg.optim.loss_agg, cfg.optim.clip_low, cfg.optim.clip_high) == ("seq-mean-token-mean", 0.2, 0.2)
     assert (alg.anchor.refresh_every, alg.anchor.refresh_from) == (0, "reference")
     # every key of the preset carries a comment citing the paper or saying why it differs
@@ -29,6 +29,25 @@ def test_the_pvpo_paper_preset_resolves_by_name_with_the_papers_method_keys():
     for line in path.read_text().splitlines():
         if ":" in line and not line.lstrip().startswith("#") and not line.rstrip().endswith(":"):
             assert "#" in line, line
+
+
+def test_config_show_prints_the_pvpo_paper_presets_sampling_optimiser_and_limits():
+    """Training samples at T = 1.0, top-p 1.0; evaluation at 0.6 / 0.95; lr 1e-6, 8 prompts a step,
+    8,192 response tokens, a KL term (arXiv:2508.21104, experimental setup)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+
+    res = CliRunner().invoke(app, ["config", "show", "--config", "pvpo_paper"])
+    assert res.exit_code == 0, res.output
+    shown = yaml.safe_load(res.output)
+    rollout, run, optim = shown["rollout"], shown["run"], shown["optim"]
+    assert (rollout["temperature"], rollout["top_p"]) == (1.0, 1.0)
+    assert (run["eval_temperature"], run["eval_top_p"]) == (0.6, 0.95)
+    assert optim["lr"] == 1e-6 and optim["kl_coef"] > 0 and optim["kl_estimator"] == "k3"
+    assert (shown["data"]["prompts_per_step"], rollout["max_response_tokens"]) == (8, 8192)
+    assert shown["algorithm"]["anchor"]["temperature"] is None  # the anchor samples as training does
 
 
 def test_a_yaml_syntax_error_is_one_line_with_the_file_line_and_column_rc_2(tmp_path):

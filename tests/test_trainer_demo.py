@@ -239,6 +239,21 @@ def test_a_run_with_a_base_evaluation_reports_three_points_and_both_paired_gains
     assert not paired_gain([0.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0], what="x", min_se=2)[0]
 
 
+def test_a_run_evaluating_its_validation_split_labels_its_summary_validation_not_held_out(tmp_path):
+    from pvpo.trainer.demo import summary_table
+    from pvpo.trainer.loop import TrainResult
+
+    ev = {"eval/accuracy": 0.5, "eval/accuracy_se": 0.1, "eval/format_ok": 1.0, "eval/n": 4}
+    result = TrainResult(tmp_path, 2, eval_before=ev, eval_after=ev, eval_base=ev)
+    result.eval_em = {"base": [0.0, 1.0] * 2, "before": [0.0, 1.0] * 2, "after": [0.0, 1.0] * 2}
+    for split, label in (("validation", "Validation"), ("held_out", "Held-out")):
+        cfg = config_from_dict(
+            {"model": {"warm_start_steps": 1}, "data": {"evaluate_on": split, "validation_examples": 4}}
+        )
+        text = summary_table(cfg, result, {}, n_sft=3, n_rl=4)
+        assert text.startswith(f"{label}: 4 questions") and f"| {label.lower()} | base model |" in text
+
+
 def test_a_run_without_a_warm_start_says_rl_starts_from_the_given_model(tmp_path):
     from pvpo.trainer.demo import summary_table
     from pvpo.trainer.loop import TrainResult

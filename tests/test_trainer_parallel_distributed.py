@@ -1,128 +1,67 @@
-"""torchrun + FSDP2 on CPU (gloo): two ranks train the smoke config and match one process on the
-same seed; `pvpo train --nproc N` runs the same command under torchrun."""
+"""torchrun + FSDP2 on CPU (gloo): two ranks train the smoke config (PVPO with Group Sampling and
+oracle GT) and match one process on the same seed, share the partition and GT set one process
+builds, and a run killed after its first checkpoint resumes onto the unbroken run's step 2;
+`pvpo train --nproc N` runs the same command under torchrun."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from parallel_support import (
+    OVERRIDES,
+    SMOKE,
+    assert_same_steps,
+    finish,
+    rows,
+    run,
+    run_and_kill_after_first_checkpoint,
+    start,
+)
 
 from pvpo.trainer.parallel.distributed import torchrun_command
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-SMOKE = str(REPO / "configs" / "smoke.yaml")
-
-
-# The smoke config, made to learn something in 2 steps: a short warm start so some answers are well
-# formed (non-zero rewards and advantages), KL (a sharded reference) and entropy terms in the loss.
-# One mini-batch per step: a rank's mini-batches are cut from its own rows, so with several
-# mini-batches the two runs would update on differently composed mini-batches. Rollout batches of
-# one group, so each group's sampling seed is the same in both runs (Trainer.rollout's offset).
-OVERRIDES = [
-    "algorithm.group_sampling.enabled=false",  # as measured, before smoke.yaml turned GT injection on
-    "run.tensorboard=false",
-    "rollout.batch_size=2",
-    "optim.mini_batches=1",
-    "model.warm_start_steps=150",
-    "model.warm_start_lr=5e-3",
-    "optim.entropy_coef=0.01",
-    "optim.kl_coef=0.05",
-    "rollout.temperature=0.7",
-    "rollout.max_new_tokens=40",
-    "rollout.max_response_tokens=240",
-    "optim.max_tokens_per_micro_batch=512",
-]
-
-
-KEYS = ("reward/mean", "format_ok", "anchor/mean", "model_tokens", "loss/mini_batch", "grad_norm")
-
-
-# Measured: rewards, anchors and token counts identical; loss and grad norm agree to ~1e-7
-# (float32 reduction order across two ranks).
-TOL = 1e-5
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-
-
-def _run(args: list[str], *, nproc: int | None) -> None:
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        if nproc
-        else [sys.executable]
-    )
-    proc = subprocess.run(
-        [*launcher, "-m", "pvpo.cli", "train", *args], env=_env(), capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
-
-def _run_and_kill_after_first_checkpoint(args: list[str], run: Path) -> None:
-    """Start a 2-rank run and SIGKILL its whole process group as soon as `latest` names step 1."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "pvpo.cli",
-        "train",
-        *args,
-    ]
-    proc = subprocess.Popen(
-        cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    latest = run / "checkpoints" / "latest"
-    deadline = time.monotonic() + 600
-    try:
-        while not (latest.exists() and latest.read_text().strip() == "step_000001"):
-            assert proc.poll() is None, f"the run ended before its first checkpoint: {proc.stderr.read()[-4000:]}"
-            assert time.monotonic() < deadline, "no checkpoint within 600 s"
-            time.sleep(0.1)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    # killed during step 2: its checkpoint never became `latest`
-    assert latest.read_text().strip() == "step_000001"
-
-
-def _rows(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+def _decisions(run_dir) -> dict:
+    """group_sampling.json without its timings (rank 0's, not one process's)."""
+    doc = json.loads((run_dir / "group_sampling.json").read_text())
+    doc["report"] = {k: v for k, v in doc["report"].items() if not k.endswith("_s") and "_s_" not in k}
+    return doc
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_match_one_process_and_resume_from_a_sharded_checkpoint(tmp_path):
-    single, dist = tmp_path / "single", tmp_path / "dist"
-    _run(["--config", SMOKE, "--run-dir", str(single), *OVERRIDES], nproc=None)
+def test_two_gloo_ranks_with_group_sampling_match_one_process_and_resume_onto_the_unbroken_run(tmp_path):
+    single, dist, broken = tmp_path / "single", tmp_path / "dist", tmp_path / "broken"
+    one = start(["--config", SMOKE, "--run-dir", str(single), *OVERRIDES], nproc=None, log=tmp_path / "single.log")
+    run(["--config", SMOKE, "--run-dir", str(dist), *OVERRIDES], nproc=2, log=tmp_path / "dist.log")
+    finish(one)
     # killed (SIGKILL, launcher and both ranks) once step 1's checkpoint is in place, then resumed on 2 ranks
-    _run_and_kill_after_first_checkpoint(["--config", SMOKE, "--run-dir", str(dist), *OVERRIDES], dist)
-    ckpt = dist / "checkpoints" / "step_000001"
-    assert {p.name for p in ckpt.iterdir()} >= {"dcp", "policy", "rank_0", "rank_1", "trainer_state.pt"}
-    _run(
-        ["--run-dir", str(dist), "--resume", "run.steps=2", "--nproc", "2"], nproc=None
-    )  # the `pvpo train --nproc` shortcut
+    args = ["--config", SMOKE, "--run-dir", str(broken), *OVERRIDES]
+    run_and_kill_after_first_checkpoint(args, broken, tmp_path / "broken.log")
+    ckpt = broken / "checkpoints" / "step_000001"
+    assert {p.name for p in ckpt.iterdir()} >= {"dcp", "policy", "rank_0", "rank_1", "trainer_state.pt", "run_state"}
+    assert {p.name for p in (ckpt / "run_state").iterdir()} >= {"anchor.json", "group_sampling.json", "gt_cache.json"}
+    resume = ["--run-dir", str(broken), "--resume", "run.steps=2", "--nproc", "2"]  # `pvpo train --nproc`
+    run(resume, nproc=None, log=tmp_path / "resumed.log")
 
-    one, two = _rows(single), _rows(dist)
-    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
-    assert any(r["reward/mean"] > 0 for r in one), "the warm start should give some non-zero rewards"
-    for a, b in zip(one, two):
-        for k in KEYS:
-            assert b[k] == pytest.approx(a[k], rel=TOL, abs=TOL), (a["step"], k, a[k], b[k])
+    singles, dists = rows(single), rows(dist)
+    assert any(r["reward/mean"] > 0 for r in singles), "the warm start should give some non-zero rewards"
+    assert all(r["gt/fraction"] > 0 for r in singles), "GT trajectories should be injected at every step"
+    assert_same_steps(singles, dists)
+    # the resumed run ends where the unbroken one did, every logged figure but timings and memory
+    assert_same_steps(dists, rows(broken), keys=None)
+
+    # one partition and one GT set, written once (by rank 0), equal to one process's
+    assert _decisions(dist) == _decisions(single) == _decisions(broken)
+    assert (dist / "gt_cache.json").read_bytes() == (single / "gt_cache.json").read_bytes()
+    assert json.loads((dist / "gt_cache.json").read_text())["records"], "the oracle should give some GT trajectories"
+    assert (dist / "anchor.json").read_bytes() == (single / "anchor.json").read_bytes()
+    assert not list(dist.glob(".*.tmp")), "no atomic write left behind"
 
     # the sharded checkpoint's HF folder is the whole model: transformers loads it as is
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(dist / "checkpoints" / "step_000002" / "policy"))
+    model = AutoModelForCausalLM.from_pretrained(str(broken / "checkpoints" / "step_000002" / "policy"))
     assert sum(p.numel() for p in model.parameters()) > 0
 
 

@@ -66,7 +66,10 @@ class ScriptedSource:
         self.calls.append([ex.uid for ex in examples])
         out = []
         for ex in examples:
-            t = Trajectory(ex.uid, [1, 2], [5, 6, 7], [1, 0, 1], [-0.5, 0.0, -0.25], num_tool_calls=1)
+            t = Trajectory(ex.uid, [1, 2], num_tool_calls=1)
+            t.append_model([5], [-0.5])  # two model turns around an observation token
+            t.append_env([6])
+            t.append_model([7], [-0.25])
             t.reward = 1.0 if ex.uid in self.wins[attempt] else 0.1
             out.append(t)
         return out
@@ -92,6 +95,10 @@ def test_fetch_gt_retries_up_to_attempts_keeps_only_correct_ones_and_remembers_f
         "gt/cached": 2.0,
         "gt/logprobs_endpoint": 0.0,
         "gt/logprobs_reference": 0.0,
+        "gt/turns_endpoint": 0.0,
+        "gt/turns_reference": 0.0,
+        "gt/turns_sampler": 4.0,  # the 2 kept trajectories' own log-probs (no reference asked for)
+        "gt/turns_script": 0.0,
     }
     again = GTCache(tmp_path / "gt.json")  # a resumed run: nothing recomputed
     assert a in again and b in again and c not in again and again.failed == {c: 3}

@@ -21,10 +21,13 @@ from pvpo.trainer.rollout.openai_client import OpenAIClient
 EPISODE = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=4, topk=2, max_obs_chars=120)
 
 
-def fake_client(tok, *, logprobs: bool, api: str = "chat", answer: str = "Kelmo") -> tuple[OpenAIClient, list]:
+def fake_client(
+    tok, *, logprobs: bool, api: str = "chat", answer: str = "Kelmo", misaligned_first: bool = False
+) -> tuple[OpenAIClient, list]:
     """A client whose endpoint searches on the first turn and answers on the next, as vLLM does:
     the stop string stripped from the text and named in `stop_reason`; per-token log-probs -0.5
-    over the policy's tokenization (the stop string's tokens included) when `logprobs`."""
+    over the policy's tokenization (the stop string's tokens included) when `logprobs`, over
+    single characters (another tokenizer's split) on the first turn when `misaligned_first`."""
     bodies: list[dict] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -41,7 +44,7 @@ def fake_client(tok, *, logprobs: bool, api: str = "chat", answer: str = "Kelmo"
         else:
             choice["text"] = text
         if logprobs and body.get("logprobs"):
-            pieces = [tok.decode([t]) for t in ids]
+            pieces = list(full) if first and misaligned_first else [tok.decode([t]) for t in ids]
             if api == "chat":
                 choice["logprobs"] = {"content": [{"token": p, "logprob": -0.5} for p in pieces]}
             else:
@@ -105,6 +108,41 @@ def test_gt_endpoint_log_probs_are_pi_gt_when_reported_else_the_reference_fills_
     assert counts["gt/logprobs_endpoint"] == (1.0 if reported else 0.0)
     assert counts["gt/logprobs_reference"] == (0.0 if reported else 1.0)
     assert filled == ([] if reported else [t])
+
+
+def test_gt_endpoint_pi_gt_is_set_per_turn_and_never_cached_as_placeholders(policy, tmp_path):
+    """Two turns: the first's reported tokens do not line up with the policy's tokenizer, the
+    second's do. The first takes the reference's log-probs, the second keeps the endpoint's."""
+    from pvpo.trainer.reference.gt import GTCache, fetch_gt
+
+    tok = policy.tokenizer
+    ex = WORLD.questions("train")[:1]
+    client, _ = fake_client(tok, logprobs=True, answer=ex[0].golden_answers[0], misaligned_first=True)
+    src = _gt_source(policy, client)
+    t = src.generate(ex, attempt=0)[0]
+    assert t.num_turns == 2 and [s for _, _, s in t.model_turns] == ["", "endpoint"] and t.logprobs_source == "mixed"
+    (a0, b0, _), (a1, b1, _) = t.model_turns
+
+    def reference(ts):
+        for x in ts:
+            x.old_logprobs = [-1.0 if m else 0.0 for m in x.loss_mask]
+
+    src.generate = lambda exs, attempt: [t]  # type: ignore[method-assign]
+    cache = GTCache(tmp_path / "gt.json")
+    counts = fetch_gt(ex, src, cache, attempts=1, min_reward=1.0, set_logprobs=reference)
+    record = GTCache(tmp_path / "gt.json").records[ex[0].uid]
+    model_lps = [lp for lp, m in zip(record.gt_logprobs, record.loss_mask, strict=True) if m]
+    assert 0.0 not in model_lps
+    assert record.gt_logprobs[a0:b0] == [-1.0] * (b0 - a0) and record.gt_logprobs[a1:b1] == [-0.5] * (b1 - a1)
+    assert [s for _, _, s in record.model_turns] == ["reference", "endpoint"]
+    assert counts["gt/turns_endpoint"] == 1.0 and counts["gt/turns_reference"] == 1.0
+    assert counts["gt/logprobs_endpoint"] == 0.0 and counts["gt/logprobs_reference"] == 1.0
+    # without a reference to fill the first turn in, the trajectory is refused, not cached with 0.0
+    t.model_turns = [(a0, b0, ""), (a1, b1, "endpoint")]
+    bare = GTCache(tmp_path / "bare.json")
+    with pytest.raises(ValueError, match=r"1 model turn\(s\) without log-probs.*gt\.logprobs=reference"):
+        fetch_gt(ex, src, bare, attempts=1, min_reward=1.0)
+    assert not bare.records and not (tmp_path / "bare.json").exists()
 
 
 def test_gt_endpoint_source_enforces_the_response_budget(policy):

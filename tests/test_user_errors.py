@@ -3,6 +3,7 @@ under `pvpo --debug`); progress is a bar on a terminal and periodic lines elsewh
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import socket
@@ -105,3 +106,18 @@ def test_hugging_face_bars_are_turned_off_only_off_a_terminal(monkeypatch) -> No
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user's own setting wins
     quiet_library_bars(io.StringIO())
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+def test_describe_names_the_file_the_cause_and_what_to_do_for_each_fault_of_the_file_system() -> None:
+    from pvpo.user_errors import add_note, describe
+
+    for code, cause in [
+        (errno.ENOSPC, "no space left on the device"),
+        (errno.EROFS, "read-only file system"),
+        (errno.EACCES, "permission denied"),
+    ]:
+        err = OSError(code, os.strerror(code), "/runs/x/checkpoints/step_000002")
+        add_note(err, "continue it with `pvpo train --run-dir /runs/x --resume`")
+        lines = (describe(err) or "").splitlines()
+        assert lines[0] == f"error: /runs/x/checkpoints/step_000002: {cause}", lines
+        assert len(lines) == 2 and lines[1].startswith("  fix: ") and lines[1].endswith("--resume`"), lines

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,6 +21,26 @@ def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
     from pvpo.trainer.config.schema import load_config
 
     return load_config(None if config is None else resolve_config(config), overrides)
+
+
+@contextlib.contextmanager
+def _run_dir_session(run_dir: Path, command: str) -> Iterator[None]:
+    """The run dir's lock held (`pvpo.locks`; under torchrun by rank 0 alone, for all ranks) before
+    anything in it is read, so a second writer is refused before it reads a half-written run;
+    SIGTERM ends the block as Ctrl-C does (`pvpo.user_errors.stop_on_sigterm`); and a stop or a
+    fault of the file system (a full disk, ...) ends the command with a line saying where the run
+    stands and how to continue it."""
+    from pvpo.locks import folder_lock
+    from pvpo.trainer.state.resume import where_stopped
+    from pvpo.user_errors import add_note, stop_on_sigterm
+
+    lock = folder_lock(run_dir, command) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
+    try:
+        with lock, stop_on_sigterm():
+            yield
+    except (KeyboardInterrupt, OSError) as err:
+        add_note(err, where_stopped(run_dir, command))
+        raise
 
 
 def train_cmd(
@@ -80,8 +103,9 @@ def train_cmd(
             "A preset: --config demo (or smoke)",
             err=True,
         )
-    cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
-    result = train(cfg, run_dir, resume=resume, overwrite=overwrite)
+    with _run_dir_session(run_dir, "pvpo train"):
+        cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
+        result = train(cfg, run_dir, resume=resume, overwrite=overwrite)
     last = result.metrics[-1] if result.metrics else {}
     typer.echo(
         f"done: {result.steps_done} steps in {run_dir}; last reward/mean={last.get('reward/mean', float('nan')):.4f}"
@@ -113,7 +137,8 @@ def demo_cmd(
     from pvpo.trainer.demo import run_demo
 
     cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
-    summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite)
+    with _run_dir_session(run_dir, "pvpo demo"):
+        summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite)
     typer.echo(summary)
 
 

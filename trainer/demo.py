@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pvpo.atomic import atomic_write_json
+from pvpo.locks import folder_lock
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.heldout_table import per_dataset_table
@@ -198,6 +199,8 @@ def summary_table(
         return f(x, fmt), f(y, fmt), delta
 
     k = min(5, len(m))
+    # a run choosing its settings evaluates the validation split; its held-out split stays unseen
+    split = "Validation" if cfg.data.evaluate_on == "validation" else "Held-out"
     n_held = int(b.get("eval/n") or a.get("eval/n") or 0)  # a resumed run from before eval_before.json has no b
     ws = result.warm_start_losses
     held = [
@@ -218,20 +221,20 @@ def summary_table(
 
         em = result.eval_em
         lines = [
-            f"Held-out: {n_held} questions, greedy, in neither the warm start nor RL "
+            f"{split}: {n_held} questions, greedy, in neither the warm start nor RL "
             f"(s.e. of EM base / warm start / RL: {f(base.get('eval/accuracy_se'))} / "
             f"{f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
             "",
             "- " + paired_gain(em.get("base", []), em.get("after", []), what="base model -> after RL", min_se=3)[1],
             "- " + paired_gain(em.get("before", []), em.get("after", []), what="RL over the warm start", min_se=2)[1],
             "",
-            "| held-out | base model | after warm start | after RL | RL - warm start |",
+            f"| {split.lower()} | base model | after warm start | after RL | RL - warm start |",
             "|---|---|---|---|---|",
         ]
         lines += [f"| {name} | {three(key)} |" for name, key in held]
     else:
         lines = [
-            f"Held-out: {n_held} test questions, greedy, never trained on "
+            f"{split}: {n_held} test questions, greedy, never trained on "
             f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
             "",
             learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[
@@ -239,7 +242,7 @@ def summary_table(
             ]
             + ".",
             "",
-            "| held-out | before RL | after RL | change |",
+            f"| {split.lower()} | before RL | after RL | change |",
             "|---|---|---|---|",
         ]
         lines += [f"| {name} | {' | '.join(ba(key))} |" for name, key in held]
@@ -299,7 +302,7 @@ def summary_table(
     lines += ["", "| run | value |", "|---|---|"] + [f"| {k_} | {v} |" for k_, v in rows]
     per_dataset = per_dataset_table(uids, result.eval_scores) if uids else ""
     if per_dataset:
-        lines += ["", f"Held-out per dataset ({cfg.data.evaluate_on.replace('_', '-')} split):", "", per_dataset]
+        lines += ["", f"{split} per dataset:", "", per_dataset]
     return "\n".join(lines)
 
 
@@ -346,7 +349,7 @@ def run_demo(
     """Run the demo into `run_dir`; returns the summary table (also written to summary.md).
     `fresh` replaces an earlier demo run there; a folder holding a user's files needs `overwrite`."""
     run_dir = Path(run_dir)
-    with _replace_demo(run_dir, fresh=fresh, overwrite=overwrite, cfg=cfg):
+    with folder_lock(run_dir, "pvpo demo"), _replace_demo(run_dir, fresh=fresh, overwrite=overwrite, cfg=cfg):
         return _run_demo(cfg, run_dir, fresh=fresh, show_progress=show_progress)
 
 

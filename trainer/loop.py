@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,17 +26,18 @@ import torch
 
 from pvpo.atomic import atomic_write_json, read_jsonl
 from pvpo.envs.data import QAExample
+from pvpo.locks import folder_lock
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
-from pvpo.trainer.model.device import resolve_device, resolve_dtype
-from pvpo.trainer.model.lora import checkpoint_view, is_lora, load_lora_weights
+from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
+from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
 from pvpo.trainer.model.update import batch_logprobs, policy_update, update_token_budget
 from pvpo.trainer.parallel import distributed as ddp
-from pvpo.trainer.parallel.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
 from pvpo.trainer.reference.pipeline import Reference
 from pvpo.trainer.reference.sources import GTContext
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
@@ -54,17 +55,16 @@ from pvpo.trainer.setup import (
     retriever_session,
     uses_anchor,
 )
-from pvpo.trainer.state.checkpoint import (
-    latest_checkpoint,
-    load_trainer_state,
-    load_weights,
-    restore_state_files,
-    save_checkpoint,
-    set_rng_state,
-)
+from pvpo.trainer.state.checkpoint import latest_checkpoint, restore_state_files
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
-from pvpo.trainer.state.resume import check_resume_config, fresh_run_dir, run_inputs
+from pvpo.trainer.state.resume import (
+    check_checkpoint_config,
+    check_resume_config,
+    config_record,
+    fresh_run_dir,
+    run_inputs,
+)
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ class Trainer:
         )
         self.cost = CostCounter()
         ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if ckpt is not None:  # a hand-edited config.yaml would continue another run from these weights
+            check_checkpoint_config(ckpt, cfg)
         if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
             restore_state_files(ckpt, self.files.state_files())
         elif ckpt is None and cfg.algorithm.anchor.reuse_from and ddp.is_main() and not self.files.anchor.exists():
@@ -177,17 +179,14 @@ class Trainer:
 
     def _restore(self, ckpt: Path) -> int:
         """Weights, optimizer, RNG, cost counters and the estimator's state of `ckpt`; its step."""
-        if ddp.is_distributed():
-            state = load_sharded_checkpoint(ckpt, model=self.model, optimizer=self.optimizer)
-        else:
-            load_lora_weights(self.model, ckpt) if is_lora(self.model) else load_weights(self.model, ckpt)
-            state = load_trainer_state(ckpt)
-            self.optimizer.load_state_dict(state["optimizer"])
-            set_rng_state(state["rng"])
-            self.estimator_state.load_state_dict(state.get("extra", {}))
+        state = load_run_checkpoint(
+            ckpt, model=self.model, optimizer=self.optimizer, modules=self.estimator_state.sharded_modules()
+        )
+        extra = state.get("extra", {})
+        self.estimator_state.load_state_dict(extra)
         self.engine.sync_weights(self.model)
-        if "cost" in state.get("extra", {}):
-            self.cost.load_state_dict(state["extra"]["cost"])
+        if "cost" in extra:
+            self.cost.load_state_dict(extra["cost"])
         return int(state["step"])
 
     def close(self) -> None:
@@ -224,23 +223,23 @@ class Trainer:
         progress: Progress | None = None,
     ) -> list[Trajectory]:
         """Trajectories for `examples`, `rollout.batch_size` at a time, counted as `kind` cost.
-        `offset`: the position of `examples[0]` in the step's whole list (a rank's share), so the
-        batches' seeds are those of a single process rolling out the whole list. `progress`
-        counts the trajectories as they end."""
-        bs, out = self.cfg.rollout.batch_size, []
+        `offset`: the position of `examples[0]` in the step's whole list (a rank's share), so each
+        trajectory's seed is the one a single process rolling out the whole list gives it.
+        `progress` counts the trajectories as they end."""
+        out: list[Trajectory] = []
         loop = loop_config(self.cfg, temperature)
         done = (lambda i, t: progress.update(1)) if progress is not None else None
-        for s in range(0, len(examples), bs):
+        for lo, hi, start in ddp.aligned_batches(offset, len(examples), self.cfg.rollout.batch_size):
             with self.where.autocast():
-                batch = examples[s : s + bs]
                 out += run_agent_loop(
                     engine or self.engine,
                     self.tokenizer,
-                    batch,
+                    examples[lo:hi],
                     self.searcher,
                     self.epcfg,
                     loop,
-                    seed=_seed(seed, offset + s),
+                    seed=_seed(seed, start),
+                    indices=range(offset + lo - start, offset + hi - start),
                     on_done=done,
                 )
         self.cost.add(kind, out)
@@ -359,7 +358,10 @@ class Trainer:
             trajs += self.estimator_state.extra_rollouts(
                 prompts,
                 trajs,
-                lambda exs, rnd: self.rollout(exs, seed=_seed(seed, "v05", step, rnd, ddp.rank())),
+                # one seed for all ranks (the trailing 0 keeps one process's), offset by the ranks before
+                lambda exs, rnd: self.rollout(
+                    exs, seed=_seed(seed, "v05", step, rnd, 0), offset=ddp.exclusive_prefix_sum(len(exs))
+                ),
                 anchors,
             )
             trajs += injected
@@ -394,38 +396,43 @@ class Trainer:
         finally:
             self.engine.wake_up()  # evaluation and the next rollouts sample again
         t2 = time.perf_counter()
-        # 5. metrics
+        # 5. metrics (under torchrun the rollouts' own are weighted by each rank's sampled rollouts)
         sampled = trajs[: len(trajs) - len(injected)]
+        per_rollout = dict(summarize(sampled))
+        if anchors is not None:  # over the sampled rollouts' prompts, so reward - anchor compares like with like
+            per_rollout["anchor/mean"] = float(np.mean([anchors[t.uid] for t in sampled])) if sampled else 0.0
         metrics = {
-            **summarize(sampled),
             **advantage_stats(adv, batch.uids, mask=batch.loss_mask),
             **stats,
             "time/rollout_s": t1 - t0,
             "time/train_s": t2 - t1,
         }
-        if anchors is not None:  # over the sampled rollouts' prompts, so reward - anchor compares like with like
-            metrics["anchor/mean"] = float(np.mean([anchors[t.uid] for t in sampled])) if sampled else 0.0
         if self.reference.partition is not None:
             metrics["gt/fraction"] = len(injected) / len(trajs)
             metrics["gs/pool_size"] = float(len(self.reference.pool(self.data.train)))
         metrics.update(self.reference.pop_report())
-        metrics.update(self.cost.step_metrics())
         metrics.update(self.memory.pop())
-        return ddp.reduce_metrics(metrics, len(trajs))
+        metrics = {**ddp.reduce_metrics(per_rollout, len(sampled)), **ddp.reduce_metrics(metrics, len(trajs))}
+        # summed over the ranks inside the counter: every rank holds the run's totals (a checkpoint's)
+        metrics.update(self.cost.step_metrics(reduce=ddp.all_reduce_sums))
+        return metrics
 
     def save(self, step: int) -> None:
         """A checkpoint of `step`: weights, optimizer, RNG, cost, the estimator's state and the
         run's state files."""
-        save = save_sharded_checkpoint if ddp.is_distributed() else save_checkpoint
-        extra = {"cost": self.cost.state_dict(), **self.estimator_state.state_dict()}
-        save(
+        save_run_checkpoint(
             self.run_dir,
             step,
             model=checkpoint_view(self.model),
             tokenizer=self.tokenizer,
             optimizer=self.optimizer,
-            extra=extra,
+            extra={
+                "cost": self.cost.state_dict(),
+                "config": config_record(self.cfg),
+                **self.estimator_state.state_dict(),
+            },
             state_files=self.files.state_files(),
+            modules=self.estimator_state.sharded_modules(),
         )
 
     def run(self) -> TrainResult:
@@ -480,22 +487,6 @@ class Trainer:
         return self.result
 
 
-@contextlib.contextmanager
-def _maybe_searcher(cfg: TrainConfig, run_dir: Path, data: Data, searcher: Searcher | None) -> Iterator[Searcher]:
-    if searcher is not None:
-        yield searcher
-    else:
-        with retriever_session(cfg, run_dir, data.corpus_path) as s:
-            yield s
-
-
-def with_resolved_dtype(cfg: TrainConfig, device: torch.device) -> TrainConfig:
-    """`cfg` with `model.dtype: auto` replaced by what it resolves to on `device` (`resolve_dtype`),
-    so the run's config.yaml, the policy, the reference and the engines all name one dtype."""
-    dtype = resolve_dtype(cfg.model.dtype, device)
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
-
-
 def train(
     cfg: TrainConfig,
     run_dir: str | Path,
@@ -507,7 +498,8 @@ def train(
 ) -> TrainResult:
     """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
-    differs from the run's own config.yaml outside `resume.SAFE_ON_RESUME` (RunDirError)."""
+    differs from the run's own config.yaml, or its checkpoint's, outside `resume.SAFE_ON_RESUME`
+    (RunDirError); a run dir another process writes is refused (`pvpo.locks.FolderInUse`)."""
     run_dir = Path(run_dir)
     device = resolve_device(cfg.model.device)
     ddp.init_from_env(device)  # under torchrun: join the process group
@@ -515,13 +507,16 @@ def train(
     try:
         with contextlib.ExitStack() as stack:
             with ddp.main_first():  # rank 0 checks the run dir, writes the corpus and builds the index
+                if ddp.is_main():  # one process writes a run dir; under torchrun rank 0 holds it for all ranks
+                    stack.enter_context(folder_lock(run_dir, "pvpo train"))
                 if resume:
                     check_resume_config(run_dir, cfg)
                 elif ddp.is_main():  # an old run is moved aside, and back if this fails before a checkpoint
                     stack.enter_context(fresh_run_dir(run_dir, overwrite=overwrite, inputs=run_inputs(cfg)))
                 run_dir.mkdir(parents=True, exist_ok=True)
                 data = load_data(cfg, run_dir)
-                s = stack.enter_context(_maybe_searcher(cfg, run_dir, data, searcher))
+                given = contextlib.nullcontext(searcher) if searcher is not None else None
+                s = stack.enter_context(given or retriever_session(cfg, run_dir, data.corpus_path))
             trainer = stack.enter_context(
                 Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main())
             )

@@ -347,21 +347,15 @@ def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy,
 
 
 def check_supported(cfg: TrainConfig, spec: EstimatorSpec) -> None:
-    """Refuse, naming the key, what a torchrun run does not support yet (a single process does)."""
-    if not ddp.is_distributed():
+    """Refuse, naming the key, an estimator registered as not running under torchrun (every
+    shipped one runs: `trainer.parallel.shared_state`); a single process runs them all."""
+    if not ddp.is_distributed() or spec.sharded:
         return
-    if not spec.sharded:
-        sharded = ", ".join(n for n in available_estimators() if get_spec(n).sharded)
-        raise ValueError(
-            f"algorithm.estimator={spec.name} does not run under torchrun yet (its state is learned by one "
-            f"process); under torchrun: {sharded}"
-        )
-    if cfg.algorithm.group_sampling.enabled:
-        # every rank would fetch the GT set and write group_sampling.json / gt_cache.json at once
-        raise ValueError(
-            "algorithm.group_sampling.enabled is single-process only for now; "
-            "run without torchrun (--nproc 1) or set algorithm.group_sampling.enabled=false"
-        )
+    sharded = ", ".join(n for n in available_estimators() if get_spec(n).sharded)
+    raise ValueError(
+        f"algorithm.estimator={spec.name} does not run under torchrun (its state is learned by one "
+        f"process): run it without torchrun (--nproc 1), or under torchrun one of {sharded}"
+    )
 
 
 def uses_anchor(cfg: TrainConfig, spec: EstimatorSpec) -> bool:
@@ -591,6 +585,7 @@ def warm_start(
 def estimator_state(cfg: TrainConfig, spec: EstimatorSpec, model: Model, run_dir: Path) -> EstimatorState:
     """This run's state of the estimator (`spec.state`): a critic, V0.5's priors and budget, ..."""
     from pvpo.trainer.model.embed import minilm_embed
+    from pvpo.trainer.parallel.shared_state import data_parallel
 
     context = EstimatorContext(
         algorithm=cfg.algorithm,
@@ -599,5 +594,6 @@ def estimator_state(cfg: TrainConfig, spec: EstimatorSpec, model: Model, run_dir
         device=model.where.device,
         value_model_path=RunDir(run_dir).value_model,
         embed=minilm_embed,
+        parallel=data_parallel(model.where.dtype),
     )
     return spec.make_state(context)

@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+from pvpo.integrations.verl.requirement import verl_missing
+
+try:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
+except ModuleNotFoundError as err:
+    raise verl_missing(err, __name__) from err
 
 from pvpo.envs import EpisodeConfig, QAExample
 from pvpo.envs.episode import Episode, StepResult

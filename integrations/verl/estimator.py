@@ -49,6 +49,11 @@ def pvpo_advantage(
 def register() -> None:
     """Register `pvpo_advantage` in verl's estimator registry as `pvpo` (idempotent: verl accepts
     the same function registered twice)."""
-    from verl.trainer.ppo.core_algos import register_adv_est
+    try:
+        from verl.trainer.ppo.core_algos import register_adv_est
+    except ModuleNotFoundError as err:
+        from pvpo.integrations.verl.requirement import verl_missing
+
+        raise verl_missing(err, f"{__name__}.register") from err
 
     register_adv_est(NAME)(pvpo_advantage)

@@ -10,8 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from verl.tools.base_tool import BaseTool
-from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from pvpo.integrations.verl.requirement import verl_missing
+
+try:
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+except ModuleNotFoundError as err:
+    raise verl_missing(err, __name__) from err
 
 from pvpo.envs import format_passages
 from pvpo.integrations.verl.clients import shared_client

@@ -64,12 +64,16 @@ def extend_groups(
     k_max: int,
     cost: float,
     floor: NoiseFloor | None = None,
+    any_rank: Callable[[bool], bool] = bool,
 ) -> tuple[list[Any], dict[str, float]]:
     """Rounds of one more rollout for every prompt of `examples` (objects with `.uid`) that
     `wants_more`, given its trajectories so far (`.uid`, `.reward`), until none does.
     `rollout(examples, round)` samples one trajectory per example. Returns the new trajectories
     and `v05/*` figures (extra rollouts, rounds, mean and max rollouts per prompt). `cost` is in
-    the paper's units, scaled here by `scaled_cost`; `floor` as the estimator's."""
+    the paper's units, scaled here by `scaled_cost`; `floor` as the estimator's. Under torchrun
+    (`any_rank`: whether some rank still wants a round) the ranks go through the rounds together,
+    a rank whose prompts are done calling `rollout` with none, so a round's rollouts are sampled
+    (and seeded) as one process would sample them."""
     price = scaled_cost(cost, floor)
     rewards: dict[str, list[float]] = defaultdict(list)
     for t in trajs:
@@ -82,7 +86,7 @@ def extend_groups(
             for ex in examples
             if rewards[ex.uid] and wants_more(rewards[ex.uid], prior.get(ex.uid), k_max=k_max, cost=price, floor=floor)
         ]
-        if not todo:
+        if not any_rank(bool(todo)):
             break
         rounds += 1
         got = rollout(todo, rounds)

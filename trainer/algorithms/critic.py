@@ -6,6 +6,13 @@ clipped value loss (Schulman et al. 2017, arXiv:1707.06347, as in the PPO2 / ver
 over the model tokens only: the value at an environment token is never a target (GAE carries the
 next model token's value across it, `gae.py`). Rejected: a value head on the policy's own trunk;
 it couples the critic's gradient to the policy's and makes critic warm-up steps move the policy.
+
+Under torchrun the critic is sharded with FSDP2 like the policy (`DataParallel.shard`), not
+replicated with all-reduced gradients: it is as large as the policy's trunk, and a replica with
+its AdamW state on every rank would cost each GPU the memory that sharding the policy saves. So,
+as for the policy (`model/micro_batch.py`), every rank runs the same number of forwards (empty
+micro-batches weigh 0) and each micro-batch's loss is weighted by its share of the model tokens of
+all ranks, so the step is the token-mean loss over the whole batch whatever the world size.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from typing import Any
 
 import torch
 
+from pvpo.trainer.algorithms.data_parallel import SINGLE, DataParallel, pooled_mean_std
 from pvpo.trainer.rollout.trajectory import Batch
 
 
@@ -49,17 +57,23 @@ class Critic(torch.nn.Module):
             use_cache=False,
         )
         h = out.last_hidden_state[:, batch.prompt_len - 1 : -1]
-        return self.head(h.float()).squeeze(-1)
+        # the head's own dtype: FSDP2's mixed precision computes in it (autocast casts in one process)
+        return self.head(h.to(self.head.weight.dtype)).float().squeeze(-1)
 
     @torch.no_grad()
-    def values(self, batch: Batch, micro_rows: int = 16) -> torch.Tensor:
-        """Values `[B, R]` on the batch's device, `micro_rows` rows at a time, without gradient."""
+    def values(self, batch: Batch, micro_rows: int = 16, parallel: DataParallel = SINGLE) -> torch.Tensor:
+        """Values `[B, R]` on the batch's device, `micro_rows` rows at a time, without gradient
+        (as many forwards on every rank: a sharded critic's collectives)."""
         device = next(self.parameters()).device
         self.eval()
-        parts = [
-            self(batch.select(list(range(s, min(s + micro_rows, len(batch))))).to(device))
-            for s in range(0, len(batch), micro_rows)
-        ]
+        starts = list(range(0, len(batch), micro_rows))
+        count = parallel.all_max(len(starts))
+        parts = []
+        for i in range(count):
+            rows = list(range(starts[i], min(starts[i] + micro_rows, len(batch)))) if i < len(starts) else []
+            out = self(batch.select(rows or [0]).to(device))
+            if rows:
+                parts.append(out)
         return torch.cat(parts).to(batch.response_ids.device)
 
 
@@ -82,10 +96,17 @@ def value_loss(
     return loss, {"critic/vf_loss": float(loss.detach()), "critic/vf_clipfrac": frac}
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the model tokens (1 = perfect critic, <= 0 = no better than a constant)."""
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, parallel: DataParallel = SINGLE
+) -> float:
+    """1 - Var(R - V) / Var(R) over the model tokens of every rank (1 = perfect critic, <= 0 = no
+    better than a constant)."""
     m = mask > 0
     r, v = returns[m], values[m]
+    if parallel.distributed:
+        _, std_r, n = pooled_mean_std(r, parallel.all_sum)
+        _, std_d, _ = pooled_mean_std(r - v, parallel.all_sum)
+        return 0.0 if n < 2 or std_r == 0.0 else 1 - std_d**2 / std_r**2
     if r.numel() < 2 or float(r.var()) == 0.0:
         return 0.0
     return float(1 - (r - v).var() / r.var())
@@ -103,35 +124,42 @@ def critic_update(
     micro_rows: int = 16,
     grad_clip: float | None = 1.0,
     seed: int = 0,
+    parallel: DataParallel = SINGLE,
 ) -> dict[str, float]:
     """`epochs` passes over `batch`, one optimizer step per pass with gradients accumulated over
-    micro-batches of `micro_rows` rows (each weighted by its share of the model tokens), so the
-    step is that of the token-mean loss over the whole batch. Returns mean stats and the critic's
-    explained variance before the update."""
+    micro-batches of `micro_rows` rows (each weighted by its share of the model tokens of all
+    ranks), so the step is that of the token-mean loss over the whole batch. Returns the loss and
+    clip fraction over the batch's model tokens (mean over epochs), the gradient norm, and the
+    critic's explained variance and mean value before the update."""
     device = next(critic.parameters()).device
     batch, old_values, returns = batch.to(device), old_values.to(device), returns.to(device)
-    total = float((batch.loss_mask > 0).sum().clamp(min=1))
+    ws = parallel.world_size
+    total = max(1.0, float(parallel.all_sum(torch.tensor([float((batch.loss_mask > 0).sum())]))[0]))
     stats: dict[str, list[float]] = defaultdict(list)
     gen = torch.Generator().manual_seed(seed)
     critic.train()
     for _ in range(epochs):
         order = torch.randperm(len(batch), generator=gen).tolist()
+        micros = [order[s : s + micro_rows] for s in range(0, len(order), micro_rows)]
+        micros += [[] for _ in range(parallel.all_max(len(micros)) - len(micros))]
         optimizer.zero_grad(set_to_none=True)
-        for s in range(0, len(order), micro_rows):
-            rows = order[s : s + micro_rows]
-            sub = batch.select(rows)
-            share = float((sub.loss_mask > 0).sum()) / total
-            loss, st = value_loss(critic(sub), old_values[rows], returns[rows], sub.loss_mask, clip)
-            (loss * share).backward()
-            for k, v in st.items():
-                stats[k].append(v)
+        sums = torch.zeros(2, dtype=torch.float64)  # this rank's share of the batch's loss and clip fraction
+        for rows in micros:
+            pick = rows or [0]  # a rank short of rows still runs a forward/backward (FSDP), weighted 0
+            sub = batch.select(pick)
+            share = float((sub.loss_mask > 0).sum()) / total if rows else 0.0
+            loss, st = value_loss(critic(sub), old_values[pick], returns[pick], sub.loss_mask, clip)
+            (loss * share * ws).backward()  # FSDP averages gradients over the ranks
+            sums += torch.tensor([st["critic/vf_loss"], st["critic/vf_clipfrac"]], dtype=torch.float64) * share
+        pooled = parallel.all_sum(sums)
+        stats["critic/vf_loss"].append(float(pooled[0]))
+        stats["critic/vf_clipfrac"].append(float(pooled[1]))
         if grad_clip is not None:
-            stats["critic/grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)))
+            stats["critic/grad_norm"].append(parallel.clip_grad_norm(critic.parameters(), grad_clip))
         optimizer.step()
         torch.clear_autocast_cache()  # the next epoch's forward sees these weights (model.device.step_optimizer)
     out = {k: sum(v) / len(v) for k, v in stats.items()}
-    out["critic/explained_var"] = explained_variance(old_values, returns, batch.loss_mask)
-    out["critic/value_mean"] = (
-        float(old_values[batch.loss_mask > 0].mean()) if bool((batch.loss_mask > 0).any()) else 0.0
-    )
+    out["critic/explained_var"] = explained_variance(old_values, returns, batch.loss_mask, parallel)
+    on = old_values[batch.loss_mask > 0]
+    out["critic/value_mean"] = pooled_mean_std(on, parallel.all_sum)[0]
     return out

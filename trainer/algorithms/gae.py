@@ -15,12 +15,13 @@ trajectory's last model token; after it V = 0.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from pvpo.trainer.algorithms.critic import Critic, critic_update
+from pvpo.trainer.algorithms.data_parallel import pooled_mean_std
 from pvpo.trainer.algorithms.groups import check_rewards
 from pvpo.trainer.algorithms.spec import register_estimator
 from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
@@ -70,9 +71,21 @@ def gae(
     return adv, (adv + values) * m
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """`(x - mean) / (std + eps)` over the mask-1 entries (unbiased std), 0 elsewhere."""
+def masked_whiten(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 1e-8,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """`(x - mean) / (std + eps)` over the mask-1 entries (unbiased std), 0 elsewhere; with
+    `all_sum` (summing a tensor over the ranks of a torchrun run) mean and std are those of every
+    rank's entries together (`data_parallel.pooled_mean_std`)."""
     m = mask > 0
+    if all_sum is not None:
+        mean, std, n = pooled_mean_std(x[m], all_sum)
+        if n < 2:
+            return torch.zeros_like(x)
+        return torch.where(m, (x - mean) / (std + eps), torch.zeros_like(x))
     n = int(m.sum())
     if n < 2:
         return torch.zeros_like(x)
@@ -83,26 +96,32 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
 class PPOState(EstimatorState):
     """PPO's learned critic (`critic.py`) and its optimizer: `values=` for GAE each step, its
     clipped value-loss steps towards the GAE returns after the policy's update, and during
-    `critic.warmup_steps` only the critic trains. The critic is one process's: not under torchrun."""
+    `critic.warmup_steps` only the critic trains. Under torchrun the critic is sharded like the
+    policy (`critic.py` says why), checkpointed through DCP (`sharded_modules`), and the advantages
+    are whitened over every rank's model tokens."""
 
     def __init__(self, context: EstimatorContext) -> None:
         if context.model is None:
             raise ValueError("ppo's critic copies the policy's trunk: EstimatorContext.model is required")
-        self.cfg = context.algorithm.ppo
-        self.critic = Critic(context.model).to(context.device)
+        self.cfg, self.parallel = context.algorithm.ppo, context.parallel
+        # a sharded policy's trunk is gathered whole first (a collective), so every rank starts
+        # from the same critic, then sharded as the policy is
+        self.critic = Critic(self.parallel.whole(context.model)).to(context.device)
+        self.parallel.shard(self.critic)  # in place (FSDP2's fully_shard)
         self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.cfg.critic.lr)
 
     def trains_policy(self, step: int) -> bool:
         return step > self.cfg.critic.warmup_steps
 
     def kwargs(self, trajs: Sequence[Trajectory], batch: Batch) -> dict[str, Any]:
-        values = self.critic.values(batch, self.cfg.critic.micro_batch_rows) * batch.loss_mask
+        values = self.critic.values(batch, self.cfg.critic.micro_batch_rows, self.parallel) * batch.loss_mask
         return {
             "values": values,
             "mask": batch.loss_mask,
             "gamma": self.cfg.gamma,
             "lam": self.cfg.lam,
             "whiten": self.cfg.whiten,
+            "all_sum": self.parallel.all_sum if self.parallel.distributed else None,
         }
 
     def after_step(self, batch: Batch, kwargs: Mapping[str, Any], *, seed: int = 0) -> dict[str, float]:
@@ -125,18 +144,24 @@ class PPOState(EstimatorState):
             micro_rows=c.micro_batch_rows,
             grad_clip=c.grad_clip,
             seed=seed,
+            parallel=self.parallel,
         )
 
     def state_dict(self) -> dict[str, Any]:
+        if self.parallel.distributed:  # its shards go through DCP (`sharded_modules`)
+            return {}
         return {"critic": self.critic.state_dict(), "critic_optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if "critic" in state:
+        if "critic" in state and not self.parallel.distributed:
             self.critic.load_state_dict(state["critic"])
             self.optimizer.load_state_dict(state["critic_optimizer"])
 
+    def sharded_modules(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        return {"critic": (self.critic, self.optimizer)} if self.parallel.distributed else {}
 
-@register_estimator("ppo", level="token", needs_critic=True, sharded=False, state=PPOState)
+
+@register_estimator("ppo", level="token", needs_critic=True, state=PPOState)
 def ppo(
     rewards: torch.Tensor,
     uids: Sequence[str],
@@ -148,11 +173,13 @@ def ppo(
     gamma: float = 1.0,
     lam: float = 0.95,
     whiten: bool = True,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """PPO's per-token advantages `[B, T]`: GAE(gamma, lambda) of the outcome reward against the
     critic's `values` `[B, T]` over the model tokens of `mask` `[B, T]`, whitened over the batch's
-    model tokens when `whiten` (groups play no part: the critic is the baseline)."""
+    model tokens when `whiten` (groups play no part: the critic is the baseline); `all_sum`: the
+    batch is every rank's (`masked_whiten`)."""
     check_rewards(rewards, uids)
     if values is None or mask is None:
         raise ValueError(
@@ -160,4 +187,4 @@ def ppo(
         )
     mask = mask.to(rewards.device)
     adv, _ = gae(outcome_token_rewards(rewards, mask), values.to(rewards), mask, gamma=gamma, lam=lam)
-    return masked_whiten(adv, mask, eps) if whiten else adv
+    return masked_whiten(adv, mask, eps, all_sum) if whiten else adv

@@ -7,19 +7,21 @@ rollouts with two binary rewards, summed rewards (0, 1), (0, 2) and (1, 2) all g
     A_k = (r_k - mean_group(r_k)) / (std_group(r_k) + eps),
 
 sums them with the component weights, A = sum_k w_k A_k (Eq. 5), and normalises A over the
-whole batch (Eq. 6), so (0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of
-the patterns where one reward differs. Conditioned rewards (Sec. 3.2): a component counts only
+whole batch (Eq. 6; its mean and std over the policy's own rollouts, as the group step's), so
+(0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of the patterns where one
+reward differs. Conditioned rewards (Sec. 3.2): a component counts only
 where another reaches a threshold (r_k <- r_k * 1[r_l >= t]), applied before normalisation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std
+from pvpo.trainer.algorithms.data_parallel import SINGLE, pooled_mean_std
+from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
 from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
@@ -82,19 +84,25 @@ def weight_vector(
 
 class GDPOState(EstimatorState):
     """Builds `components=` `[B, K]` from each trajectory's reward components, with the names,
-    weights, conditions and batch-norm flag of `algorithm.gdpo`."""
+    weights, conditions and batch-norm flag of `algorithm.gdpo`. Under torchrun the columns are
+    the components of every rank's trajectories and the batch normalisation is over every rank's."""
 
     def __init__(self, context: EstimatorContext) -> None:
-        self.cfg = context.algorithm.gdpo
+        self.cfg, self.parallel = context.algorithm.gdpo, context.parallel
 
     def kwargs(self, trajs: Sequence[Trajectory], batch: Batch) -> dict[str, Any]:
-        comps, names = component_matrix([t.reward_components for t in trajs], self.cfg.components)
+        names = self.cfg.components
+        if names is None and self.parallel.distributed:
+            mine = sorted({k for t in trajs for k in t.reward_components})
+            names = sorted({k for part in self.parallel.all_gather(mine) for k in part})
+        comps, names = component_matrix([t.reward_components for t in trajs], names)
         return {
             "components": comps,
             "component_names": names,
             "weights": self.cfg.weights,
             "conditions": self.cfg.conditions,
             "batch_norm": self.cfg.batch_norm,
+            "all_sum": self.parallel.all_sum if self.parallel.distributed else None,
         }
 
 
@@ -111,17 +119,20 @@ def gdpo(
     conditions: Sequence[Any] = (),
     batch_norm: bool = True,
     policy_rows: torch.Tensor | None = None,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """GDPO advantages `[B]` (arXiv:2601.05242, Eqs. 4-6): per-component group normalisation
     (unbiased group std over the group's `policy_rows`, as our `grpo`: an injected GT row is
     normalised by the policy rows' statistics; a group of fewer than 2 policy rows gets 0),
     weighted sum over components,
-    then `(A - mean_batch) / (std_batch + eps)` when `batch_norm`.
+    then `(A - mean_batch) / (std_batch + eps)` over the batch's policy rows when `batch_norm`
+    (`batch_normalise`).
 
     `components`: `[B, K]`, one column per reward component (required: the trainer builds it
     from `Trajectory.reward_components`); `component_names` names the columns for `weights`
-    given by name and for `conditions`."""
+    given by name and for `conditions`; `all_sum` (a tensor summed over the ranks of a torchrun
+    run): the batch of Eq. 6 is every rank's."""
     check_rewards(rewards, uids)
     if components is None:
         raise ValueError(
@@ -139,6 +150,24 @@ def gdpo(
     per = (comps - mean) / (group_std(comps, uids, policy_rows) + eps)
     per = torch.where(count > 1, per, torch.zeros_like(per))
     adv = per @ weight_vector(names, weights, per)
-    if batch_norm and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std() + eps)
+    if batch_norm:
+        adv = batch_normalise(adv, policy_rows, eps, all_sum)
     return adv
+
+
+def batch_normalise(
+    adv: torch.Tensor,
+    rows: torch.Tensor | None,
+    eps: float,
+    all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """GDPO's batch step (arXiv:2601.05242, Eq. 6), `(A - mean) / (std + eps)`, with the mean and
+    unbiased std over `rows` (the policy's own rollouts; all rows when None), as the group step: an
+    injected GT row is scaled by the policy rows' statistics and moves none of them. `all_sum` (a
+    tensor summed over the ranks of a torchrun run): the batch is every rank's. Fewer than 2
+    counted rows: `adv` unchanged (no spread to divide by)."""
+    counted = adv[row_weights(adv, rows) > 0]
+    mean, std, n = pooled_mean_std(counted, all_sum or SINGLE.all_sum)
+    if n < 2:
+        return adv
+    return (adv - mean) / (std + eps)

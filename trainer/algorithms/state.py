@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pvpo.trainer.algorithms.data_parallel import SINGLE, DataParallel
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -26,7 +27,9 @@ Rollout = Callable[[list[Any], int], list[Trajectory]]
 class EstimatorContext:
     """What a state may need from the run: the `algorithm` config section, the group size
     (`rollout.n`), the policy model (a critic copies its trunk), the device, the path of the
-    state's own file in the run dir, and a prompt-embedding factory (V0.5's value model)."""
+    state's own file in the run dir (read by every rank, written by the main one), a
+    prompt-embedding factory (V0.5's value model), and the data-parallel operations of a torchrun
+    run (`data_parallel.py`; a single process's by default)."""
 
     algorithm: Any
     rollout_n: int
@@ -34,6 +37,7 @@ class EstimatorContext:
     device: torch.device | str = "cpu"
     value_model_path: Path | None = None
     embed: Callable[[str | None], Embed] | None = None
+    parallel: DataParallel = SINGLE
 
 
 class EstimatorState:
@@ -64,7 +68,13 @@ class EstimatorState:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """What the trainer's checkpoint keeps (plain tensors and values)."""
+        """What the trainer's checkpoint keeps (plain tensors and values, the same on every rank)."""
+        return {}
+
+    def sharded_modules(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """Name -> (module sharded over the ranks, its optimizer): what a torchrun run's checkpoint
+        saves beside the policy through DCP and restores on resume (PPO's critic). In one process
+        there are none: the state's `state_dict` holds its modules."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -34,7 +34,7 @@ class V05State(EstimatorState):
     learned_prior = False  # the prior is the PVPO anchor
 
     def __init__(self, context: EstimatorContext) -> None:
-        self.cfg, self.rollout_n = context.algorithm.prior_fusion, context.rollout_n
+        self.cfg, self.rollout_n, self.parallel = context.algorithm.prior_fusion, context.rollout_n, context.parallel
         lo, hi = self.cfg.reward_range
         self.floor = NoiseFloor(lo, hi, self.cfg.var_pseudo_count)
         self.value_model: PromptValueModel | None = None
@@ -47,6 +47,7 @@ class V05State(EstimatorState):
                 k=self.cfg.knn_k,
                 alpha=self.cfg.ridge_alpha,
                 path=context.value_model_path,
+                read_only=not self.parallel.is_main,
             )
         self.prior: dict[str, float | None] = {}
         self.texts: dict[str, str] = {}
@@ -77,6 +78,7 @@ class V05State(EstimatorState):
             k_max=max(self.cfg.k_max, self.rollout_n),
             cost=self.cfg.cost,
             floor=self.floor,
+            any_rank=self.parallel.any_rank,
         )
         self.report.update(report)
         return new
@@ -95,8 +97,19 @@ class V05State(EstimatorState):
             for u, r in zip(uids, batch.rewards[sampled].tolist(), strict=True):
                 means.setdefault(u, []).append(r)
             order = list(means)
+            texts = [self.texts[u] for u in order]
+            mine = list(
+                zip(
+                    order,
+                    texts,
+                    self.value_model.embeddings(order, texts),
+                    [sum(means[u]) / len(means[u]) for u in order],
+                )
+            )
+            # every rank adds every rank's entries, in rank order: one store, as one process builds it
+            rows = [row for part in self.parallel.all_gather(mine) for row in part]
             self.value_model.update(
-                order, [self.texts[u] for u in order], [sum(means[u]) / len(means[u]) for u in order]
+                [r[0] for r in rows], [r[1] for r in rows], [r[3] for r in rows], vectors=[r[2] for r in rows]
             )
         return out
 
@@ -136,7 +149,7 @@ def v05(
     return _advantages(rewards, uids, prior if prior is not None else anchors, policy_rows, floor)
 
 
-@register_estimator("v05_value", extra_rollouts=True, sharded=False, state=V05ValueState)
+@register_estimator("v05_value", extra_rollouts=True, state=V05ValueState)
 def v05_value(
     rewards: torch.Tensor,
     uids: Sequence[str],
@@ -148,6 +161,7 @@ def v05_value(
     floor: NoiseFloor | None = DEFAULT_FLOOR,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """V0.5 with a value model over prompt embeddings as the prior (`value_model.py`, learned by this process alone, so not under torchrun; the trainer
-    passes its predictions as `prior=`, None for a prompt it cannot predict yet)."""
+    """V0.5 with a value model over prompt embeddings as the prior (`value_model.py`, the same
+    store on every rank under torchrun); the trainer passes its predictions as `prior=`, None for
+    a prompt it cannot predict yet."""
     return _advantages(rewards, uids, prior, policy_rows, floor)

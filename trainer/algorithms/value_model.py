@@ -7,6 +7,11 @@ a prompt's value is the similarity-weighted mean over its `k` nearest stored pro
 ridge regression on the embeddings (`ridge`). Its own latest entry counts (a prompt seen in an
 earlier epoch is its own best neighbour, as PVPO's anchor is). With nothing stored it predicts
 None and V0.5 falls back to the group mean. The store is a JSON file in the run directory.
+
+Under torchrun every rank keeps the same store: each step's entries (embedding and mean reward of
+each rank's prompts) are gathered from all ranks and added on each in rank order, as one process
+would add them; every rank reads the file on resume and only the main rank writes it (`read_only`
+on the others).
 """
 
 from __future__ import annotations
@@ -51,11 +56,19 @@ class PromptValueModel:
     """uid -> (embedding, mean reward); `predict` by kNN or ridge (module docstring)."""
 
     def __init__(
-        self, embed: Embed, *, kind: str = "knn", k: int = 8, alpha: float = 1.0, path: str | Path | None = None
+        self,
+        embed: Embed,
+        *,
+        kind: str = "knn",
+        k: int = 8,
+        alpha: float = 1.0,
+        path: str | Path | None = None,
+        read_only: bool = False,
     ) -> None:
         self.predictor = PREDICTORS.get(kind)  # UnknownNameError (a ValueError) listing the kinds
         self.embed, self.kind, self.k, self.alpha = embed, kind, k, alpha
         self.path = Path(path) if path is not None else None
+        self.read_only = read_only  # loads `path`, never writes it
         self.vectors: dict[str, np.ndarray] = {}
         self.values: dict[str, float] = {}
         if self.path is not None and self.path.exists():
@@ -82,15 +95,30 @@ class PromptValueModel:
         pred = self.predictor(q, x, y, k=self.k, alpha=self.alpha)
         return {u: float(p) for u, p in zip(uids, pred, strict=True)}
 
-    def update(self, uids: Sequence[str], texts: Sequence[str], values: Sequence[float]) -> None:
-        """Store each prompt's latest mean reward (replacing an older one) and save."""
-        self._vectors(uids, texts)
+    def embeddings(self, uids: Sequence[str], texts: Sequence[str]) -> np.ndarray:
+        """`[len(uids), D]`: the prompts' embeddings (computed once per uid)."""
+        return self._vectors(uids, texts)
+
+    def update(
+        self,
+        uids: Sequence[str],
+        texts: Sequence[str],
+        values: Sequence[float],
+        vectors: Sequence[np.ndarray] | None = None,
+    ) -> None:
+        """Store each prompt's latest mean reward (replacing an older one) and save. `vectors`:
+        the prompts' embeddings as another rank computed them (a uid keeps its first one)."""
+        if vectors is None:
+            self._vectors(uids, texts)
+        else:
+            for u, vec in zip(uids, vectors, strict=True):
+                self.vectors.setdefault(u, np.asarray(vec, dtype=np.float32))
         for u, v in zip(uids, values, strict=True):
             self.values[u] = float(v)
         self.save()
 
     def save(self) -> None:
-        if self.path is None:
+        if self.path is None or self.read_only:
             return
         doc = {"entries": {u: [self.vectors[u].tolist(), v] for u, v in self.values.items()}}
         atomic_write_json(self.path, doc)

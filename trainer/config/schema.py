@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from pvpo.atomic import atomic_write_text
 from pvpo.trainer.algorithms.spec import ESTIMATORS, check_aggregation
 from pvpo.trainer.config.estimators import GDPOConfig, PPOConfig, PriorFusionConfig
 from pvpo.trainer.config.section import Section
@@ -61,7 +62,9 @@ class LoRAConfig(Section):
     only the adapters train; checkpoints hold the merged weights (`policy/`, loadable by vLLM and
     transformers) and the adapter (`adapter/`)."""
 
-    enabled: bool = Field(False, description="train low-rank adapters instead of all weights (one process only)")
+    enabled: bool = Field(
+        False, description="train low-rank adapters instead of all weights (peft; sharded with FSDP2 under torchrun)"
+    )
     r: int = Field(16, ge=1, description="adapter rank")
     alpha: int = Field(32, ge=1, description="adapter scale numerator: the update is scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
@@ -638,4 +641,4 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     had_token = data["retriever"].get("token") is not None
     data["retriever"]["token"] = None
     text = yaml.safe_dump(data, sort_keys=False)
-    Path(path).write_text((TOKEN_NOT_WRITTEN if had_token else "") + text)
+    atomic_write_text(path, (TOKEN_NOT_WRITTEN if had_token else "") + text)  # a full disk never leaves half of it

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from pvpo.trainer.config.schema import check_attn_implementation, check_device_name
+from pvpo.trainer.config.schema import TrainConfig, check_attn_implementation, check_device_name
 from pvpo.trainer.model.memory import peak_rss_gib, release_freed_heap, reset_peak_rss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,6 +82,13 @@ def resolve_dtype(name: str, device: torch.device) -> str:
         compute_dtype(name)
         return name
     return "bfloat16" if native_bf16(device) else "float32"
+
+
+def with_resolved_dtype(cfg: TrainConfig, device: torch.device) -> TrainConfig:
+    """`cfg` with `model.dtype: auto` replaced by what it resolves to on `device` (`resolve_dtype`),
+    so the run's config.yaml, the policy, the reference and the engines all name one dtype."""
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype})})
 
 
 def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[None]:

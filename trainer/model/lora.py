@@ -6,8 +6,16 @@ so nothing downstream knows about adapters: a vLLM engine receives `W + (alpha/r
 step (`merged_lora_engine`), and a checkpoint's `policy/` folder holds the merged model (loaded
 directly by transformers and vLLM) with the adapter beside it in `adapter/` (`LoraCheckpointView`),
 from which a resume restores the trainable state. The transformers engine samples from the trained
-module itself, adapters included, and needs no merging. Single process only: under torchrun the
-run stops at start-up with an error (FSDP2 over peft modules is not covered here).
+module itself, adapters included, and needs no merging.
+
+Under torchrun the peft model is sharded with FSDP2 like any policy (`distributed.shard`: each
+decoder layer, adapters included, then the root), not replicated under DDP for its adapters: the
+frozen base keeps float32 master weights, and a replica of it on every rank is the memory FSDP2
+exists to save (a base that does not fit one GPU still trains); one sharding also keeps one
+checkpoint path (DCP) and one set of collectives for every policy. FSDP2 shards frozen and
+trainable parameters of one module together and reduces gradients of the trainable ones only.
+The merged weights are then computed from the gathered state dict (`merge_lora_state`, the
+formula peft's `merge_adapter` applies in one process).
 """
 
 from __future__ import annotations
@@ -50,9 +58,49 @@ def add_lora(
     return get_peft_model(model, config)
 
 
-def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def lora_scalings(model: Any) -> dict[str, float]:
+    """Module name (as in the peft model's state dict) -> its adapter's scaling (alpha / r), for
+    every LoRA layer of `model`'s active adapter."""
+    from peft.tuners.lora import LoraLayer
+
+    adapter = model.active_adapter
+    return {
+        name: float(mod.scaling[adapter])
+        for name, mod in model.named_modules()
+        if isinstance(mod, LoraLayer) and adapter in mod.scaling
+    }
+
+
+def merge_lora_state(
+    state: dict[str, torch.Tensor], scalings: dict[str, float], adapter: str = "default"
+) -> dict[str, torch.Tensor]:
+    """The merged weights, under the base model's names, from a peft model's whole state dict:
+    `W + (B @ A) * scaling` for each LoRA layer (Hu et al. 2021, arXiv:2106.09685, Eq. 3; peft's
+    `get_delta_weight` for a linear layer), adapters dropped, `base_model.model.` and
+    `.base_layer` removed from the names."""
+    out: dict[str, torch.Tensor] = {}
+    suffix = ".base_layer.weight"
+    for name, t in state.items():
+        if "lora_" in name:
+            continue
+        if name.endswith(suffix) and name[: -len(suffix)] in scalings:
+            mod = name[: -len(suffix)]
+            a, b = state[f"{mod}.lora_A.{adapter}.weight"], state[f"{mod}.lora_B.{adapter}.weight"]
+            t = t + (b @ a) * scalings[mod]
+        key = name.replace(".base_layer.", ".").removeprefix("base_model.model.")
+        out[key] = t.detach().clone()
+    return out
+
+
+def merged_state_dict(model: Any, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The merged weights of a peft model under the base model's names (copies; the model is
-    left unmerged, ready to train on)."""
+    left unmerged, ready to train on). A sharded model's are merged from its gathered state dict
+    (a collective), or from `state` when the caller has gathered it already."""
+    from pvpo.trainer.parallel.distributed import full_state_dict, is_sharded
+
+    if state is not None or is_sharded(model):
+        full = state if state is not None else full_state_dict(model)
+        return merge_lora_state(full, lora_scalings(model), model.active_adapter)
     model.merge_adapter()
     try:
         out = {}
@@ -86,12 +134,6 @@ def merged_lora_engine(inner: RolloutEngine) -> RolloutEngine:
 def apply_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple[torch.nn.Module, RolloutEngine]:
     """Add adapters per `cfg` (`ModelConfig.lora`) to the policy; an engine that does not sample
     from the policy module itself is wrapped to receive merged weights."""
-    from pvpo.trainer.parallel.distributed import is_distributed
-
-    if is_distributed():
-        raise ValueError(
-            "model.lora.enabled is single-process only; run without torchrun (--nproc 1) or set model.lora.enabled=false"
-        )
     shares = getattr(engine, "model", None) is model
     peft_model = add_lora(model, r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, target_modules=cfg.target_modules)
     if shares:  # the transformers engine samples from the trained module: now the adapted one
@@ -102,21 +144,32 @@ def apply_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple
 
 class LoraCheckpointView:
     """Stands for a peft model in `checkpoint.save_checkpoint`: `save_pretrained(<ckpt>/policy)`
-    writes the merged model there and the adapter to `<ckpt>/adapter`."""
+    writes the merged model there and the adapter to `<ckpt>/adapter`. A sharded model's whole
+    state dict, gathered by the caller, comes as `state_dict`."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
 
-    def save_pretrained(self, path: str | Path, **kwargs: Any) -> None:
+    def save_pretrained(
+        self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None, **kwargs: Any
+    ) -> None:
         path = Path(path)
-        self.model.save_pretrained(path.parent / ADAPTER_DIR)
+        if state_dict is None:
+            self.model.save_pretrained(path.parent / ADAPTER_DIR)
+        else:  # peft picks the adapter's entries out of the whole state dict
+            self.model.save_pretrained(path.parent / ADAPTER_DIR, state_dict=state_dict)
         base = self.model.get_base_model()
-        base.save_pretrained(path, state_dict=merged_state_dict(self.model), **kwargs)
+        base.save_pretrained(path, state_dict=merged_state_dict(self.model, state_dict), **kwargs)
 
 
 def checkpoint_view(model: Any) -> Any:
     """What to hand `save_checkpoint` as the model: a `LoraCheckpointView` for a peft model."""
     return LoraCheckpointView(model) if is_lora(model) else model
+
+
+def checkpointed_module(model: Any) -> Any:
+    """The module behind what `checkpoint_view` returned (the peft model behind its view)."""
+    return model.model if isinstance(model, LoraCheckpointView) else model
 
 
 def load_lora_weights(model: Any, ckpt: str | Path) -> None:

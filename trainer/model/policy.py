@@ -93,20 +93,112 @@ def build_tiny_policy(texts: Iterable[str], cfg: TinyModelConfig, *, tags: Itera
     return Policy(build_tiny_model(tokenizer, cfg, seed=seed), tokenizer)
 
 
+# What a Hugging Face model folder holds: one of each (sharded weights come with their index).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
+class ModelFolderError(ValueError):
+    """A local model folder that cannot load: the message names the folder, what it lacks and
+    what to do (a ValueError: `pvpo`'s one-line error, rc 2)."""
+
+
+def check_model_folder(path: str | Path) -> None:
+    """Refuse a local model folder that lacks its config, weights or tokenizer (ModelFolderError
+    naming what is missing), before transformers reports a consequence instead (an "empty
+    prompt" for a missing tokenizer, a missing sentencepiece for an empty folder). A path that is
+    not a local folder (a hub id) is left to transformers."""
+    path = Path(path)
+    if not path.is_dir():
+        return
+    names = {p.name for p in path.iterdir()}
+    where = f"model folder {path}"
+    if not names:
+        raise ModelFolderError(
+            f"{where} is empty: give a Hugging Face model folder (config.json, weights, tokenizer), "
+            "a catalog name (`pvpo models list`) or a *.gguf file"
+        )
+    if "config.json" not in names:
+        inside = " (a checkpoint's model is its policy/ folder)" if (path / "policy" / "config.json").exists() else ""
+        raise ModelFolderError(f"{where} has no config.json: it is not a Hugging Face model folder{inside}")
+    if not names & set(WEIGHT_FILES):
+        raise ModelFolderError(
+            f"{where} has no weights (none of {', '.join(WEIGHT_FILES[:3])}, ...): copy them into it, or give the "
+            "folder that holds them"
+        )
+    if not names & set(TOKENIZER_FILES) and not any(n.endswith(".tiktoken") for n in names):
+        raise ModelFolderError(
+            f"{where} has no tokenizer (none of {', '.join(TOKENIZER_FILES[:4])}, ...): copy the tokenizer files of "
+            "the model it was trained from into it"
+        )
+
+
+def damaged_model_file(
+    path: Path,
+    err: Exception,
+    files: Sequence[str],
+    fix: str = "copy the model again (or re-download it), or give another folder",
+) -> Exception:
+    """A model file transformers could not read (truncated, corrupted: safetensors' or torch's zip
+    reader, a JSON parser, or `tokenizers`, which raises a bare Exception) as a DamagedFileError
+    naming the first of `files` in the folder `path`, and `fix`; `err` itself when it is not that
+    (a full disk, an unknown architecture, ...)."""
+    import json
+
+    from safetensors import SafetensorError
+
+    from pvpo.atomic import DamagedFileError
+
+    unreadable = (
+        isinstance(err, SafetensorError | json.JSONDecodeError)
+        or type(err) is Exception
+        or (isinstance(err, RuntimeError | OSError) and not getattr(err, "errno", None) and "zip" in str(err).lower())
+    )
+    if not unreadable or not path.is_dir():
+        return err
+    file = next((path / n for n in files if (path / n).exists()), path)
+    cause = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return DamagedFileError(file, cause, fix)
+
+
 def load_policy(path: str | Path, *, dtype: str = "float32") -> Policy:
     """A causal LM and its tokenizer from a local directory, hub id, catalog name or `*.gguf` file
-    (`pvpo.model_catalog.resolve_model_path`), with left padding and a pad token."""
+    (`pvpo.model_catalog.resolve_model_path`), with left padding and a pad token. A local folder
+    without config, weights or tokenizer, or with damaged weights, is refused naming the file."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pvpo.model_catalog import resolve_model_path
 
     path = resolve_model_path(str(path))
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    check_model_folder(path)
+    try:  # re-raised as it was unless a file is damaged
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as err:
+        raise damaged_model_file(
+            Path(path), err, ("tokenizer.json", "tokenizer_config.json", *TOKENIZER_FILES)
+        ) from err
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+    except Exception as err:
+        raise damaged_model_file(Path(path), err, WEIGHT_FILES) from err
     return Policy(model, tokenizer)
 
 

@@ -144,6 +144,40 @@ def all_reduce_min(n: int) -> int:
     return -all_reduce_max(-int(n))
 
 
+def all_reduce_sums(values: Sequence[float]) -> list[float]:
+    """Each of `values` summed over ranks, in one collective (`values` itself in a single process)."""
+    if not is_distributed():
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_device_for_collectives())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(v) for v in t.tolist()]
+
+
+def all_sum_tensor(x: torch.Tensor) -> torch.Tensor:
+    """A new tensor: `x` summed over ranks in float64, back in `x`'s dtype and device (`x`'s copy
+    in a single process)."""
+    if not is_distributed():
+        return x.detach().clone()
+    t = x.detach().to(device=_device_for_collectives(), dtype=torch.float64).clone()
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.to(device=x.device, dtype=x.dtype)
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on some rank (a collective: every rank asks together)."""
+    return all_reduce_max(int(bool(flag))) > 0
+
+
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Rank `src`'s `obj` on every rank (pickled: for small objects such as a partition or a
+    report); `obj` itself in a single process."""
+    if not is_distributed():
+        return obj
+    box: list[Any] = [obj if rank() == src else None]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
 def all_gather_objects(obj: T) -> list[T]:
     """`obj` from every rank, in rank order."""
     if not is_distributed():
@@ -162,17 +196,40 @@ def rank_share(items: Sequence[T], *, unit: int = 1) -> list[T]:
     return list(items[lo * unit : hi * unit])
 
 
+def aligned_batches(offset: int, n: int, size: int) -> list[tuple[int, int, int]]:
+    """`(lo, hi, start)` for each piece of this rank's `n` items (global positions `offset` to
+    `offset + n`) cut where one process cuts the whole list into batches of `size`; `start` is the
+    global position of that batch's first item. A rank's share of a rollout list is sampled with
+    the seeds of one process's batches (seed by `start`, each item by its place in the batch), so
+    a group split across batches (GT injection leaves `n - r` rollouts of a group, V0.5's rounds
+    one per prompt) samples as in one process. One process: `(s, s + size, s)` for each batch."""
+    out = []
+    lo = 0
+    while lo < n:
+        start = (offset + lo) // size * size
+        hi = min(n, start + size - offset)
+        out.append((lo, hi, start))
+        lo = hi
+    return out
+
+
 def exclusive_prefix_sum(n: int) -> int:
     """The sum of `n` over the ranks before this one (0 on rank 0 and in a single process)."""
     return int(sum(all_gather_objects(int(n))[: rank()]))
+
+
+# counts a rank reports over its own share, summed over ranks (a step's groups, evaluated questions, ...)
+COUNT_KEYS = ("adv/num_groups", "mismatch/tokens", "eval/n", "v05/extra_rollouts")
 
 
 def reduce_metrics(
     metrics: Mapping[str, float], weight: float, *, sum_prefixes: Sequence[str] = ("cost/",)
 ) -> dict[str, float]:
     """Each metric averaged over ranks, weighted by `weight` (e.g. the rank's trajectories);
-    `time/*` take the slowest rank's value, counts under `sum_prefixes` are summed. Keys present on
-    only some ranks reduce over those."""
+    `time/*` take the slowest rank's value, `*/min` the smallest and `*/max`, `*_max` the
+    largest; counts under `sum_prefixes` and in `COUNT_KEYS` are summed; `X/std` beside `X/mean`
+    is pooled (the unbiased std of all ranks' values, `weight` values each). Keys present on only
+    some ranks reduce over those."""
     if not is_distributed():
         return dict(metrics)
     rows = all_gather_objects((dict(metrics), float(weight)))
@@ -180,14 +237,28 @@ def reduce_metrics(
     out: dict[str, float] = {}
     for key in keys:
         vals = [(m[key], w) for m, w in rows if key in m]
-        if key.startswith("time/"):
+        if key.startswith("time/") or key.endswith(("/max", "_max")):
             out[key] = max(v for v, _ in vals)
-        elif key.startswith(tuple(sum_prefixes)):
+        elif key.endswith("/min"):
+            out[key] = min(v for v, _ in vals)
+        elif key.endswith("/std") and all(key[: -len("std")] + "mean" in m for m, _ in rows if key in m):
+            out[key] = _pooled_std([(m[key[: -len("std")] + "mean"], m[key], w) for m, w in rows if key in m])
+        elif key.startswith(tuple(sum_prefixes)) or key in COUNT_KEYS:
             out[key] = sum(v for v, _ in vals)
         else:
             total = sum(w for _, w in vals)
             out[key] = sum(v * w for v, w in vals) / total if total > 0 else sum(v for v, _ in vals) / len(vals)
     return out
+
+
+def _pooled_std(parts: Sequence[tuple[float, float, float]]) -> float:
+    """The unbiased std of the union of groups given as (mean, unbiased std, count)."""
+    n = sum(c for _, _, c in parts)
+    if n < 2:
+        return 0.0
+    mean = sum(m * c for m, _, c in parts) / n
+    ss = sum((c - 1) * s * s + c * (m - mean) ** 2 for m, s, c in parts if c > 0)
+    return float((ss / (n - 1)) ** 0.5)
 
 
 # ---- FSDP2 ------------------------------------------------------------------------------------
@@ -245,15 +316,24 @@ def full_state_dict(model: torch.nn.Module, *, cpu_offload: bool = False) -> dic
     return {k: v for k, v in full.items() if isinstance(v, torch.Tensor)}
 
 
+def plain_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole weights under the plain transformers model's names: `full_state_dict`, or for a
+    LoRA (peft) policy its adapters merged into the base weights (`lora.merged_state_dict`). A
+    collective for a sharded model."""
+    from pvpo.trainer.model.lora import is_lora, merged_state_dict
+
+    return merged_state_dict(model) if is_lora(model) else full_state_dict(model)
+
+
 class FullStateView:
     """What `RolloutEngine.sync_weights` reads from a model (`state_dict()`), gathered whole from
-    a sharded one."""
+    a sharded one (a LoRA policy's adapters merged in)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return full_state_dict(self.model)
+        return plain_state_dict(self.model)
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.model.parameters()
@@ -265,14 +345,20 @@ def gathered_weights_engine(inner: RolloutEngine) -> RolloutEngine:
 
 
 def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A plain module with `model`'s whole weights (a collective when `model` is sharded)."""
+    """A plain module with `model`'s whole weights (a collective when `model` is sharded); a
+    sharded LoRA policy gives the plain model with its adapters merged in."""
     if not is_sharded(model):
         return copy.deepcopy(model)
     from transformers import AutoModelForCausalLM
 
-    state = full_state_dict(model)
+    from pvpo.trainer.model.lora import is_lora
+
+    state = plain_state_dict(model)
+    config = model.get_base_model().config if is_lora(model) else model.config  # type: ignore[operator]
     dtype = next(iter(state.values())).dtype
-    full = AutoModelForCausalLM.from_config(model.config, torch_dtype=dtype).to(next(iter(state.values())).device)
+    with torch.random.fork_rng(devices=[]):  # the random init, overwritten below, leaves the run's RNG as it was
+        full = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    full = full.to(next(iter(state.values())).device)
     full.load_state_dict(state)
     full.train(model.training)
     return full

@@ -33,6 +33,8 @@ class GTRecord:
     num_tool_calls: int
     num_turns: int
     reward_components: dict[str, float] = field(default_factory=dict)
+    # each model turn's [start, end) and the source of its pi_gt (`trajectory.SOURCES`)
+    model_turns: list[tuple[int, int, str]] = field(default_factory=list)
 
     @classmethod
     def from_trajectory(cls, t: Trajectory) -> GTRecord:
@@ -47,6 +49,7 @@ class GTRecord:
             t.num_tool_calls,
             t.num_turns,
             dict(t.reward_components),
+            [(int(a), int(b), str(src)) for a, b, src in t.model_turns],
         )
 
     def trajectory(self, uid: str) -> Trajectory:
@@ -66,14 +69,17 @@ class GTRecord:
             "gt",
             is_gt=True,
             gt_logprobs=list(self.gt_logprobs),
+            model_turns=[(int(a), int(b), str(src)) for a, b, src in self.model_turns],
         )
 
 
 class GTCache:
-    """uid -> GTRecord, plus the uids a source failed on, in a JSON file written atomically."""
+    """uid -> GTRecord, plus the uids a source failed on, in a JSON file written atomically;
+    `read_only` loads the file and never writes it (a torchrun rank other than the main one)."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, read_only: bool = False) -> None:
         self.path = Path(path) if path is not None else None
+        self.read_only = read_only
         self.records: dict[str, GTRecord] = {}
         self.failed: dict[str, int] = {}  # uid -> attempts spent
         if self.path is not None and self.path.exists():
@@ -90,7 +96,7 @@ class GTCache:
         return len(self.records)
 
     def save(self) -> None:
-        if self.path is None:
+        if self.path is None or self.read_only:
             return
         doc = {
             "version": FORMAT_VERSION,
@@ -112,9 +118,8 @@ def fetch_gt(
 ) -> dict[str, float]:
     """Fill `cache` for every example that has no GT trajectory yet (and has not failed before):
     up to `attempts` tries each, keeping the first whose reward reaches `min_reward`.
-    `on_generated` sees every trajectory the source wrote (cost accounting); `set_logprobs`
-    replaces the kept ones' `old_logprobs` with pi_gt when pi_gt is not the source's own (except
-    where the source is an endpoint that reported its log-probs: `logprobs_source="endpoint"`).
+    `on_generated` sees every trajectory the source wrote (cost accounting); pi_gt of the kept
+    ones is set per model turn by `set_pi_gt` (`set_logprobs`: the reference policy's log-probs).
     Returns `gt/*` counts of this call."""
     pending = [
         ex for ex in dict((e.uid, e) for e in examples).values() if ex.uid not in cache and ex.uid not in cache.failed
@@ -136,12 +141,7 @@ def fetch_gt(
         }
         kept += list(good.items())
         pending = [ex for ex in pending if ex.uid not in good]
-    # pi_gt: the source's own log-probs where it reported them (an endpoint that returns them
-    # over the policy's tokenization), the reference's for the rest
-    own = [t for _, t in kept if t.logprobs_source == "endpoint"]
-    fallback = [t for _, t in kept if t.logprobs_source != "endpoint"]
-    if set_logprobs is not None and fallback:
-        set_logprobs(fallback)
+    pi_gt = set_pi_gt([t for _, t in kept], set_logprobs)
     for uid, t in kept:
         t.check()
         cache.records[uid] = GTRecord.from_trajectory(t)
@@ -154,6 +154,42 @@ def fetch_gt(
         "gt/failed": float(len(pending)),
         "gt/attempts": float(tries),
         "gt/cached": float(len(cache)),
-        "gt/logprobs_endpoint": float(len(own)),  # kept trajectories whose pi_gt is the endpoint's
-        "gt/logprobs_reference": float(len(fallback) if set_logprobs is not None else 0),
+        **pi_gt,
     }
+
+
+def set_pi_gt(trajs: Sequence[Trajectory], set_logprobs: Callable[[list[Trajectory]], None] | None) -> dict[str, float]:
+    """pi_gt of each model turn (PVPO's ratio denominator for an injected GT trajectory, Sec. 3.3):
+    a turn whose log-probs an endpoint reported over the policy's tokenization keeps them; with
+    `set_logprobs` (`gt.logprobs: reference`) every other turn takes the reference policy's (a
+    trajectory without recorded turns: all of it); without it, the source's own (a local model's
+    sampler, a script's pi = 1). A turn without log-probs (an endpoint whose tokens did not line
+    up) never keeps its 0.0 placeholders: it needs `set_logprobs`, else a ValueError. Each turn's
+    source is relabelled to where its pi_gt came from. Returns the `gt/*` counts: trajectories
+    wholly the endpoint's (`logprobs_endpoint`) or partly the reference's (`logprobs_reference`),
+    and model turns by source (`turns_<source>`)."""
+    need: list[Trajectory] = []
+    if set_logprobs is None:
+        bare = sum(1 for t in trajs for _, _, src in t.model_turns if src == "")
+        if bare:
+            raise ValueError(
+                f"the GT source returned {bare} model turn(s) without log-probs (an endpoint whose tokens do not "
+                "line up with the policy's tokenizer); set algorithm.gt.logprobs=reference"
+            )
+    else:
+        need = [t for t in trajs if not t.model_turns or any(src != "endpoint" for _, _, src in t.model_turns)]
+        if need:
+            kept = [list(t.old_logprobs) for t in need]
+            set_logprobs(need)
+            for t, own in zip(need, kept, strict=True):
+                for a, b, src in t.model_turns:
+                    if src == "endpoint":
+                        t.old_logprobs[a:b] = own[a:b]
+                t.model_turns = [(a, b, src if src == "endpoint" else "reference") for a, b, src in t.model_turns]
+    counts = {
+        "gt/logprobs_endpoint": float(sum(1 for t in trajs if t.model_turns and t.logprobs_source == "endpoint")),
+        "gt/logprobs_reference": float(len(need)),
+    }
+    for src in ("endpoint", "reference", "sampler", "script"):
+        counts[f"gt/turns_{src}"] = float(sum(1 for t in trajs for _, _, s in t.model_turns if s == src))
+    return counts

@@ -87,9 +87,9 @@ class EndpointSource:
     (`pvpo.trainer.rollout.endpoint_turns`): each turn stops at the protocol's stop strings (which
     the server strips and we put back), the env's reply goes back as the next user message. The
     text is tokenized with the policy's tokenizer. The endpoint is asked for its log-probs (vLLM's
-    server returns them): where its tokens spell each turn as the policy's tokenizer does, they are
-    pi_gt (`logprobs_source="endpoint"`); otherwise the trajectory has none (`""`) and needs the
-    reference policy's (`gt.logprobs: reference`)."""
+    server returns them): each turn whose tokens it spells as the policy's tokenizer does keeps
+    them as pi_gt (source "endpoint"); every other turn has none (source "") and takes the
+    reference policy's (`gt.logprobs: reference`; `gt.set_pi_gt`)."""
 
     deterministic = False
 

@@ -5,7 +5,8 @@ groups of never-solved prompts (arXiv:2508.21104, Sec. 3.2-3.3).
 
 The trainer hands it a rollout function (counted as `anchor` cost) and, for GT scored by the
 reference, a log-prob function; everything it decides is saved in the run dir (`RunDir`'s state
-files) and restored from a checkpoint on resume.
+files) and restored from a checkpoint on resume. Under torchrun every rank holds the same anchor,
+partition and GT cache and rank 0 alone writes them (`trainer.parallel.shared_state`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from pvpo.envs.data import QAExample
 from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.parallel.shared_state import shared_gt_source
 from pvpo.trainer.reference.anchor import AnchorStore, build_anchor, needs_refresh
 from pvpo.trainer.reference.group_sampling import (
     Partition,
@@ -49,7 +51,7 @@ class Reference:
         gs = alg.group_sampling.enabled
         self.anchor = AnchorStore(files.anchor, source="reference") if uses_anchor else None
         self.partition: Partition | None = load_partition(files.group_sampling) if gs else None
-        self.gt_cache = GTCache(files.gt_cache) if gs else None
+        self.gt_cache = GTCache(files.gt_cache, read_only=not ddp.is_main()) if gs else None
         self.report: dict[str, float] = {}  # anchor / Group Sampling figures, logged with the next step
         self.s_per_rollout: float | None = None  # the last anchor build's measured seconds per rollout
 
@@ -157,7 +159,8 @@ class Reference:
                 savings(part, rollouts_per_prompt=self.cfg.rollout.n, seconds_per_rollout=self.s_per_rollout)
             )
         wanted = set(part.gt)
-        source = build_gt_source(alg.gt.source, alg.gt, context)
+        # under torchrun each rank writes its share and every rank gets all: the GT cost is counted once
+        source = shared_gt_source(build_gt_source(alg.gt.source, alg.gt, context))
         try:
             counts = fetch_gt(
                 [ex for ex in train if ex.uid in wanted],
@@ -165,7 +168,7 @@ class Reference:
                 self.gt_cache,
                 attempts=alg.gt.attempts,
                 min_reward=alg.gt.min_reward,
-                on_generated=on_generated,
+                on_generated=on_generated if ddp.is_main() else None,
                 set_logprobs=reference_logprobs if alg.gt.logprobs == "reference" else None,
             )
         finally:
@@ -175,14 +178,16 @@ class Reference:
         # the currently impossible samples, so they leave the pool until the next partition
         part.unavailable = [u for u in part.gt if u not in self.gt_cache.records]
         part.report["gt/unavailable"] = float(len(part.unavailable))
-        if part.unavailable:
+        if part.unavailable and ddp.is_main():
             log.warning(
                 "group sampling: %d never-solved prompt(s) have no GT trajectory (the GT source failed on them); "
                 "removed from the training pool until the next anchor refresh",
                 len(part.unavailable),
             )
         part.report["time/group_sampling_s"] = time.perf_counter() - t0
-        save_partition(part, self.files.group_sampling)
+        part = ddp.broadcast_object(part)  # the same decisions on every rank; rank 0's timings in the report
+        if ddp.is_main():
+            save_partition(part, self.files.group_sampling)
         self.partition = part
         self.report.update(part.report)
 

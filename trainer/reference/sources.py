@@ -12,8 +12,9 @@ registered by name (`algorithm.gt.source`):
 - `model`: PVPO's "larger model" (the paper used Qwen2.5-72B-Instruct). A local HF folder runs the
   agent loop through our engines, token-exact, its sampled log-probs are pi_gt (its tokenizer must
   be the policy's); an OpenAI-compatible chat endpoint runs the same turns as text, which are
-  tokenized with the policy's tokenizer, so pi_gt must be the reference policy's
-  (`gt.logprobs: reference`): the endpoint's own log-probs are over another tokenization.
+  tokenized with the policy's tokenizer: pi_gt of a turn is the endpoint's log-probs where its
+  tokens spell the turn as the policy's tokenizer does, the reference policy's otherwise
+  (`gt.logprobs: reference`, required; `gt.set_pi_gt` decides turn by turn).
 - `dataset`: the question's own annotation (MuSiQue's `question_decomposition`, HotpotQA's
   `supporting_facts`) written as search turns and replayed through the env with the run's
   retriever (`dataset_source.py`); kept only where every search retrieves its gold paragraph and

@@ -212,8 +212,7 @@ async def _episode(
         out = await source.turn(conv, sampling)
         if turn == 0:
             traj.prompt_tokens = out.prompt_tokens or len(traj.prompt_ids)
-        traj.append_model(out.ids, out.logprobs)
-        traj.logprobs_source = out.logprobs_source
+        traj.append_model(out.ids, out.logprobs, out.logprobs_source)
         traj.completion_tokens += out.completion_tokens
         traj.num_turns += 1
         traj.response_text += out.text

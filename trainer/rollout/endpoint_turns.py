@@ -12,9 +12,9 @@ message). Token counts come from the server's `usage`; the response budget count
 With a `tokenizer` (the policy's), turns and observations are tokenized into the trajectory; with
 `logprobs`, the endpoint is asked for the log-prob of each token it sampled (OpenAI's `logprobs`,
 which vLLM's server returns) and they become the turn's log-probs when the endpoint's tokens
-spell the turn exactly as the policy's tokenizer splits it (same tokenizer family);
-otherwise the turn's log-probs are 0 and `Trajectory.logprobs_source` is "" (the caller falls back
-to the reference policy's).
+spell the turn exactly as the policy's tokenizer splits it (same tokenizer family), turn by turn;
+otherwise that turn's log-probs are 0.0 placeholders with source "" (`Trajectory.model_turns`), which
+the GT cache replaces with the reference policy's (`pvpo.trainer.reference.gt.set_pi_gt`).
 """
 
 from __future__ import annotations

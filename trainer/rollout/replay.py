@@ -32,7 +32,7 @@ class ScriptedTurns:
         text = script[len(conv.turns)]
         conv.turns.append((text, ""))
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        return Turn(ids, [0.0] * len(ids), text, "stop", len(ids))
+        return Turn(ids, [0.0] * len(ids), text, "stop", len(ids), logprobs_source="script")
 
     def observe(self, conv: Conversation, turn: Turn, observation: str) -> list[int]:
         conv.turns[-1] = (turn.text, observation)
@@ -72,7 +72,6 @@ def oracle_trajectories(
 
     trajs = run_episodes(make, examples, searcher, episode_config, loop, seed=0)
     for t in trajs:
-        t.logprobs_source = ""
         if eos and t.finish_reason == "answer":
-            t.append_model([tokenizer.eos_token_id], [0.0])
+            t.append_model([tokenizer.eos_token_id], [0.0], "script")
     return trajs

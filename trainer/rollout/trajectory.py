@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+# where a model turn's log-probs come from: the engine that sampled it ("sampler"), an endpoint
+# that reported them over the policy's tokenization ("endpoint"), a deterministic script (the
+# oracle or a dataset's GT: "script", pi = 1), the reference policy's ("reference"), or none ("":
+# 0.0 placeholders from an endpoint whose tokens do not line up with the policy's tokenizer)
+SOURCES = frozenset({"sampler", "endpoint", "script", "reference", ""})
+
 
 @dataclass
 class Trajectory:
@@ -37,15 +43,29 @@ class Trajectory:
     format_ok: bool = False  # the env's verdict on the response's format
     prompt_tokens: int = 0  # as the sampler counted them (an endpoint's `usage`)
     completion_tokens: int = 0
-    logprobs_source: str = ""  # "sampler", "endpoint" or "" (none: a text endpoint without them)
+    # each model turn's response positions [start, end) and the source of its log-probs (SOURCES)
+    model_turns: list[tuple[int, int, str]] = field(default_factory=list)
 
-    def append_model(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
-        """Tokens the policy sampled (trained on)."""
+    def append_model(self, ids: Sequence[int], logprobs: Sequence[float], source: str = "sampler") -> None:
+        """Tokens the policy sampled (trained on), as one model turn whose log-probs come from
+        `source` (`SOURCES`)."""
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} ids but {len(logprobs)} logprobs")
+        if source not in SOURCES:
+            raise ValueError(f"unknown log-prob source {source!r}; known: {sorted(SOURCES)}")
+        start = len(self.response_ids)
         self.response_ids.extend(int(t) for t in ids)
         self.old_logprobs.extend(float(x) for x in logprobs)
         self.loss_mask.extend([1] * len(ids))
+        if ids:
+            self.model_turns.append((start, start + len(ids), source))
+
+    @property
+    def logprobs_source(self) -> str:
+        """The source of every model turn's log-probs when they share one, "mixed" when they
+        differ, "" without a recorded turn."""
+        sources = {s for _, _, s in self.model_turns}
+        return sources.pop() if len(sources) == 1 else ("mixed" if sources else "")
 
     def append_env(self, ids: Sequence[int]) -> None:
         """Observation tokens from the environment (never trained on)."""

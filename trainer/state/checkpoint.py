@@ -156,15 +156,16 @@ def _what_to_do(root: Path, marker: Path, *, but: str = "") -> str:
     return "no complete checkpoint is left: start over with --overwrite"
 
 
-def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
+def load_trainer_state(ckpt: str | Path, *, mmap: bool = False) -> dict[str, Any]:
     """The optimizer/RNG/step dict of a checkpoint (weights load through `from_pretrained`).
 
     Read with `weights_only=True`: tensors, numbers, strings and containers only, so a tampered
-    file cannot run code; anything else is a CheckpointError naming the file."""
+    file cannot run code; anything else is a CheckpointError naming the file. `mmap`: tensors
+    are mapped, not read (for a look at the small entries of a large optimizer state)."""
     path = Path(ckpt) / TRAINER_STATE
     try:
         with torch.serialization.safe_globals(_numpy_array_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, OSError) as e:  # a damaged zip or a cut pickle
         raise CheckpointError(
             f"{path} is damaged ({e}); delete {path.parent} and resume from an earlier checkpoint"
@@ -173,6 +174,13 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path} holds more than tensors and plain values, refusing to unpickle it: {e}"
         ) from None
+
+
+def recorded_config(ckpt: str | Path) -> dict[str, str] | None:
+    """The config record (`resume.config_record`) a checkpoint was saved with, in its trainer
+    state's `extra["config"]`; None for a checkpoint saved without one."""
+    record = load_trainer_state(ckpt, mmap=True).get("extra", {}).get("config")
+    return record if isinstance(record, dict) else None
 
 
 def _numpy_array_globals() -> list[Any]:
@@ -189,5 +197,12 @@ def load_weights(model: torch.nn.Module, ckpt: str | Path) -> None:
     """Load a checkpoint's policy weights into `model` in place."""
     from transformers import AutoModelForCausalLM
 
-    saved = AutoModelForCausalLM.from_pretrained(str(Path(ckpt) / POLICY_DIR), dtype=next(model.parameters()).dtype)
+    from pvpo.trainer.model.policy import WEIGHT_FILES, damaged_model_file
+
+    ckpt = Path(ckpt)
+    try:
+        saved = AutoModelForCausalLM.from_pretrained(str(ckpt / POLICY_DIR), dtype=next(model.parameters()).dtype)
+    except Exception as err:  # re-raised as it was unless the weights file is damaged
+        fix = _what_to_do(ckpt.parent, ckpt.parent / LATEST, but=ckpt.name)
+        raise damaged_model_file(ckpt / POLICY_DIR, err, WEIGHT_FILES, fix) from err
     model.load_state_dict(saved.state_dict())

@@ -16,7 +16,7 @@ calls, no anchor term: `cost/train_tool_calls`). Each kind's tool calls are expo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 KINDS = ("train", "anchor", "gt")
@@ -41,6 +41,7 @@ class CostCounter:
         self.pending = _zero()
         self.total = _zero()
         self.gt_tokens = 0.0
+        self.pending_gt_tokens = 0.0
 
     def add(self, kind: str, rollouts: Iterable[_Rollout], *, policy_tokens: bool = True) -> None:
         """Count `rollouts` of `kind`; `policy_tokens=False` for tokens another model wrote
@@ -54,11 +55,20 @@ class CostCounter:
             if policy_tokens:
                 row["policy_tokens"] += r.num_model_tokens
             else:
-                self.gt_tokens += r.num_model_tokens
+                self.pending_gt_tokens += r.num_model_tokens
 
-    def step_metrics(self) -> dict[str, float]:
+    def step_metrics(self, reduce: Callable[[Sequence[float]], list[float]] | None = None) -> dict[str, float]:
         """The cost of everything counted since the last call (anchor and GT generation included),
-        plus the cumulative totals; moves the pending counts into the totals."""
+        plus the cumulative totals; moves the pending counts into the totals. `reduce` sums the
+        pending counts over the ranks of a torchrun run first (each rank counts what it generated),
+        so every rank's counter holds the run's totals, and a checkpoint's is any rank's."""
+        if reduce is not None:
+            flat = reduce([self.pending[k][f] for k in KINDS for f in FIELDS] + [self.pending_gt_tokens])
+            it = iter(flat)
+            self.pending = {k: {f: next(it) for f in FIELDS} for k in KINDS}
+            self.pending_gt_tokens = next(it)
+        self.gt_tokens += self.pending_gt_tokens
+        self.pending_gt_tokens = 0.0
         out: dict[str, float] = {}
         for k in KINDS:
             for f in FIELDS:
@@ -85,12 +95,14 @@ class CostCounter:
             "pending": {k: dict(v) for k, v in self.pending.items()},
             "total": {k: dict(v) for k, v in self.total.items()},
             "gt_tokens": self.gt_tokens,
+            "pending_gt_tokens": self.pending_gt_tokens,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = {k: {f: float(state["pending"][k][f]) for f in FIELDS} for k in KINDS}
         self.total = {k: {f: float(state["total"][k][f]) for f in FIELDS} for k in KINDS}
         self.gt_tokens = float(state.get("gt_tokens", 0.0))
+        self.pending_gt_tokens = float(state.get("pending_gt_tokens", 0.0))
 
 
 def pvpo_cost(rollouts: float, tool_calls: float) -> float:

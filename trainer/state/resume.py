@@ -1,20 +1,25 @@
 """Which config a run directory is trained with: a fresh run refuses a directory that already
 holds a run (unless told to overwrite it), and a resumed run keeps the config it was started
-with, changing only the keys that cannot change what the next step computes."""
+with, changing only the keys that cannot change what the next step computes. Each checkpoint
+records the config it was trained with (`config_record`), so a hand-edited `config.yaml` is
+refused too, not only a differing `--config` or override."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import shlex
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pvpo.atomic import replaced_path
+from pvpo.atomic import read_jsonl, replaced_path
 from pvpo.trainer.config.schema import QUESTIONS_CORPUS, ConfigError, TrainConfig, load_config
-from pvpo.trainer.state.checkpoint import LATEST, latest_checkpoint
+from pvpo.trainer.state.checkpoint import LATEST, CheckpointError, latest_checkpoint, recorded_config
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -59,6 +64,51 @@ def config_diff(a: TrainConfig, b: TrainConfig) -> dict[str, tuple[Any, Any]]:
     return {k: (fa.get(k), fb.get(k)) for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
 
 
+def config_record(cfg: TrainConfig) -> dict[str, str]:
+    """What a checkpoint records of the config it was trained with: the keys a resume may not
+    change (all but SAFE_ON_RESUME) as canonical JSON, and its sha256."""
+    values = {k: v for k, v in _flatten(cfg.model_dump(mode="json")).items() if k not in SAFE_ON_RESUME}
+    text = json.dumps(values, sort_keys=True, ensure_ascii=False)
+    return {"sha256": hashlib.sha256(text.encode()).hexdigest(), "values": text}
+
+
+def check_checkpoint_config(ckpt: Path, cfg: TrainConfig) -> None:
+    """Raise RunDirError when `cfg` differs from the config checkpoint `ckpt` was trained with in a
+    key a resume may not change (a hand-edited config.yaml); a checkpoint saved without a record
+    is not checked. A key one of the two configs does not have (added to or dropped from the
+    schema since) is not compared."""
+    recorded = recorded_config(ckpt)
+    now = config_record(cfg)
+    if recorded is None or recorded.get("sha256") == now["sha256"]:
+        return
+    old, new = json.loads(recorded["values"]), json.loads(now["values"])
+    changed = {k: (old[k], new[k]) for k in sorted(old.keys() & new.keys()) if old[k] != new[k]}
+    if not changed:
+        return
+    lines = "\n".join(f"  {k}: checkpoint has {a!r}, resumed with {b!r}" for k, (a, b) in changed.items())
+    config = RunDir(ckpt.parent.parent).config
+    raise RunDirError(
+        f"{config} no longer describes the run: its checkpoint {ckpt.name} was trained with another config:\n{lines}\n"
+        f"put those values back in {config} (a resume may change only {', '.join(sorted(SAFE_ON_RESUME))}), "
+        "or train into a new --run-dir"
+    )
+
+
+def where_stopped(run_dir: str | Path, resume: str) -> str:
+    """Where a run that stopped stands and how to continue it (`resume`: the command, without its
+    --run-dir), for the line a stopped or failed run ends with."""
+    run_dir = Path(run_dir)
+    try:
+        ckpt = latest_checkpoint(run_dir)
+        logged = max((int(r.get("step", 0)) for r in read_jsonl(RunDir(run_dir).metrics)), default=0)
+    except (CheckpointError, OSError, ValueError):
+        return f"see {run_dir}"
+    command = f"`{resume} --run-dir {shlex.quote(str(run_dir))} --resume`"
+    if ckpt is None:
+        return f"{run_dir} has no checkpoint yet: {command} starts it again from step 0"
+    return f"{run_dir} logged {logged} step(s), checkpointed at {ckpt.name}: continue it with {command}"
+
+
 def saved_config(run_dir: str | Path) -> TrainConfig | None:
     """The config a run was started with (`<run>/config.yaml`), or None when it has none."""
     path = RunDir(run_dir).config
@@ -66,8 +116,9 @@ def saved_config(run_dir: str | Path) -> TrainConfig | None:
 
 
 def check_resume_config(run_dir: str | Path, cfg: TrainConfig) -> None:
-    """Raise RunDirError when `cfg` differs from the run's saved config in a key outside
-    SAFE_ON_RESUME, or asks for fewer steps than its latest checkpoint already holds."""
+    """Raise RunDirError when `cfg` differs from the run's saved config, or from the config its
+    latest checkpoint was trained with, in a key outside SAFE_ON_RESUME, or asks for fewer steps
+    than that checkpoint already holds."""
     saved = saved_config(run_dir)
     if saved is not None:
         unsafe = {k: v for k, v in config_diff(saved, cfg).items() if k not in SAFE_ON_RESUME}
@@ -81,6 +132,8 @@ def check_resume_config(run_dir: str | Path, cfg: TrainConfig) -> None:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         log.warning("%s has no checkpoint yet: --resume starts it from step 0", run_dir)
+    else:
+        check_checkpoint_config(ckpt, cfg)
     checkpoint_step = int(ckpt.name.removeprefix("step_")) if ckpt is not None else 0
     if checkpoint_step > cfg.run.steps:
         raise RunDirError(
