@@ -376,7 +376,7 @@ def readme_table(
     epochs: float,
     lr_from: str | None = None,
 ) -> str:
-    """The README's table: per (algorithm, N) its lr, test EM (the best of each N in bold), gain
+    """The benchmark page's table (docs/benchmarks/algorithms.md): per (algorithm, N) its lr, test EM (the best of each N in bold), gain
     over the shared start and the three costs, means over seeds."""
     seeds = "/".join(str(k) for k in sorted({len(r) for r in final.values()}))
     where = f"the sweep of {lr_from}" if lr_from else "picked on validation"
@@ -439,7 +439,7 @@ def readme_block(
     lr_from: str | None = None,
     record: Sequence[str] = (),
 ) -> str:
-    """What the README shows of a benchmark, all of it computed here: the record of the runs,
+    """What the benchmark page shows of a benchmark, all of it computed here: the record of the runs,
     `readme_table`, the headline comparisons (`headline_lines`), all paired comparisons and the
     Fig. 4 verdict."""
     start = warm["start"]["test"]["em_q"]
