@@ -20,7 +20,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 .PHONY: demo test test-fast test-vllm test-verl test-docker lint format docs install clean help
 
 help:
-	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (see README)"
+	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (docs/recipes/demo.md)"
 	@echo "make test       the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without the slow end-to-end checks"
 	@echo "make lint       ruff format --check, ruff check and mypy (what CI runs); make format rewrites"
