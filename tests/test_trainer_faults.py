@@ -207,7 +207,7 @@ def test_sigterm_and_ctrl_c_end_training_with_one_line_saying_where_it_stopped_a
 
     use_overlap_searcher(monkeypatch)
     run = copy_run(trained, tmp_path / "run")
-    real_save = loop.save_checkpoint
+    real_save = loop.save_run_checkpoint
 
     def save_then_signal(run_dir: Path, step: int, **kwargs: object):
         out = real_save(run_dir, step, **kwargs)  # type: ignore[arg-type]
@@ -217,7 +217,7 @@ def test_sigterm_and_ctrl_c_end_training_with_one_line_saying_where_it_stopped_a
     def unhandled(*_: object) -> None:
         raise _KilledTheTest
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_signal)
+    monkeypatch.setattr(loop, "save_run_checkpoint", save_then_signal)
     previous = signal.signal(signal.SIGTERM, unhandled)
     try:
         res = resume(run, "run.steps=5")
