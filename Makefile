@@ -89,7 +89,7 @@ endif
 	@touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VERL_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests/test_integrations_verl.py
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VERL_VENV)/bin/python -m pytest -q $(PYTEST_ARGS) tests/test_integrations_verl.py tests/test_episode_driver_callers.py
 
 # Images built on a debootstrapped Debian base from an offline wheelhouse, then the compose stack
 # run on the host's network (tests/test_docker_compose.py). The wheelhouse takes the CPU torch from

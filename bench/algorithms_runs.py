@@ -91,7 +91,7 @@ class Testbed:
     """The RL data (`data.train` the RL prompts, `data.warm_start` the SFT questions, `data.eval`
     empty) and the two held-out splits."""
 
-    data: Any  # pvpo.trainer.setup.Data
+    data: Any  # pvpo.trainer.data.Data
     validation: list[QAExample]
     test: list[QAExample]
     uids: dict[str, list[str]] = field(default_factory=dict)
@@ -181,7 +181,7 @@ def split_held_out(
 def build_testbed(settings: Settings, scratch: Path) -> Testbed:
     """The world's questions split into RL prompts, SFT questions, validation and test (the corpus
     is written under `scratch`)."""
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     data = load_data(config(settings, []), scratch)
     val, test = split_held_out(data.eval, len(data.eval) // 2, others=[data.train, data.warm_start])
@@ -200,8 +200,8 @@ def warm_try(
 ) -> dict[str, Any]:
     """A warm start of `steps` SFT steps from `settings.warm_seed` in `<out>/warm/steps<steps>`,
     and its validation EM (kept in `try.json` there, so a resumed calibration redoes nothing)."""
+    from pvpo.trainer.heldout import evaluate_policy
     from pvpo.trainer.loop import Trainer
-    from pvpo.trainer.setup import evaluate_policy
 
     where = settings.out / "warm" / f"steps{steps}"
     done = where / "try.json"
@@ -250,8 +250,8 @@ def warm_phase(settings: Settings, testbed: Testbed, searcher: Any, *, show_prog
     """The shared warm start (`calibrate`), its held-out EM on validation and test (each run's
     start), and the one-off reference work (anchor, Group Sampling partition, GT trajectories) with
     its cost. Written to `<out>/warm/summary.json` once and reused."""
+    from pvpo.trainer.heldout import evaluate_policy
     from pvpo.trainer.loop import Trainer
-    from pvpo.trainer.setup import evaluate_policy
 
     done = settings.out / "warm" / "summary.json"
     if done.exists():

@@ -29,8 +29,8 @@ from pathlib import Path
 def one_engine(run: Path, index: Path, engine: str, steps: int, out: Path) -> None:
     """Train `steps` RL steps of `run`'s config on `engine` in a fresh run dir; metrics to `out`."""
     from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.data import load_data, retriever_session
     from pvpo.trainer.loop import Trainer
-    from pvpo.trainer.setup import load_data, retriever_session
 
     overrides = [
         f"model.path={run / 'initial_policy'}",

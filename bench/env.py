@@ -18,30 +18,14 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from pvpo.envs import QAExample, SearchEnv, SearchVectorEnv, corpus_from_examples, load_dataset, write_corpus
-from pvpo.retriever.types import Passage
+from pvpo.retriever.types import TimedSearcher
 
 DEFAULT_QUESTIONS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "musique_mini" / "questions.json"
-
-
-class TimedSearcher:
-    """Wraps a Searcher and adds up the time spent inside search()."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.seconds, self.calls = inner, 0.0, 0
-
-    def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
-        t0 = time.perf_counter()
-        try:
-            return self.inner.search(queries, topk)
-        finally:
-            self.seconds += time.perf_counter() - t0
-            self.calls += 1
 
 
 def hop_queries(ex: QAExample) -> list[tuple[str, int]]:

@@ -37,7 +37,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -336,66 +335,42 @@ def corpus_probe(corpus: Path, offsets: Path) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_startup(index_dir: Path) -> dict[str, Any]:
     """Seconds from spawning `pvpo retriever serve` to its first /retrieve answer, with the
     server's own log of the index + corpus open."""
     import httpx
 
-    port = free_port()
+    from pvpo.retriever.testing import start_server, stop_server
+
     log_path = index_dir / "serve.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index_dir),
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--log-level",
-        "info",
-    ]
     t0 = time.perf_counter()
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=os.environ | {"HF_HUB_OFFLINE": "1"}
+    proc, (url,) = start_server(index_dir, log_level="info", log=log_path, wait=False, cwd=REPO)
+    try:
+        first = None
+        while time.perf_counter() - t0 < 600:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
+            try:
+                r = httpx.post(
+                    url + "/retrieve",
+                    json={"queries": ["who wrote Hamlet"], "topk": 5},
+                    timeout=30,
+                )
+                if r.status_code == 200 and len(r.json()["result"][0]) == 5:
+                    first = time.perf_counter() - t0
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        rss = next(
+            (
+                int(line.split()[1]) / 1024
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                if line.startswith("RssAnon:")
+            ),
+            float("nan"),
         )
-        try:
-            first = None
-            while time.perf_counter() - t0 < 600:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
-                try:
-                    r = httpx.post(
-                        f"http://127.0.0.1:{port}/retrieve",
-                        json={"queries": ["who wrote Hamlet"], "topk": 5},
-                        timeout=30,
-                    )
-                    if r.status_code == 200 and len(r.json()["result"][0]) == 5:
-                        first = time.perf_counter() - t0
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
-            rss = next(
-                (
-                    int(line.split()[1]) / 1024
-                    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                    if line.startswith("RssAnon:")
-                ),
-                float("nan"),
-            )
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    finally:
+        stop_server(proc)
     text = log_path.read_text()
     opened = next(
         (

@@ -20,9 +20,7 @@ import json
 import os
 import random
 import resource
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -126,40 +124,11 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(index: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    # stderr to a file, not a pipe: an unread pipe fills up and blocks the server's logging
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start within 120 s")
+    """`pvpo retriever serve` on `port`, its output in `log`, once it answers /health."""
+    from pvpo.retriever.testing import start_server
+
+    return start_server(index, port=port, log=log, timeout=120)[0]
 
 
 def _row(name: str, seconds: float, small: Tally, large: Tally, cpu_s: float) -> str:
@@ -185,12 +154,12 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.clients + 256)), hard))
 
     with tempfile.TemporaryDirectory() as tmp:
+        from pvpo.retriever.testing import build_tiny_index, free_port
+
         index = args.index
         if index is None:
-            from pvpo.retriever.testing import build_tiny_index
-
             index = build_tiny_index(Path(tmp) / "tiny")
-        port = _free_port()
+        port = free_port()
         server = _serve(index, port, Path(tmp) / "server.log")
         try:
             rng = random.Random(0)

@@ -30,36 +30,9 @@ from retriever import machine, questions_and_queries  # noqa: E402
 
 def serve(index: Path, replicas: int, extra: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
     """`pvpo retriever serve --replicas K` (K=1: one plain server); returns it once all answer."""
-    from pvpo.retriever.replicas import wait_healthy
-    from pvpo.retriever.testing import free_consecutive_ports
+    from pvpo.retriever.testing import start_server
 
-    port = free_consecutive_ports(replicas)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index),
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--log-level",
-        "warning",
-        "--replicas",
-        str(replicas),
-        *extra,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
-    urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
-    try:
-        wait_healthy(urls, [proc] * replicas, timeout=300)
-    except RuntimeError:
-        proc.kill()
-        raise
-    return proc, urls
+    return start_server(index, replicas=replicas, extra=extra, timeout=300, text=True)
 
 
 async def client_load(urls: list[str], pool: list[str], clients: int, seconds: float) -> dict[str, float]:

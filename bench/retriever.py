@@ -30,7 +30,6 @@ import os
 import platform
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -102,12 +101,6 @@ def uvicorn_impl() -> str:
     return f"{loop} / {http}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(
     index_dir: Path,
     *,
@@ -119,44 +112,15 @@ def start_server(
     extra: tuple[str, ...] = (),
     checkout: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """`pvpo retriever serve` in its own process; `checkout`: serve that checkout's code instead."""
-    from pvpo.retriever.replicas import wait_healthy
+    """`pvpo retriever serve` in its own process; `checkout`: serve that checkout's code instead
+    (run from it: `python -m` puts the working directory first on sys.path)."""
+    from pvpo.retriever.testing import start_server as serve
 
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index_dir),
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--max-batch-size",
-        str(max_batch),
-        "--max-wait-ms",
-        str(max_wait_ms),
-        "--max-delay-ms",
-        str(max_delay_ms),
-        "--threads",
-        str(threads),
-        "--log-level",
-        "warning",
-        *extra,
-    ] + (["--no-batching"] if not batching else [])
-    env = os.environ | {"HF_HUB_OFFLINE": "1"} | ({"PYTHONPATH": str(checkout)} if checkout else {})
-    # run from the checkout: `python -m` puts the working directory first on sys.path
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=checkout)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy([url], [proc], timeout=180)
-    except RuntimeError as e:
-        exited = proc.poll() is not None
-        proc.kill()
-        raise RuntimeError(f"{e}: {proc.stderr.read().decode()[-2000:]}" if exited else str(e)) from None
+    flags = ["--max-batch-size", str(max_batch), "--max-wait-ms", str(max_wait_ms)]
+    flags += ["--max-delay-ms", str(max_delay_ms), "--threads", str(threads), *extra]
+    flags += [] if batching else ["--no-batching"]
+    env = {"PYTHONPATH": str(checkout)} if checkout else None
+    proc, (url,) = serve(index_dir, extra=flags, env=env, cwd=checkout, stderr=subprocess.PIPE)
     return proc, url
 
 
@@ -202,6 +166,7 @@ def start_search_r1(
 
     from pvpo.retriever.build import INDEX_FILE
     from pvpo.retriever.encoder import resolve_model_path
+    from pvpo.retriever.testing import free_port
 
     port = free_port()
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -49,7 +49,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _policy(args: argparse.Namespace, world, protocol, train):  # type: ignore[no-untyped-def]
-    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.config.policy import TinyModelConfig
     from pvpo.trainer.model.policy import build_tiny_policy, load_policy
 
     if args.model:
@@ -176,7 +176,6 @@ def train_once(argv: list[str]) -> None:
     episode = EpisodeConfig(protocol="search_r1", reward="em", max_turns=a.max_turns, topk=2, max_obs_chars=600)
     loop = LoopConfig(
         temperature=1.0,
-        max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens,
         max_response_tokens=a.max_response_tokens,
         chat_template=True,
@@ -358,7 +357,6 @@ def main(argv: list[str] | None = None) -> None:
         engine.sync_weights(policy.model)  # in place, as after an optimizer step
     loop = LoopConfig(
         temperature=1.0,
-        max_turns=args.max_turns,
         max_new_tokens=args.max_new_tokens,
         max_response_tokens=args.max_response_tokens,
     )

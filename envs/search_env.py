@@ -19,7 +19,7 @@ from pvpo.envs.loaders import load_dataset
 from pvpo.envs.retrieval import close_retriever, resolve_retriever
 from pvpo.envs.spaces import UnicodeText
 from pvpo.retriever.types import Searcher
-from pvpo.reward import SEARCH_R1, TagProtocol
+from pvpo.reward import SEARCH_R1, RewardFn, TagProtocol
 
 MAX_ACTION_CHARS = 1 << 16
 MAX_OBSERVATION_CHARS = 1 << 20
@@ -51,7 +51,47 @@ def question_from_options(options: Mapping[str, Any] | None) -> QAExample | None
     return QAExample.coerce(options["question"])
 
 
-class SearchEnv(gym.Env[str, str]):
+class EpisodeRules:
+    """What `SearchEnv` and `SearchVectorEnv` hold from their keyword arguments (`set_up_episodes`)."""
+
+    config: EpisodeConfig
+    examples: list[QAExample]
+    order: str
+    retriever: Searcher
+    _owns_retriever: bool
+    _reward_fn: RewardFn
+
+
+def set_up_episodes(
+    env: EpisodeRules,
+    dataset: str | Path | Sequence[QAExample] | None = "synthetic",
+    *,
+    retriever: Searcher | None = None,
+    retriever_url: str | Sequence[str] | None = None,
+    protocol: str | TagProtocol = SEARCH_R1,
+    reward: str = "pvpo",
+    reward_params: Mapping[str, Any] | None = None,
+    max_turns: int = 6,
+    topk: int = 3,
+    max_obs_chars: int | None = 2000,
+    prompt_template: str = DEFAULT_PROMPT,
+    dataset_kwargs: Mapping[str, Any] | None = None,
+    timeout: float = 30.0,
+    order: str = "random",
+) -> None:
+    """The keyword arguments of `SearchEnv` and `SearchVectorEnv`, applied to `env`: its episode
+    rules (`config`), the questions it draws from (`examples`, in `order`), its retriever (a
+    client of `retriever_url` it owns, or `retriever`) and reward function."""
+    env.config = EpisodeConfig(
+        protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template
+    )
+    env.order = check_order(order)
+    env.examples = examples_from(dataset, dataset_kwargs)
+    env.retriever, env._owns_retriever = resolve_retriever(retriever, retriever_url, topk=topk, timeout=timeout)
+    env._reward_fn = env.config.reward_fn()
+
+
+class SearchEnv(EpisodeRules, gym.Env[str, str]):
     """Multi-turn search QA as a Gymnasium env.
 
     `reset(seed=, options={"question": QAExample | mapping})` starts an episode on the given
@@ -77,33 +117,17 @@ class SearchEnv(gym.Env[str, str]):
         self,
         dataset: str | Path | Sequence[QAExample] | None = "synthetic",
         *,
-        retriever: Searcher | None = None,
-        retriever_url: str | Sequence[str] | None = None,
-        protocol: str | TagProtocol = SEARCH_R1,
-        reward: str = "pvpo",
-        reward_params: Mapping[str, Any] | None = None,
-        max_turns: int = 6,
-        topk: int = 3,
-        max_obs_chars: int | None = 2000,
-        prompt_template: str = DEFAULT_PROMPT,
-        dataset_kwargs: Mapping[str, Any] | None = None,
-        timeout: float = 30.0,
         render_mode: str | None = None,
-        order: str = "random",
+        **options: Any,
     ) -> None:
+        """`options`: the keywords of `set_up_episodes` (retriever, protocol, reward, max_turns, ...)."""
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
-        self.config = EpisodeConfig(
-            protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template
-        )
-        self.order = check_order(order)
-        self.examples = examples_from(dataset, dataset_kwargs)
+        set_up_episodes(self, dataset, **options)
         self._next_index = 0  # order="sequential": the question the next reset starts
-        self.retriever, self._owns_retriever = resolve_retriever(retriever, retriever_url, topk=topk, timeout=timeout)
         self.render_mode = render_mode
         self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
-        self._reward_fn = self.config.reward_fn()
         self.episode: Episode | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

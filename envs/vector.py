@@ -24,15 +24,14 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from pvpo.envs.data import QAExample
-from pvpo.envs.episode import DEFAULT_PROMPT, Episode, EpisodeConfig
-from pvpo.envs.retrieval import close_retriever, resolve_retriever
-from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, check_order, examples_from
+from pvpo.envs.episode import Episode
+from pvpo.envs.retrieval import close_retriever
+from pvpo.envs.search_env import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, EpisodeRules, set_up_episodes
 from pvpo.envs.spaces import UnicodeText
-from pvpo.retriever.types import Passage, Searcher
-from pvpo.reward import SEARCH_R1, TagProtocol
+from pvpo.retriever.types import Passage
 
 
-class SearchVectorEnv(VectorEnv):
+class SearchVectorEnv(EpisodeRules, VectorEnv):
     """`num_envs` search episodes stepped in lockstep; one retriever call per step.
 
     `reset(seed=, options=)` options:
@@ -55,38 +54,18 @@ class SearchVectorEnv(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.DISABLED, "render_modes": []}
 
     def __init__(
-        self,
-        num_envs: int,
-        dataset: str | Path | Sequence[QAExample] | None = "synthetic",
-        *,
-        retriever: Searcher | None = None,
-        retriever_url: str | Sequence[str] | None = None,
-        protocol: str | TagProtocol = SEARCH_R1,
-        reward: str = "pvpo",
-        reward_params: Mapping[str, Any] | None = None,
-        max_turns: int = 6,
-        topk: int = 3,
-        max_obs_chars: int | None = 2000,
-        prompt_template: str = DEFAULT_PROMPT,
-        dataset_kwargs: Mapping[str, Any] | None = None,
-        timeout: float = 30.0,
-        order: str = "random",
+        self, num_envs: int, dataset: str | Path | Sequence[QAExample] | None = "synthetic", **options: Any
     ) -> None:
+        """`options`: the keywords of `SearchEnv` (`pvpo.envs.search_env.set_up_episodes`)."""
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
         self.num_envs = num_envs
-        self.config = EpisodeConfig(
-            protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template
-        )
-        self.order = check_order(order)
-        self.examples = examples_from(dataset, dataset_kwargs)
+        set_up_episodes(self, dataset, **options)
         self._next_index = 0  # order="sequential": the question the next drawn episode starts
-        self.retriever, self._owns_retriever = resolve_retriever(retriever, retriever_url, topk=topk, timeout=timeout)
         self.single_observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
         self.single_action_space = UnicodeText(MAX_ACTION_CHARS)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self._reward_fn = self.config.reward_fn()
         self.episodes: list[Episode | None] = [None] * num_envs
         self._obs: list[str] = [""] * num_envs
         self._rngs = [np.random.default_rng() for _ in range(num_envs)]

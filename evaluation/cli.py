@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
+from pvpo.trainer.rollout.engine import DEFAULT_ENGINE, available_engines
 from pvpo.user_errors import add_note, request_traceback, stop_on_sigterm
 
 eval_app = typer.Typer(
@@ -75,7 +76,7 @@ def eval_cmd(
         int | None,
         typer.Option("--sample-seed", help="Seed of the random N-question subset (recorded in metrics.json)"),
     ] = None,
-    engine: Annotated[str, typer.Option(help="hf | vllm | openai")] = "hf",
+    engine: Annotated[str, typer.Option(help=f"{' | '.join(available_engines())} | openai")] = DEFAULT_ENGINE,
     template: Annotated[
         str, typer.Option(help="Prompt template / tag protocol, e.g. search_r1, research")
     ] = "search_r1",

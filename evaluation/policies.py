@@ -29,6 +29,7 @@ from pvpo.evaluation.run import EvalError, EvalSettings, Outcome, search_queries
 from pvpo.model_catalog import resolve_model_path
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol
+from pvpo.trainer.rollout.engine import DEFAULT_ENGINE
 from pvpo.trainer.rollout.openai_client import APIS, OpenAIClient
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 
 class TokenPolicy:
-    """A local model through a rollout engine (`hf` or `vllm`) and the token-exact agent loop."""
+    """A local model through a rollout engine and the token-exact agent loop."""
 
     def __init__(self, engine: Any, tokenizer: Any) -> None:
         self.engine, self.tokenizer = engine, tokenizer
@@ -97,44 +98,47 @@ def _outcome(prompt: str, t: Trajectory, protocol: TagProtocol) -> Outcome:
 
 def token_policy(
     model: str | Path,
-    engine: str = "hf",
+    engine: str = DEFAULT_ENGINE,
     *,
     dtype: str = "auto",
     device: str | None = None,
     batch_size: int = 32,
     engine_options: Mapping[str, Any] | None = None,
 ) -> TokenPolicy:
-    """A local HF folder (ours or any published checkpoint) behind the `hf` or `vllm` engine.
-    `dtype="auto"`: bfloat16 on CUDA, float32 on CPU."""
+    """A local HF folder (ours or any published checkpoint) behind a registered rollout engine,
+    built as its `EngineSpec` says (from the folder, or over the loaded module). `dtype="auto"`:
+    bfloat16 on CUDA, float32 on CPU."""
     import torch
 
-    from pvpo.trainer.rollout.engine import build_engine
+    from pvpo.registry import UnknownNameError
+    from pvpo.trainer.rollout.engine import available_engines, build_engine, engine_spec
 
     model = resolve_model_path(str(model))  # a catalog name or *.gguf file: its converted folder
     if not Path(model).exists():
         raise EvalError(f"--model {model}: no such folder (a local HF model directory)")
-    if engine not in ("hf", "vllm"):
-        raise EvalError(f"unknown engine {engine!r}; known: ['hf', 'vllm', 'openai']")
+    try:
+        spec = engine_spec(engine)
+    except UnknownNameError:
+        raise EvalError(f"unknown engine {engine!r}; known: {[*available_engines(), 'openai']}") from None
     cuda = torch.cuda.is_available()
     if dtype == "auto":
         dtype = "bfloat16" if cuda else "float32"
-    if engine == "vllm":
+    options = dict(engine_options or {})
+    if spec.loads_folder:
         from transformers import AutoTokenizer
 
         from pvpo.trainer.model.policy import check_model_folder
 
         check_model_folder(model)
         tokenizer = AutoTokenizer.from_pretrained(str(model))
-        return TokenPolicy(build_engine("vllm", model=str(model), dtype=dtype, **dict(engine_options or {})), tokenizer)
+        return TokenPolicy(build_engine(engine, model=str(model), dtype=dtype, **options), tokenizer)
     from pvpo.trainer.model.policy import load_policy
 
     policy = load_policy(model, dtype=dtype)
     target = device or ("cuda" if cuda else "cpu")
     module: torch.nn.Module = policy.model
     module.to(target)
-    eng = build_engine(
-        "hf", model=policy.model, tokenizer=policy.tokenizer, micro_batch_size=batch_size, **dict(engine_options or {})
-    )
+    eng = build_engine(engine, model=policy.model, tokenizer=policy.tokenizer, micro_batch_size=batch_size, **options)
     return TokenPolicy(eng, policy.tokenizer)
 
 

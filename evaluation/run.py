@@ -110,7 +110,6 @@ class EvalSettings:
         return LoopConfig(
             temperature=self.temperature,
             top_p=self.top_p,
-            max_turns=self.max_turns,
             max_new_tokens=self.max_new_tokens,
             max_response_tokens=self.max_response_tokens,
             chat_template=chat,

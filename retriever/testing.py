@@ -1,12 +1,18 @@
 """A tiny real corpus (one fact per passage) and its index, built once per directory, for the
-tests and demos of any component that needs a retriever on loopback."""
+tests and demos of any component that needs a retriever on loopback; free ports, and the one way a
+test or bench starts `pvpo retriever serve` in a process of its own and waits for its health."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 TINY_CORPUS: list[dict[str, str]] = [
     {"title": "Paris", "text": "Paris is the capital and most populous city of France, on the Seine."},
@@ -117,3 +123,84 @@ def free_consecutive_ports(n: int, host: str = "127.0.0.1") -> int:
             for s in socks:
                 s.close()
     raise RuntimeError(f"no {n} consecutive free ports on {host}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now."""
+    return free_consecutive_ports(1, host)
+
+
+def serve_command(
+    index: str | Path,
+    port: int,
+    *,
+    replicas: int = 1,
+    log_level: str = "warning",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """`pvpo retriever serve` of `index` on loopback `port` (and the next `replicas - 1` ports), on
+    CPU, run by this interpreter."""
+    cmd = [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--log-level", log_level]
+    if replicas != 1:
+        cmd += ["--replicas", str(replicas)]
+    return [*cmd, *extra]
+
+
+def start_server(
+    index: str | Path,
+    *,
+    port: int | None = None,
+    replicas: int = 1,
+    log_level: str = "warning",
+    extra: Sequence[str] = (),
+    log: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    wait: bool = True,
+    timeout: float = 180,
+    **popen: Any,
+) -> tuple[subprocess.Popen[Any], list[str]]:
+    """`pvpo retriever serve` in a process of its own (offline, `env` added to this environment)
+    and its replicas' URLs, once every one answers /health (`wait`). `log`: the server's stdout and
+    stderr go to this file (a pipe nobody reads would fill and block the server); otherwise they go
+    where `popen` says (default: discarded). When the server exits or `timeout` passes first, it is
+    killed and a RuntimeError says why, with the log's tail."""
+    from pvpo.retriever.replicas import wait_healthy
+
+    port = free_consecutive_ports(replicas) if port is None else port
+    cmd = serve_command(index, port, replicas=replicas, log_level=log_level, extra=extra)
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **dict(env or {})}
+    popen.setdefault("stdout", subprocess.DEVNULL)
+    popen.setdefault("stderr", subprocess.DEVNULL)
+    if log is not None:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, env=full_env, **{**popen, "stdout": out, "stderr": subprocess.STDOUT})
+    else:
+        proc = subprocess.Popen(cmd, env=full_env, **popen)
+    urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
+    if not wait:
+        return proc, urls
+    try:
+        wait_healthy(urls, [proc] * replicas, timeout=timeout)
+    except RuntimeError as e:
+        exited = proc.poll() is not None
+        proc.kill()
+        proc.wait()
+        tail = ""
+        if exited and log is not None:
+            tail = Path(log).read_text(errors="replace")[-2000:]
+        elif exited and popen.get("stderr") is subprocess.PIPE and proc.stderr is not None:
+            tail = proc.stderr.read()[-2000:]
+            tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        raise RuntimeError(f"{e}: {tail}" if tail else str(e)) from None
+    return proc, urls
+
+
+def stop_server(proc: subprocess.Popen[Any], timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL if the server has not exited after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -3,6 +3,7 @@ index, or any object a user plugs into the environment)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -44,3 +45,18 @@ class Searcher(Protocol):
     """Anything that answers a batch of queries with the top passages of each, in order."""
 
     def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]: ...
+
+
+class TimedSearcher:
+    """A Searcher that adds up the seconds spent inside `search` (`seconds`) and its calls (`calls`)."""
+
+    def __init__(self, inner: Searcher) -> None:
+        self.inner, self.seconds, self.calls = inner, 0.0, 0
+
+    def search(self, queries: Sequence[str], topk: int | None = None) -> list[list[Passage]]:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.search(queries, topk)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1

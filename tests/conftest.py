@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import verl_standin
+from verl_support import ADAPTERS, REAL_VERL
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("PVPO_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -29,3 +34,21 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):
     retriever = load_retriever(build_tiny_index(tmp_path_factory.getbasetemp() / "retriever"), device="cpu")
     yield retriever
     retriever.close()
+
+
+@pytest.fixture
+def verl_api(monkeypatch, record_property):
+    """verl's modules the adapter uses: the real ones where verl is installed, else the stand-in;
+    the adapter modules that bind verl's names at import are imported afresh against them."""
+    record_property("verl", "real" if REAL_VERL else "stand-in")
+    if not REAL_VERL:
+        for name, module in verl_standin.modules().items():
+            monkeypatch.setitem(sys.modules, name, module)
+    for name in ADAPTERS:
+        if name in sys.modules:
+            monkeypatch.delitem(sys.modules, name)
+    return SimpleNamespace(
+        real=REAL_VERL,
+        core_algos=importlib.import_module("verl.trainer.ppo.core_algos"),
+        agent_loop=importlib.import_module("verl.experimental.agent_loop.agent_loop"),
+    )

@@ -27,7 +27,7 @@ def searching_policy(out: Path, questions: list[str], *, steps: int = 60, seed: 
     from pvpo.retriever.index import load_retriever
     from pvpo.retriever.testing import TINY_CORPUS, build_tiny_index
     from pvpo.reward import SEARCH_R1
-    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.config.policy import TinyModelConfig
     from pvpo.trainer.model.policy import build_tiny_policy, save_policy
     from pvpo.trainer.model.warmstart import warm_start
     from pvpo.trainer.rollout.replay import oracle_trajectories

@@ -184,7 +184,7 @@ def test_a_stopped_eval_says_how_far_it_got_and_the_same_command_finishes_it(
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.config.policy import TinyModelConfig
     from pvpo.trainer.model.policy import build_tiny_policy, save_policy
 
     cfg = TinyModelConfig(

@@ -280,8 +280,8 @@ def test_gt_endpoint_source_writes_what_the_local_model_source_writes(
     from pvpo.envs.episode import EpisodeConfig
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.model.policy import load_policy
-    from pvpo.trainer.reference.gt import GTCache, fetch_gt
-    from pvpo.trainer.reference.sources import GTContext, build_gt_source
+    from pvpo.trainer.reference.gt_cache import GTCache, fetch_gt
+    from pvpo.trainer.reference.gt_registry import GTContext, build_gt_source
     from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     tok = load_policy(policy_dir).tokenizer
@@ -292,7 +292,7 @@ def test_gt_endpoint_source_writes_what_the_local_model_source_writes(
     episode = EpisodeConfig(
         protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1"
     )
-    ctx = GTContext(tok, tiny, episode, LoopConfig(max_turns=4, max_new_tokens=32, max_response_tokens=512))
+    ctx = GTContext(tok, tiny, episode, LoopConfig(max_new_tokens=32, max_response_tokens=512))
     common = ["algorithm.gt.source=model", "algorithm.gt.model.temperature=0", "algorithm.gt.logprobs=reference"]
     remote_cfg = load_config(None, common + [f"algorithm.gt.model.base_url={server}", "algorithm.gt.model.model=tiny"])
     local_cfg = load_config(None, common + [f"algorithm.gt.model.path={policy_dir}"])

@@ -6,7 +6,7 @@ a function) and, for the config, on what loading a preset actually imports:
 
 `reward` imports nothing of ours; `retriever` never imports envs, trainer or evaluation; `envs`
 never imports trainer or evaluation; `trainer` never imports evaluation; `trainer.config` imports
-no runtime code; `trainer.algorithms` imports nothing of the trainer but `rollout.trajectory`.
+no runtime code; each other room of the trainer imports what `ROOMS` lists (README's table).
 """
 
 from __future__ import annotations
@@ -109,6 +109,42 @@ def test_algorithms_import_nothing_of_the_trainer_but_the_trajectory() -> None:
     assert _violations("trainer/algorithms", ("pvpo.trainer.algorithms", "pvpo.trainer.rollout.trajectory")) == []
 
 
+# What each room of trainer/ may import besides itself (README "Architecture", the trainer's table);
+# the top-level modules (setup, loop, cli, ...) join the rooms and may import any of them.
+OUTSIDE = ("pvpo.reward", "pvpo.envs", "pvpo.retriever")
+ROOMS: dict[str, tuple[str, ...]] = {
+    "config": (),  # checked on its own below: registries and pure checks only
+    "algorithms": ("pvpo.trainer.rollout.trajectory",),
+    "rollout": OUTSIDE,
+    "model": (
+        "pvpo.trainer.config",
+        "pvpo.trainer.algorithms",
+        "pvpo.trainer.parallel",
+        "pvpo.trainer.rollout.trajectory",
+        "pvpo.retriever.encoder",  # prompt embeddings for the value model
+    ),
+    "parallel": ("pvpo.trainer.state", "pvpo.trainer.algorithms.data_parallel", "pvpo.trainer.model.lora"),
+    "reference": (
+        *OUTSIDE,
+        "pvpo.trainer.rollout",
+        "pvpo.trainer.parallel",
+        "pvpo.trainer.state",
+        "pvpo.trainer.model.policy",  # a local model as GT source
+    ),
+    "state": ("pvpo.trainer.config", "pvpo.trainer.model.policy"),  # a checkpoint's weight files
+}
+
+
+def test_every_room_of_the_trainer_has_an_import_rule() -> None:
+    rooms = {p.name for p in (REPO / "trainer").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(ROOMS)
+
+
+@pytest.mark.parametrize("room", [r for r in ROOMS if r != "config"])
+def test_each_trainer_room_imports_only_what_its_rule_allows(room: str) -> None:
+    assert _violations(f"trainer/{room}", (f"pvpo.trainer.{room}", *ROOMS[room])) == []
+
+
 def test_config_imports_only_registries_and_pure_checks() -> None:
     # the name lists it validates against live in light modules: no estimator, engine or GT source
     # module is imported to check a name, and no torch (see the next test for what loads at run time)
@@ -119,7 +155,7 @@ def test_config_imports_only_registries_and_pure_checks() -> None:
         "pvpo.retriever.encoder",
         "pvpo.trainer.algorithms.spec",
         "pvpo.trainer.rollout.engine",
-        "pvpo.trainer.reference.sources",
+        "pvpo.trainer.reference.gt_registry",
     )
     assert _violations("trainer/config", allowed) == []
 
@@ -139,7 +175,8 @@ def test_loading_and_showing_a_preset_imports_no_torch(preset: str) -> None:
 
 def test_nothing_imports_the_integrations_and_they_use_only_public_pieces() -> None:
     # the TRL / verl adapters sit on top: no component imports them, and they reach the trainer only
-    # through its exports and the reference files' readers (their formats are the contract)
+    # through its exports, the reference files' readers (their formats are the contract) and the
+    # rollout room (the one episode driver every caller runs its episodes through)
     users = [
         f"{_module_name(path)} imports {target}"
         for component in ("reward", "retriever", "envs", "trainer", "evaluation")
@@ -155,6 +192,7 @@ def test_nothing_imports_the_integrations_and_they_use_only_public_pieces() -> N
         "pvpo.retriever",
         "pvpo.trainer.reference.anchor",
         "pvpo.trainer.reference.group_sampling",
+        "pvpo.trainer.rollout",
     )
     bad = [v for v in _violations("integrations", allowed) if not v.endswith(" imports pvpo.trainer")]
     assert bad == []

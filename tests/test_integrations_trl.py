@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from retriever_support import CountingRetriever  # noqa: E402
 
 from pvpo.envs import QAExample  # noqa: E402
+from pvpo.envs.episode import Episode  # noqa: E402
 from pvpo.integrations.trl import (  # noqa: E402
     PVPOGRPOTrainer,
     SearchEnvFactory,
@@ -290,13 +291,12 @@ def tag_policy(rollout: SearchRollout) -> tuple[Any, Any]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    env = rollout._batch_env(1)
     episodes = []
     for (_, _, query, answer), ex in zip(QUESTIONS, EXAMPLES):
-        (prompt,), _ = env.reset(options={"questions": [ex]})
+        ep = Episode(ex, rollout.config, rollout.config.reward_fn())
         turn1, turn2 = f"<think>look it up</think><search> {query} </search>", f"<answer> {answer} </answer>"
-        (obs,), *_ = env.step([turn1])
-        episodes.append((prompt, turn1, obs, turn2))
+        passages = rollout.retriever.search([ep.begin_step(turn1)], rollout.config.topk)[0]
+        episodes.append((ep.prompt, turn1, ep.finish_step(passages).observation, turn2))
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()

@@ -182,17 +182,18 @@ def bpe_tokenizer():
 
 
 def test_a_generated_turn_ends_at_its_stop_string_else_at_its_first_eos_in_a_padded_row() -> None:
-    from pvpo.integrations.trl import SearchRollout
+    from pvpo.integrations.trl.rollout import TrainerEngine
 
-    rollout = SearchRollout([QAExample("a", "A?", ("x",))], retriever=Memory())
+    end = TrainerEngine._turn_end
+    stops = ("</search>", "</answer>")
     tok = bpe_tokenizer()
     eos = tok.eos_token_id
     search = tok.encode("look it up <search> capital </search>")
-    assert rollout._turn_end(search + [eos] * 3, tok, {eos}) == (len(search), True)  # padding after the stop
+    assert end(search + [eos] * 3, tok, {eos}, stops) == (len(search), "stop")  # padding after the stop
     text = tok.encode("look it up")
-    assert rollout._turn_end(text + [eos, eos], tok, {eos}) == (len(text) + 1, False)  # its EOS kept
-    assert rollout._turn_end(text, tok, {eos}) == (len(text), False)  # out of tokens
-    assert rollout._turn_end(tok.encode("<search> capital </sea") + [eos], tok, {eos})[1] is False
+    assert end(text + [eos, eos], tok, {eos}, stops) == (len(text) + 1, "eos")  # its EOS kept
+    assert end(text, tok, {eos}, stops) == (len(text), "length")  # out of tokens
+    assert end(tok.encode("<search> capital </sea") + [eos], tok, {eos}, stops)[1] == "eos"
 
 
 def test_a_rollout_knows_its_questions_by_prompt_and_refuses_ambiguous_or_unknown_ones(tmp_path) -> None:

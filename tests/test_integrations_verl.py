@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
-import verl_standin
 import yaml
 from retriever_support import CountingRetriever
+from verl_support import REAL_VERL, agent_loop, chat_tokenizer
 
 from pvpo.integrations.verl.configs import AGENT_LOOP_KEYS, config_path, write_config
 from pvpo.integrations.verl.data import TOOL_AGENT, verl_rows, write_parquet
@@ -29,27 +29,6 @@ from pvpo.reward import get_reward
 from pvpo.trainer import get_estimator
 from pvpo.trainer.reference.anchor import AnchorStore
 from pvpo.trainer.reference.group_sampling import Partition, save_partition
-
-REAL_VERL = importlib.util.find_spec("verl") is not None
-ADAPTERS = ("pvpo.integrations.verl.agent_loop", "pvpo.integrations.verl.search_tool", "pvpo.integrations.verl.plugin")
-
-
-@pytest.fixture
-def verl_api(monkeypatch, record_property):
-    """verl's modules the adapter uses: the real ones where verl is installed, else the stand-in;
-    the adapter modules that bind verl's names at import are imported afresh against them."""
-    record_property("verl", "real" if REAL_VERL else "stand-in")
-    if not REAL_VERL:
-        for name, module in verl_standin.modules().items():
-            monkeypatch.setitem(sys.modules, name, module)
-    for name in ADAPTERS:
-        if name in sys.modules:
-            monkeypatch.delitem(sys.modules, name)
-    return SimpleNamespace(
-        real=REAL_VERL,
-        core_algos=importlib.import_module("verl.trainer.ppo.core_algos"),
-        agent_loop=importlib.import_module("verl.experimental.agent_loop.agent_loop"),
-    )
 
 
 @pytest.mark.skipif(REAL_VERL, reason="verl is installed: nothing is missing")
@@ -262,35 +241,6 @@ def test_the_search_tool_config_builds_our_tool_which_searches_our_server(verl_a
     assert reward == 0.0 and metrics == {"num_queries": 2, "total_results": 6}
 
 
-def chat_tokenizer() -> Any:
-    """A tiny byte-level BPE with a ChatML-like template (the agent loop needs only these)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    corpus = [
-        "Answer the question <search> capital of Germany </search> <information> Doc 1(Title: Berlin) "
-        "Berlin is the capital of Germany </information> <answer> Berlin </answer> <think>"
-    ]
-    bpe.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=300,
-            special_tokens=["<|endoftext|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
-    )
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    tok.chat_template = (
-        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-    )
-    return tok
-
-
 class ScriptedServer:
     """verl's server manager, answering each generate call with the next scripted text's tokens."""
 
@@ -301,40 +251,6 @@ class ScriptedServer:
         self.calls.append({"request_id": request_id, "prompt_ids": list(prompt_ids), "params": dict(sampling_params)})
         ids = self.tokenizer.encode(self.turns.pop(0), add_special_tokens=False)[: sampling_params["max_tokens"]]
         return SimpleNamespace(token_ids=ids, log_probs=[-0.5] * len(ids))
-
-
-def agent_loop(verl_api, tokenizer: Any, server: Any, entry: dict[str, Any], response_length: int = 256) -> Any:
-    """The agent loop an agent-loop config entry describes, built as verl builds it."""
-    config = {"actor_rollout_ref": {"rollout": {"prompt_length": 512, "response_length": response_length}}}
-    data = {"apply_chat_template_kwargs": {}}
-    if verl_api.real:
-        import hydra
-        from omegaconf import OmegaConf
-        from verl.experimental.agent_loop.agent_loop import DictConfigWrap
-
-        wrap = lambda d: DictConfigWrap(OmegaConf.create(d))  # noqa: E731
-        return hydra.utils.instantiate(
-            OmegaConf.create(entry),
-            trainer_config=wrap(config),
-            server_manager=server,
-            tokenizer=tokenizer,
-            processor=None,
-            dataset_cls=None,
-            data_config=wrap(data),
-        )
-    ns = lambda d: SimpleNamespace(**{k: ns(v) if isinstance(v, dict) else v for k, v in d.items()})  # noqa: E731
-    module_name, _, cls_name = entry["_target_"].rpartition(".")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    kwargs = {k: v for k, v in entry.items() if k != "_target_"}
-    return cls(
-        trainer_config=SimpleNamespace(config=ns(config)),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        dataset_cls=None,
-        data_config=SimpleNamespace(config=data),
-        **kwargs,
-    )
 
 
 def run_loop(verl_api, tokenizer: Any, server: Any, entry: dict[str, Any], params: dict, **kw: Any) -> Any:

@@ -62,3 +62,14 @@ def test_the_docker_images_copy_every_component_folder() -> None:
     for name in COMPONENTS:
         assert f"!{name}/" in allowed, f".dockerignore does not let {name}/ into the build context"
         assert f"COPY {name} /src/{name}" in dockerfile, f"docker/Dockerfile does not copy {name}/"
+
+
+def test_no_python_file_of_the_trainer_envs_retriever_or_evaluation_is_over_500_lines() -> None:
+    # a file over 500 lines holds more than one job: split it by job (house rule)
+    long = {
+        str(path.relative_to(REPO)): n
+        for folder in ("trainer", "envs", "retriever", "evaluation")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}

@@ -82,7 +82,7 @@ def test_a_lazily_declared_name_cannot_be_taken_before_its_module_is_imported(mo
         ("pvpo.trainer.algorithms.spec:get_estimator", "advantage estimator"),
         ("pvpo.trainer.rollout.engine:build_engine", "rollout engine"),
         ("pvpo.retriever.index:get_backend", "retriever backend"),
-        ("pvpo.trainer.reference.sources:GT_SOURCES.get", "GT source"),
+        ("pvpo.trainer.reference.gt_registry:GT_SOURCES.get", "GT source"),
         ("pvpo.envs.loaders:DATASETS.get", "dataset"),
         ("pvpo.envs.loaders:FORMATS.get", "dataset format"),
     ],

@@ -80,7 +80,7 @@ def test_the_token_reaches_an_authenticated_server_and_a_401_is_not_retried(tiny
 
 def test_the_trainer_reaches_an_authenticated_url_with_the_env_token(tiny, tmp_path, monkeypatch) -> None:
     from pvpo.trainer.config.schema import load_config
-    from pvpo.trainer.setup import retriever_session
+    from pvpo.trainer.data import retriever_session
 
     with BackgroundServer(tiny, token="s3cret") as server:
         cfg = load_config(None, [f"retriever.url={server.url}", "retriever.retries=0"])

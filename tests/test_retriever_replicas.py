@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,34 +14,14 @@ import pytest
 
 from pvpo.retriever.client import RetrieverClient
 from pvpo.retriever.replicas import ReplicaSet, replica_threads, replica_urls
-from pvpo.retriever.testing import TINY_QUERIES, build_tiny_index, free_consecutive_ports
+from pvpo.retriever.testing import TINY_QUERIES, build_tiny_index, free_consecutive_ports, start_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _serve_two_replicas(index: Path, port: int, *extra: str) -> subprocess.Popen[str]:
     """`pvpo retriever serve --replicas 2` on ports port, port + 1 (stdout piped: the serving lines)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--replicas",
-        "2",
-        "--device",
-        "cpu",
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    return start_server(index, port=port, replicas=2, extra=extra, wait=False, stdout=subprocess.PIPE, text=True)[0]
 
 
 def _alive(pid: int) -> bool:

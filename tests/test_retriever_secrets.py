@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 
-from pvpo.retriever.replicas import wait_healthy
-from pvpo.retriever.testing import free_consecutive_ports, write_tiny_corpus
+from pvpo.retriever.testing import start_server, stop_server, write_tiny_corpus
 
 
 def _files_holding(root: Path, secret: bytes) -> list[str]:
@@ -48,43 +46,18 @@ def test_a_build_and_a_served_session_write_the_token_nowhere(tmp_path) -> None:
         timeout=300,
     )
     assert build.returncode == 0, build.stderr.decode()[-2000:]
-    port = free_consecutive_ports(1)
     log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pvpo.cli",
-                "retriever",
-                "serve",
-                "--index",
-                str(tmp_path / "idx"),
-                "--port",
-                str(port),
-                "--device",
-                "cpu",
-                "--log-level",
-                "debug",
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy([url], [proc], timeout=120)
-            good = {"Authorization": f"Bearer {token}"}
-            assert httpx.post(url + "/retrieve", json={"queries": ["chess"]}, headers=good).status_code == 200
-            assert httpx.post(url + "/retrieve", json={"queries": []}, headers=good).status_code == 422
-            assert httpx.get(url + "/info", headers=good).status_code == 200
-            assert token not in httpx.get(url + "/info", headers=good).text
-            assert httpx.get(url + "/openapi.json", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
-            assert httpx.post(url + "/retrieve", json={"queries": ["chess"]}).status_code == 401
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+    proc, (url,) = start_server(tmp_path / "idx", log_level="debug", log=log, env=env, cwd=tmp_path, timeout=120)
+    try:
+        good = {"Authorization": f"Bearer {token}"}
+        assert httpx.post(url + "/retrieve", json={"queries": ["chess"]}, headers=good).status_code == 200
+        assert httpx.post(url + "/retrieve", json={"queries": []}, headers=good).status_code == 422
+        assert httpx.get(url + "/info", headers=good).status_code == 200
+        assert token not in httpx.get(url + "/info", headers=good).text
+        assert httpx.get(url + "/openapi.json", headers={"Authorization": f"Bearer {token}x"}).status_code == 401
+        assert httpx.post(url + "/retrieve", json={"queries": ["chess"]}).status_code == 401
+    finally:
+        stop_server(proc)
     assert log.stat().st_size > 0  # the debug log was written, and scanned below
     assert _files_holding(tmp_path, token.encode()) == []
 

@@ -402,44 +402,16 @@ def test_schemathesis_finds_no_contract_violation(tiny, tmp_path) -> None:
 def test_under_a_low_open_file_limit_520_idle_sockets_do_not_starve_real_requests(tmp_path) -> None:
     import resource
 
-    from pvpo.retriever.testing import build_tiny_index
+    from pvpo.retriever.testing import build_tiny_index, start_server, stop_server
 
     index = build_tiny_index(tmp_path / "idx")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "pvpo.cli",
-        "retriever",
-        "serve",
-        "--index",
-        str(index),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
     # the hard limit too, so `serve` cannot raise it: 256 files, of which 192 for connections
-    server = subprocess.Popen(
-        cmd,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    server, (url,) = start_server(
+        index, timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     )
+    port = int(url.rsplit(":", 1)[1])
     idle: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert server.poll() is None and time.monotonic() < deadline, "server did not start"
-                time.sleep(0.3)
         for _ in range(520):
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         time.sleep(0.5)
@@ -449,8 +421,7 @@ def test_under_a_low_open_file_limit_520_idle_sockets_do_not_starve_real_request
     finally:
         for s in idle:
             s.close()
-        server.terminate()
-        server.wait(timeout=30)
+        stop_server(server)
 
 
 def test_past_max_pending_a_request_gets_503_with_retry_after(tiny) -> None:

@@ -10,7 +10,7 @@ from pvpo.trainer.algorithms.advantages import advantage_stats, broadcast_to_tok
 from pvpo.trainer.algorithms.critic import Critic, critic_update, value_loss
 from pvpo.trainer.algorithms.gae import gae, masked_whiten, outcome_token_rewards
 from pvpo.trainer.algorithms.spec import get_spec
-from pvpo.trainer.config.schema import TinyModelConfig
+from pvpo.trainer.config.policy import TinyModelConfig
 from pvpo.trainer.model.policy import build_tiny_policy
 from pvpo.trainer.rollout.trajectory import Trajectory, collate
 

@@ -201,7 +201,7 @@ def test_budget_asks_for_more_rollouts_of_a_uniform_group_that_rejects_its_prior
 
 
 def test_v05_state_hands_the_estimator_the_floor_of_the_config():
-    from pvpo.trainer.algorithms.state import EstimatorContext
+    from pvpo.trainer.algorithms.estimator_state import EstimatorContext
     from pvpo.trainer.algorithms.v05 import V05State
     from pvpo.trainer.config.schema import load_config
 

@@ -16,9 +16,9 @@ import yaml
 
 from pvpo.envs.synthetic import synthetic_world
 from pvpo.trainer.config.schema import config_from_dict
+from pvpo.trainer.data import disjoint_splits, load_data
 from pvpo.trainer.heldout import eval_metrics
 from pvpo.trainer.rollout.trajectory import Trajectory
-from pvpo.trainer.setup import disjoint_splits, load_data
 
 REPO = Path(__file__).resolve().parents[1]
 

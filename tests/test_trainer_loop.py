@@ -72,7 +72,7 @@ def _rollout(policy, n_examples=4, max_turns=3):
             examples,
             OverlapSearcher(WORLD.passages),
             epcfg,
-            LoopConfig(max_turns=max_turns, max_new_tokens=12, max_response_tokens=400),
+            LoopConfig(max_new_tokens=12, max_response_tokens=400),
             seed=5,
         )
     return eng, trajs
@@ -239,7 +239,7 @@ def test_searches_of_trajectories_finishing_a_turn_together_meet_in_one_retrieve
         WORLD.questions("train")[:3],
         searcher,
         epcfg,
-        LoopConfig(max_turns=2, max_new_tokens=30, max_response_tokens=400),
+        LoopConfig(max_new_tokens=30, max_response_tokens=400),
         seed=0,
     )
     # turn 1: three searches, one call, the duplicate asked once; turn 2 ends every episode
@@ -264,7 +264,7 @@ def test_eos_without_answer_and_the_token_budget_end_trajectories_scored_as_they
         tok.encode(f"<answer>{gold}</answer>", add_special_tokens=False),
     ]
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=3, topk=2, max_obs_chars=120)
-    loop = LoopConfig(max_turns=3, max_new_tokens=30, max_response_tokens=30)
+    loop = LoopConfig(max_new_tokens=30, max_response_tokens=30)
     trajs = run_agent_loop(
         TickBatchedHF(ScriptedLM(scripts, len(tok)), tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0
     )
@@ -288,7 +288,7 @@ def test_chat_template_option_wraps_the_prompt_as_a_user_turn(policy):
     tok = copy.deepcopy(policy.tokenizer)
     ex = WORLD.questions("train")[:2]
     epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=1, topk=2, max_obs_chars=120)
-    loop = LoopConfig(max_turns=1, max_new_tokens=4, max_response_tokens=40, chat_template=True)
+    loop = LoopConfig(max_new_tokens=4, max_response_tokens=40, chat_template=True)
     with pytest.raises(ValueError, match="model.chat_template"):
         run_agent_loop(HFEngine(policy.model, tok), tok, ex, OverlapSearcher(WORLD.passages), epcfg, loop, seed=0)
     tok.chat_template = (

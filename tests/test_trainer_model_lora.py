@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pvpo.trainer.config.schema import TinyModelConfig, load_config
+from pvpo.trainer.config.policy import TinyModelConfig
+from pvpo.trainer.config.schema import load_config
 from pvpo.trainer.model.policy import build_tiny_model, train_tokenizer
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=300)

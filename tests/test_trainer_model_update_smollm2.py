@@ -62,7 +62,7 @@ def _rollout_and_update(engine_name: str, folder: str) -> None:
     )
     try:
         epcfg = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=2, topk=2, max_obs_chars=200)
-        loop = LoopConfig(max_turns=2, max_new_tokens=24, max_response_tokens=160, chat_template=True)
+        loop = LoopConfig(max_new_tokens=24, max_response_tokens=160, chat_template=True)
         trajs = run_agent_loop(engine, tok, group, OverlapSearcher(corpus_from_examples(examples)), epcfg, loop, seed=3)
         assert len(trajs) == 4 and all(t.num_model_tokens > 0 for t in trajs)
         head = tok.decode(trajs[0].prompt_ids)

@@ -64,7 +64,7 @@ def _steps(name: str, parallel, value_model_path: Path, prompts: list[int]) -> l
     rollouts (prompt 1's group is one rollout and one GT row, as Group Sampling injects it), the
     state's extra rollouts, the estimator call and what the state learns; each trajectory's
     advantages (its model tokens' for a token-level estimator) by its identity."""
-    from pvpo.trainer.algorithms.state import EstimatorContext
+    from pvpo.trainer.algorithms.estimator_state import EstimatorContext
     from pvpo.trainer.config.schema import load_config
 
     spec = get_spec(name)

@@ -21,12 +21,13 @@ def _checks(rank: int, _scratch: str) -> dict:
     from trainer_support import random_trajectories
 
     from pvpo.trainer.algorithms.adaptive_budget import extend_groups
+    from pvpo.trainer.algorithms.estimator_state import EstimatorContext
     from pvpo.trainer.algorithms.gae import PPOState, ppo
     from pvpo.trainer.algorithms.gdpo import gdpo
-    from pvpo.trainer.algorithms.state import EstimatorContext
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.parallel import distributed as ddp
-    from pvpo.trainer.parallel.shared_state import ShardedGTSource, data_parallel
+    from pvpo.trainer.parallel.shared_state import data_parallel
+    from pvpo.trainer.reference.sharded_gt import ShardedGTSource
     from pvpo.trainer.rollout.trajectory import Trajectory, collate
     from pvpo.trainer.state.cost import CostCounter
 
@@ -210,7 +211,7 @@ def test_only_the_main_rank_writes_the_gt_cache_and_the_value_model(tmp_path):
     import numpy as np
 
     from pvpo.trainer.algorithms.value_model import PromptValueModel
-    from pvpo.trainer.reference.gt import GTCache
+    from pvpo.trainer.reference.gt_cache import GTCache
 
     main, other = GTCache(tmp_path / "gt.json"), GTCache(tmp_path / "gt_other.json", read_only=True)
     main.failed["u"] = other.failed["u"] = 1

@@ -217,13 +217,13 @@ def test_a_plan_whose_search_misses_its_paragraph_is_reported_by_hop():
 
 def test_dataset_source_replays_kept_plans_through_the_env_and_drops_the_rest(tiny_tokenizer):
     from pvpo.trainer.config.schema import load_config
-    from pvpo.trainer.reference.gt import GTCache, fetch_gt
-    from pvpo.trainer.reference.sources import GTContext, build_gt_source
+    from pvpo.trainer.reference.gt_cache import GTCache, fetch_gt
+    from pvpo.trainer.reference.gt_registry import GTContext, build_gt_source
     from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     tok = tiny_tokenizer
     searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER, P_NOLAN, P_SATHISH))
-    ctx = GTContext(tok, searcher, EpisodeConfig(max_turns=4, topk=1), LoopConfig(max_turns=4))
+    ctx = GTContext(tok, searcher, EpisodeConfig(max_turns=4, topk=1), LoopConfig())
     cfg = load_config(None, ["algorithm.gt.source=dataset"])
     src = build_gt_source("dataset", cfg.algorithm.gt, ctx)
     no_plan = QAExample("nq/1", "who wrote hamlet", ("Shakespeare",))
@@ -251,7 +251,7 @@ def test_dataset_gt_on_real_musique_and_hotpotqa_with_minilm_keeps_most_question
     from pvpo.retriever.build import build_index
     from pvpo.retriever.index import load_retriever
     from pvpo.trainer.reference.dataset_source import DatasetSource
-    from pvpo.trainer.reference.sources import GTContext
+    from pvpo.trainer.reference.gt_registry import GTContext
     from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     kept = {}
@@ -261,7 +261,7 @@ def test_dataset_gt_on_real_musique_and_hotpotqa_with_minilm_keeps_most_question
         corpus = tmp_path / f"{name}.json"
         corpus.write_text(json.dumps([{"title": t, "text": x} for t, x in paragraphs]))
         retriever = load_retriever(build_index(corpus, tmp_path / f"{name}_idx", show_progress=False), device="cpu")
-        ctx = GTContext(tiny_tokenizer, retriever, EpisodeConfig(max_turns=5, topk=3), LoopConfig(max_turns=5))
+        ctx = GTContext(tiny_tokenizer, retriever, EpisodeConfig(max_turns=5, topk=3), LoopConfig())
         src = DatasetSource(ctx)
         trajs = src.generate(questions, attempt=0)
         kept[name] = sum(t is not None and t.reward == 1.0 for t in trajs) / len(questions)
@@ -331,7 +331,7 @@ def test_a_qa_file_warm_starts_on_its_dataset_gt_with_held_out_rl_and_sft_questi
     held_file = [json.loads(x) for x in (tmp_path / "run" / "held_out.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in held_file) == sorted(ex.uid for ex in result_held_out(cfg, tmp_path / "run"))
     sft = set(ws["questions"])
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     data = load_data(cfg, tmp_path / "run")
     rl, held = {ex.uid for ex in data.train}, {ex.uid for ex in data.eval}
@@ -345,7 +345,8 @@ def test_the_warm_start_computes_in_the_runs_compute_dtype_like_the_update(tmp_p
     import pvpo.trainer.model.warmstart as warmstart
     from pvpo.trainer.algorithms.spec import get_spec
     from pvpo.trainer.config.schema import load_config
-    from pvpo.trainer.setup import build_model, load_data
+    from pvpo.trainer.data import load_data
+    from pvpo.trainer.setup import build_model
 
     seen: list[tuple[bool, torch.dtype]] = []
     real = warmstart.warm_start
@@ -382,7 +383,7 @@ def test_the_warm_start_computes_in_the_runs_compute_dtype_like_the_update(tmp_p
 
 
 def result_held_out(cfg, run_dir: Path) -> list[QAExample]:
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     return load_data(cfg, run_dir).eval
 

@@ -13,7 +13,7 @@ from pvpo.trainer.config.schema import ConfigError, load_config
 from pvpo.trainer.model.update import gt_ratio_stats
 from pvpo.trainer.reference.anchor import AnchorStat
 from pvpo.trainer.reference.group_sampling import correctness, load_partition, partition, save_partition, savings
-from pvpo.trainer.reference.gt import GTCache, fetch_gt
+from pvpo.trainer.reference.gt_cache import GTCache, fetch_gt
 from pvpo.trainer.rollout.trajectory import Trajectory, collate
 from pvpo.trainer.state.cost import CostCounter
 
@@ -132,7 +132,7 @@ def test_cached_gt_trajectory_is_injected_with_pi_gt_as_its_ratio_denominator(tm
 def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_string():
     from pvpo.envs.episode import EpisodeConfig
     from pvpo.trainer.model.policy import policy_from_config
-    from pvpo.trainer.reference.sources import GTContext, build_gt_source
+    from pvpo.trainer.reference.gt_registry import GTContext, build_gt_source
     from pvpo.trainer.rollout.agent_loop import LoopConfig
 
     cfg = load_config(None, TINY)
@@ -143,9 +143,7 @@ def test_oracle_source_writes_correct_trajectories_ending_at_the_answer_stop_str
         seed=0,
     )
     tok = policy.tokenizer
-    ctx = GTContext(
-        tok, OverlapSearcher(WORLD.passages), EpisodeConfig(max_turns=4, topk=2), LoopConfig(max_turns=4), WORLD
-    )
+    ctx = GTContext(tok, OverlapSearcher(WORLD.passages), EpisodeConfig(max_turns=4, topk=2), LoopConfig(), WORLD)
     src = build_gt_source("oracle", cfg.algorithm.gt, ctx)
     exs = WORLD.questions("train")[:4]
     trajs = src.generate(exs, attempt=0)
@@ -413,7 +411,7 @@ def _never_solved_accuracy(tmp_path, group_sampling: bool) -> tuple[float, float
     """(first 8 steps, last 8 steps): the accuracy of the policy's own sampled rollouts on the RL
     prompts its anchor rollouts never solved, in a 30-step run from a 1-hop warm start."""
     from pvpo.reward import SEARCH_R1
-    from pvpo.trainer.setup import Data
+    from pvpo.trainer.data import Data
 
     train = WORLD.questions("train")
     one = [q for q in train if q.metadata["hops"] == 1]
@@ -482,7 +480,7 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
     from pvpo.envs.data import QAExample
     from pvpo.envs.episode import EpisodeConfig
     from pvpo.trainer.model.policy import load_policy, policy_from_config
-    from pvpo.trainer.reference.sources import GTContext, build_gt_source
+    from pvpo.trainer.reference.gt_registry import GTContext, build_gt_source
     from pvpo.trainer.rollout.agent_loop import LoopConfig
     from tests.eval_support import searching_policy
 
@@ -502,7 +500,7 @@ def test_model_gt_source_runs_a_local_model_token_exact_with_its_own_logprobs_as
     episode = EpisodeConfig(
         protocol="search_r1", reward="pvpo", max_turns=4, topk=3, max_obs_chars=None, prompt_template="search_r1"
     )
-    ctx = GTContext(tok, tiny, episode, LoopConfig(max_turns=4, max_new_tokens=32, max_response_tokens=512))
+    ctx = GTContext(tok, tiny, episode, LoopConfig(max_new_tokens=32, max_response_tokens=512))
     source = build_gt_source("model", cfg.algorithm.gt, ctx)
     cache = GTCache(tmp_path / "gt.json")
     try:

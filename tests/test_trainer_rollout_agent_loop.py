@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ from trainer_support import WORLD, OverlapSearcher, policy  # noqa: F401 (fixtur
 
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.trainer.rollout.agent_loop import LoopConfig, prompt_ids, run_agent_loop
-from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig
-from pvpo.trainer.rollout.hf_engine import HFEngine, stop_token_ids
+from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig, stop_token_ids
+from pvpo.trainer.rollout.hf_engine import HFEngine
 from pvpo.trainer.rollout.hf_scheduler import ContinuousBatcher
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_loop_greedy_old.json"
@@ -44,7 +45,7 @@ def test_greedy_trajectories_equal_the_synchronous_loops(policy, bias):
             WORLD.questions("train")[:8],
             OverlapSearcher(WORLD.passages),
             EPISODE,
-            LoopConfig(temperature=0.0, max_turns=4, max_new_tokens=12, max_response_tokens=600),
+            LoopConfig(temperature=0.0, max_new_tokens=12, max_response_tokens=600),
             seed=5,
         )
     finally:
@@ -139,7 +140,7 @@ def test_short_episodes_run_their_turns_while_a_long_turn_is_still_generating(po
     tok = policy.tokenizer
     examples = WORLD.questions("train")[:6]
     eng = PacedEngine(tok, examples, n_long=3)
-    loop = LoopConfig(max_turns=4, max_new_tokens=400, max_response_tokens=2000)
+    loop = LoopConfig(max_new_tokens=400, max_response_tokens=2000)
     trajs = run_agent_loop(eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=0)
     assert [t.num_turns for t in trajs] == [4, 4, 4, 1, 1, 1]
     assert [t.finish_reason for t in trajs] == ["max_turns"] * 3 + ["answer"] * 3
@@ -184,7 +185,7 @@ def test_a_stuck_search_ends_its_trajectory_and_the_others_go_on(policy):
     tok = policy.tokenizer
     examples = WORLD.questions("train")[:3]
     searcher = StuckSearcher(WORLD.passages, "STUCK")
-    loop = LoopConfig(max_turns=4, max_new_tokens=40, max_response_tokens=2000, search_timeout_s=0.5)
+    loop = LoopConfig(max_new_tokens=40, max_response_tokens=2000, search_timeout_s=0.5)
     t0 = time.perf_counter()
     try:
         trajs = run_agent_loop(QueryEngine(tok, examples, 0), tok, examples, searcher, EPISODE, loop, seed=0)
@@ -200,7 +201,7 @@ def test_at_most_max_concurrency_trajectories_are_in_flight(policy):
     examples = WORLD.questions("train")[:8]
     for bound in (1, 3):
         eng = PacedEngine(tok, examples, n_long=4, seconds_per_token=0.0005)
-        loop = LoopConfig(max_turns=4, max_new_tokens=400, max_response_tokens=2000, max_concurrency=bound)
+        loop = LoopConfig(max_new_tokens=400, max_response_tokens=2000, max_concurrency=bound)
         trajs = run_agent_loop(eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=0)
         assert eng.peak == bound and len(trajs) == 8
 
@@ -210,10 +211,11 @@ def test_on_done_hands_over_each_trajectory_as_it_ends_with_no_barrier_between_q
     examples = WORLD.questions("train")[:6]
     eng = PacedEngine(tok, examples, n_long=0, seconds_per_token=0.004)
     eng.long = {1, 2, 3, 4, 5}  # question 0 answers in one long turn; the others take one short search turn
-    loop = LoopConfig(max_turns=1, max_new_tokens=400, max_response_tokens=2000, max_concurrency=2)
+    loop = LoopConfig(max_new_tokens=400, max_response_tokens=2000, max_concurrency=2)
     done: list[int] = []
+    one_turn = replace(EPISODE, max_turns=1)
     trajs = run_agent_loop(
-        eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=0, on_done=lambda i, t: done.append(i)
+        eng, tok, examples, OverlapSearcher(WORLD.passages), one_turn, loop, seed=0, on_done=lambda i, t: done.append(i)
     )
     assert sorted(done) == list(range(6)) and trajs[0].finish_reason == "answer"
     # 2 in flight: questions 1, 2 and 3 pass through the second slot while question 0 still generates
@@ -226,7 +228,7 @@ def test_indices_sample_a_subset_as_it_samples_within_the_whole(policy):
     examples = WORLD.questions("train")[:5]
     handle = _bias(policy, 3.0)
     try:
-        loop = LoopConfig(max_turns=3, max_new_tokens=10, max_response_tokens=300)
+        loop = LoopConfig(max_new_tokens=10, max_response_tokens=300)
         whole = run_agent_loop(
             HFEngine(policy.model, tok), tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=7
         )
@@ -252,7 +254,7 @@ def test_same_seed_same_sampled_trajectories_whatever_the_scheduling(policy):
     handle = _bias(policy, 3.0)
     try:
         for bound, batch in ((1, 1), (6, 64), (4, 2)):
-            loop = LoopConfig(max_turns=3, max_new_tokens=10, max_response_tokens=300, max_concurrency=bound)
+            loop = LoopConfig(max_new_tokens=10, max_response_tokens=300, max_concurrency=bound)
             eng = HFEngine(policy.model, tok, micro_batch_size=batch)
             runs.append(run_agent_loop(eng, tok, examples, OverlapSearcher(WORLD.passages), EPISODE, loop, seed=7))
     finally:
@@ -273,10 +275,10 @@ def test_turns_stop_at_the_chat_templates_end_of_turn_token(policy):
 
 
 def test_the_schedulers_kv_cache_writes_decode_steps_in_place_and_grows_on_overrun():
-    from pvpo.trainer.rollout.hf_scheduler import _rebuild
+    from pvpo.trainer.rollout.kv_cache import rebuild
 
     k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
-    cache = _rebuild([(k, v)], spare=2)
+    cache = rebuild([(k, v)], spare=2)
     layer = cache.layers[0]
     buf = layer.k_buf.data_ptr()
     steps = [(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)) for _ in range(3)]

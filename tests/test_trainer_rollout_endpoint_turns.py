@@ -58,14 +58,14 @@ def fake_client(
 
 
 def _gt_source(policy, client, loop=None):
+    from pvpo.trainer.reference.gt_registry import GTContext
     from pvpo.trainer.reference.gt_sources import EndpointSource
-    from pvpo.trainer.reference.sources import GTContext
 
     ctx = GTContext(
         policy.tokenizer,
         OverlapSearcher(WORLD.passages),
         EPISODE,
-        loop or LoopConfig(max_turns=4, max_new_tokens=40, max_response_tokens=600),
+        loop or LoopConfig(max_new_tokens=40, max_response_tokens=600),
     )
     cfg = SimpleNamespace(
         logprobs="reference",
@@ -79,7 +79,7 @@ def _gt_source(policy, client, loop=None):
 
 @pytest.mark.parametrize("reported", [True, False])
 def test_gt_endpoint_log_probs_are_pi_gt_when_reported_else_the_reference_fills_in(policy, tmp_path, reported):
-    from pvpo.trainer.reference.gt import GTCache, fetch_gt
+    from pvpo.trainer.reference.gt_cache import GTCache, fetch_gt
 
     tok = policy.tokenizer
     ex = WORLD.questions("train")[:2]
@@ -113,7 +113,7 @@ def test_gt_endpoint_log_probs_are_pi_gt_when_reported_else_the_reference_fills_
 def test_gt_endpoint_pi_gt_is_set_per_turn_and_never_cached_as_placeholders(policy, tmp_path):
     """Two turns: the first's reported tokens do not line up with the policy's tokenizer, the
     second's do. The first takes the reference's log-probs, the second keeps the endpoint's."""
-    from pvpo.trainer.reference.gt import GTCache, fetch_gt
+    from pvpo.trainer.reference.gt_cache import GTCache, fetch_gt
 
     tok = policy.tokenizer
     ex = WORLD.questions("train")[:1]
@@ -148,7 +148,7 @@ def test_gt_endpoint_pi_gt_is_set_per_turn_and_never_cached_as_placeholders(poli
 def test_gt_endpoint_source_enforces_the_response_budget(policy):
     tok = policy.tokenizer
     client, _ = fake_client(tok, logprobs=True)
-    src = _gt_source(policy, client, LoopConfig(max_turns=4, max_new_tokens=40, max_response_tokens=30))
+    src = _gt_source(policy, client, LoopConfig(max_new_tokens=40, max_response_tokens=30))
     t = src.generate(WORLD.questions("train")[:1], attempt=0)[0]
     assert t.finish_reason == "budget" and len(t.response_ids) <= 30 and "format" in t.reward_components
 

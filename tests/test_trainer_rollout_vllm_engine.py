@@ -42,7 +42,7 @@ def test_building_without_vllm_names_the_fix() -> None:
 
 @pytest.fixture(scope="module")
 def policy():  # type: ignore[no-untyped-def]
-    from pvpo.trainer.config.schema import TinyModelConfig
+    from pvpo.trainer.config.policy import TinyModelConfig
     from pvpo.trainer.model.policy import build_tiny_policy
 
     # vLLM's CPU attention needs head_dim in {32, 64, ...}: hidden 64 over 2 heads.
@@ -227,7 +227,7 @@ def test_agent_loop_on_vllms_step_scheduler_matches_the_transformers_engine_gree
     epcfg = EpisodeConfig(
         protocol="search_r1", reward="pvpo", max_turns=3, topk=1, max_obs_chars=80, prompt_template="Q: {question}\n"
     )
-    loop = LoopConfig(temperature=0.0, max_turns=3, max_new_tokens=8, max_response_tokens=200)
+    loop = LoopConfig(temperature=0.0, max_new_tokens=8, max_response_tokens=200)
     tok = policy.tokenizer
     got = run_agent_loop(engine, tok, examples, FirstPassages(), epcfg, loop, seed=0)
     ref = run_agent_loop(HFEngine(policy.model, tok), tok, examples, FirstPassages(), epcfg, loop, seed=0)

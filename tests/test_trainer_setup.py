@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from pvpo.retriever import encoder as enc
-from pvpo.trainer.config.schema import ConfigError, TinyModelConfig, load_config
-from pvpo.trainer.setup import retriever_session
+from pvpo.trainer.config.policy import TinyModelConfig
+from pvpo.trainer.config.schema import ConfigError, load_config
+from pvpo.trainer.data import retriever_session
 
 
 def test_an_unknown_encoder_backend_is_refused_at_config_load_listing_the_options() -> None:
@@ -47,9 +48,9 @@ def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template
     from trainer_support import WORLD, OverlapSearcher
     from transformers import AutoModelForCausalLM
 
+    from pvpo.trainer.data import episode_config
     from pvpo.trainer.loop import train
     from pvpo.trainer.model.policy import build_tiny_policy, save_policy
-    from pvpo.trainer.setup import episode_config
 
     texts = [p.contents for p in WORLD.passages] + [q.question for q in WORLD.questions("train")]
     policy = build_tiny_policy(
@@ -104,7 +105,7 @@ def test_a_list_of_qa_files_is_one_pool_indexed_from_the_questions_paragraphs_wi
 ) -> None:
     from pvpo.envs.corpus import read_corpus
     from pvpo.envs.loaders import load_dataset
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     a, b = _qa_file(tmp_path / "alpha", 6, "alpha"), _qa_file(tmp_path / "beta", 4, "beta")
     cfg = load_config(
@@ -123,7 +124,7 @@ def test_a_list_of_qa_files_is_one_pool_indexed_from_the_questions_paragraphs_wi
 
 
 def test_the_same_qa_file_given_twice_is_refused_naming_the_repeated_uid(tmp_path: Path) -> None:
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     a = _qa_file(tmp_path / "alpha", 2, "alpha")
     cfg = load_config(None, [f"data.source=[{a}, {a}]"])
@@ -132,7 +133,7 @@ def test_the_same_qa_file_given_twice_is_refused_naming_the_repeated_uid(tmp_pat
 
 
 def test_data_corpus_questions_is_refused_for_questions_without_paragraphs(tmp_path: Path) -> None:
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     src = tmp_path / "nq" / "test.jsonl"
     src.parent.mkdir()
@@ -176,7 +177,7 @@ def test_the_trained_policy_loads_a_float32_checkpoint_unrounded_when_the_run_co
 
 def test_a_held_out_mapping_draws_that_many_questions_of_each_dataset_and_validation_apart(tmp_path: Path) -> None:
     from pvpo.envs.loaders import load_dataset
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     a, b, c = (_qa_file(tmp_path / n, k, n) for n, k in (("alpha", 8), ("beta", 6), ("gamma", 5)))
     cfg = load_config(
@@ -209,7 +210,7 @@ def test_evaluate_on_validation_evaluates_the_validation_split_and_still_records
     tmp_path: Path,
 ) -> None:
     from pvpo.envs.loaders import load_dataset
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     a, b = _qa_file(tmp_path / "alpha", 8, "alpha"), _qa_file(tmp_path / "beta", 8, "beta")
     base = [f"data.source=[{a}, {b}]", "data.corpus=questions", "data.shuffle_seed=0", "data.max_eval_examples=null"]
@@ -223,7 +224,7 @@ def test_evaluate_on_validation_evaluates_the_validation_split_and_still_records
 
 
 def test_a_held_out_mapping_naming_an_unknown_dataset_lists_the_pools_datasets(tmp_path: Path) -> None:
-    from pvpo.trainer.setup import load_data
+    from pvpo.trainer.data import load_data
 
     a = _qa_file(tmp_path / "alpha", 4, "alpha")
     with pytest.raises(

@@ -5,6 +5,7 @@ importance correction applied to the loss when enabled."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ def test_the_auto_engine_is_vllm_where_vllm_is_installed_and_hf_otherwise(
 @pytest.fixture
 def vllm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let configs name the vllm engine on a machine without vLLM (the engine is never built)."""
-    monkeypatch.setitem(engine_mod.REQUIRED_PACKAGES, "vllm", ("", ""))
+    monkeypatch.setitem(engine_mod.ENGINE_SPECS, "vllm", replace(engine_mod.ENGINE_SPECS["vllm"], package=""))
 
 
 def test_engine_options_are_the_selected_engines_section(vllm_allowed: None) -> None:
@@ -101,7 +102,7 @@ def test_trainer_builds_the_engine_with_its_options_sleeps_it_for_the_update_and
     tmp_path, monkeypatch: pytest.MonkeyPatch, vllm_allowed: None
 ) -> None:
     import pvpo.trainer.loop as train_mod
-    import pvpo.trainer.setup as setup_mod
+    import pvpo.trainer.policy_engine as engine_build
 
     built: list[tuple[str, dict]] = []
     events: list[str] = []
@@ -110,7 +111,7 @@ def test_trainer_builds_the_engine_with_its_options_sleeps_it_for_the_update_and
         built.append((name, options))
         return EventEngine(model, tokenizer, events=events)
 
-    monkeypatch.setattr(setup_mod, "build_engine", fake_build)
+    monkeypatch.setattr(engine_build, "build_engine", fake_build)
     cfg = load_config(
         None,
         TINY
@@ -191,7 +192,7 @@ def test_anchor_refresh_from_the_reference_samples_from_a_reference_engine_built
     tmp_path, monkeypatch: pytest.MonkeyPatch, vllm_allowed: None
 ) -> None:
     import pvpo.trainer.loop as train_mod
-    import pvpo.trainer.setup as setup_mod
+    import pvpo.trainer.policy_engine as engine_build
 
     built: list[tuple[dict, list[str]]] = []
 
@@ -200,7 +201,7 @@ def test_anchor_refresh_from_the_reference_samples_from_a_reference_engine_built
         built.append((options, events))
         return EventEngine(model, tokenizer, events=events)
 
-    monkeypatch.setattr(setup_mod, "build_engine", fake_build)
+    monkeypatch.setattr(engine_build, "build_engine", fake_build)
     cfg = load_config(
         None,
         TINY

@@ -12,7 +12,7 @@ import torch
 
 from pvpo.envs.synthetic import SyntheticWorld
 from pvpo.retriever.types import Passage
-from pvpo.trainer.config.schema import TinyModelConfig
+from pvpo.trainer.config.policy import TinyModelConfig
 from pvpo.trainer.model.policy import build_tiny_model, build_tiny_policy, train_tokenizer
 from pvpo.trainer.rollout.trajectory import Trajectory
 

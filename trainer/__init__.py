@@ -3,8 +3,10 @@
 Sub-packages by job: `config` (typed config, presets), `rollout` (engines, the agent loop,
 trajectories), `algorithms` (estimators, losses), `model` (policy, update, LoRA, warm start),
 `parallel` (torchrun, FSDP2), `reference` (anchor, Group Sampling, GT), `state` (run dir,
-checkpoints, metrics, cost); `loop.py` is one training step read top to bottom, `setup.py` what a
-run builds before its first step. Evaluation is its own component, `pvpo.evaluation`.
+checkpoints, metrics, cost); `loop.py` is one training step read top to bottom, `data.py` and
+`setup.py` what a run builds before its first step (its data, episode rules and loop limits; its
+policy, engine and reference), `heldout.py` its held-out evaluation. Evaluation of a checkpoint
+is its own component, `pvpo.evaluation`.
 
 Exports load on first use: `import pvpo.trainer.config` stays free of torch.
 """

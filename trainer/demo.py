@@ -22,9 +22,9 @@ from pvpo.atomic import atomic_write_json
 from pvpo.locks import folder_lock
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.data import load_data, retriever_session
 from pvpo.trainer.heldout_table import per_dataset_table
 from pvpo.trainer.loop import Trainer, TrainResult
-from pvpo.trainer.setup import load_data, retriever_session
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
 from pvpo.trainer.state.run_dir import RunDir, foreign_entries
 

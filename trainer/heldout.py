@@ -1,12 +1,16 @@
 """Held-out evaluation: one rollout per question (greedy by default): EM, F1, reward, format rate,
-searches, the standard error of EM, and EM per hop count when the questions carry one."""
+searches, the standard error of EM, and EM per hop count when the questions carry one;
+`evaluate_policy` runs it with a run's settings (before the warm start, and every `eval_every` steps)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from pvpo.envs.data import QAExample
@@ -15,9 +19,14 @@ from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import answer_metrics
 from pvpo.stats import standard_error
+from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.data import episode_config, loop_config
+from pvpo.trainer.model.device import Placement
 from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, summarize
+
+log = logging.getLogger(__name__)
 
 
 def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> dict[str, float]:
@@ -108,3 +117,48 @@ def evaluate(
     if scores is not None:
         scores[:] = question_scores(trajs, examples)
     return eval_metrics(trajs, examples)
+
+
+def evaluate_policy(
+    cfg: TrainConfig,
+    engine: RolloutEngine,
+    tokenizer: Any,
+    where: Placement,
+    examples: Sequence[QAExample],
+    searcher: Searcher,
+    tag: str,
+    per_question: list[float] | None = None,
+    scores: list[dict[str, float]] | None = None,
+    show_progress: bool = False,
+) -> dict[str, float]:
+    """Held-out metrics (`eval/*`) of the policy behind `engine` on `examples`, one rollout each at
+    the run's evaluation temperature, seeded by `tag`; `per_question` receives each one's EM,
+    `scores` each one's scores (`heldout.question_scores`); `show_progress`: a meter while it runs."""
+    with where.autocast():
+        return evaluate(
+            engine,
+            tokenizer,
+            examples,
+            searcher,
+            episode_config(cfg),
+            loop_config(cfg),
+            temperature=cfg.run.eval_temperature,
+            top_p=cfg.run.eval_top_p,
+            seed=eval_seed(tag),
+            batch_size=cfg.rollout.batch_size,
+            per_question=per_question,
+            scores=scores,
+            show_progress=show_progress,
+            desc=f"{cfg.data.evaluate_on.replace('_', '-')} evaluation ({tag})",
+        )
+
+
+def load_eval_before(path: Path) -> tuple[dict[str, float], list[float], list[dict[str, float]]]:
+    """A resumed run's evaluation before RL, as the first process measured it (eval_before.json):
+    its metrics, each question's EM and scores; all empty (and a warning) when the file is missing
+    (a run from before that file existed: its summary says n/a)."""
+    if not path.exists():
+        log.warning("%s is missing: the summary has no evaluation before RL to compare with", path)
+        return {}, [], []
+    saved = json.loads(path.read_text())
+    return saved.get("metrics", {}), saved.get("em") or [], saved.get("scores") or []

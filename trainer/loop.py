@@ -1,9 +1,10 @@
 """The training loop, read top to bottom: rollouts -> rewards -> advantages -> policy update ->
 log -> checkpoint (`Trainer.train_step`, `Trainer.run`).
 
-What the run builds before its first step is `setup.py`'s; PVPO's anchor, Group Sampling and GT
-trajectories are `reference/pipeline.py`'s; what an estimator needs beyond rewards and groups is
-its own state (`algorithms/state.py`). Everything random is a pure function of `(run.seed, step)`
+What the run builds before its first step is `data.py`'s and `setup.py`'s (the episode rules and
+loop limits are made once there and kept here); PVPO's anchor, Group Sampling and GT trajectories
+are `reference/pipeline.py`'s; what an estimator needs beyond rewards and groups is its own state
+(`algorithms/estimator_state.py`). Everything random is a pure function of `(run.seed, step)`
 (data order, sampling, mini-batch order), and the optimizer / RNG / anchor store are checkpointed,
 so `resume=True` continues exactly where the last checkpoint left off: no step lost or repeated
 in `metrics.jsonl`.
@@ -12,12 +13,11 @@ in `metrics.jsonl`.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,29 +32,20 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
+from pvpo.trainer.data import Data, episode_config, load_data, loop_config, retriever_session, step_examples
+from pvpo.trainer.heldout import evaluate_policy, load_eval_before
 from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
 from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
 from pvpo.trainer.model.update import batch_logprobs, policy_update, update_token_budget
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
+from pvpo.trainer.reference.gt_registry import GTContext
 from pvpo.trainer.reference.pipeline import Reference
-from pvpo.trainer.reference.sources import GTContext
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
-from pvpo.trainer.setup import (
-    Data,
-    build_model,
-    check_supported,
-    episode_config,
-    estimator_state,
-    evaluate_policy,
-    load_data,
-    loop_config,
-    retriever_session,
-    uses_anchor,
-)
+from pvpo.trainer.setup import build_model, check_supported, estimator_state, uses_anchor
 from pvpo.trainer.state.checkpoint import latest_checkpoint, restore_state_files
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
@@ -85,16 +76,6 @@ class TrainResult:
     resumed_from: int = 0  # the checkpoint's step this process resumed from; 0 for a fresh run
 
 
-def step_examples(train: Sequence[QAExample], step: int, k: int, seed: int) -> list[QAExample]:
-    """The `k` prompts of `step` (1-based): consecutive slices of a per-epoch permutation."""
-    n = len(train)
-    k = min(k, n)
-    per_epoch = n // k
-    epoch, pos = divmod(step - 1, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(n)
-    return [train[int(i)] for i in perm[pos * k : (pos + 1) * k]]
-
-
 def _seed(*parts: int | str) -> int:
     return zlib.crc32("/".join(map(str, parts)).encode())
 
@@ -122,7 +103,8 @@ class Trainer:
             searcher,
         )
         self.show_progress = show_progress
-        self.epcfg = episode_config(cfg)
+        self.epcfg = episode_config(cfg)  # the run's episode rules and loop limits, made once
+        self.loop = loop_config(cfg)
         self.spec = get_spec(cfg.algorithm.estimator)
         check_supported(cfg, self.spec)
         if cfg.run.threads:
@@ -227,7 +209,7 @@ class Trainer:
         trajectory's seed is the one a single process rolling out the whole list gives it.
         `progress` counts the trajectories as they end."""
         out: list[Trajectory] = []
-        loop = loop_config(self.cfg, temperature)
+        loop = self.loop if temperature is None else replace(self.loop, temperature=temperature)
         done = (lambda i, t: progress.update(1)) if progress is not None else None
         for lo, hi, start in ddp.aligned_batches(offset, len(examples), self.cfg.rollout.batch_size):
             with self.where.autocast():
@@ -288,7 +270,7 @@ class Trainer:
             seed=_seed,
             show_progress=self.show_progress,
         )
-        context = GTContext(self.tokenizer, self.searcher, self.epcfg, loop_config(self.cfg), self.data.world)
+        context = GTContext(self.tokenizer, self.searcher, self.epcfg, self.loop, self.data.world)
         ref.ensure_group_sampling(
             self.data.train,
             context,
@@ -324,20 +306,6 @@ class Trainer:
             self.result.eval_em[tag] = per_question
             self.result.eval_scores[tag] = scores
         return ddp.reduce_metrics(metrics, len(share))
-
-    def _reload_eval_before(self) -> None:
-        """A resumed run's evaluation before RL, as the first process measured it (eval_before.json;
-        a run from before that file existed has none, and its summary says n/a)."""
-        path = self.files.eval_before
-        if not path.exists():
-            log.warning("%s is missing: the summary has no evaluation before RL to compare with", path)
-            return
-        saved = json.loads(path.read_text())
-        self.result.eval_before = saved.get("metrics", {})
-        if saved.get("em") and not ddp.is_distributed():
-            self.result.eval_em["before"] = saved["em"]
-        if saved.get("scores") and not ddp.is_distributed():
-            self.result.eval_scores["before"] = saved["scores"]
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -449,7 +417,10 @@ class Trainer:
                     },
                 )
         elif self.data.eval:
-            self._reload_eval_before()
+            self.result.eval_before, em, scores = load_eval_before(self.files.eval_before)
+            if not ddp.is_distributed():
+                self.result.eval_em.update({"before": em} if em else {})
+                self.result.eval_scores.update({"before": scores} if scores else {})
         budget = cfg.run.rollout_budget  # when set, the run usually ends before run.steps: no step total to show
         total = cfg.run.steps if budget is None else None
         bar = Progress(desc="train", unit="step", initial=self.start_step, total=total, enabled=self.show_progress)

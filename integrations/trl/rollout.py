@@ -5,11 +5,12 @@ Search-R1-style agent, which writes `<search>` / `<answer>` tags in plain text, 
 other hook: `rollout_func(prompts, trainer)` returns `prompt_ids`, `completion_ids`, `logprobs`,
 `env_mask` (1 = model token, 0 = environment token, TRL's loss mask) and any other field, which
 TRL hands to the reward functions (TRL 1.16, `GRPOTrainer._generate`). Here the episodes of a batch
-run in a `SearchVectorEnv` (our rules, one retriever call per turn for the whole batch); each turn
-is generated with the trainer's own model and sampling settings (`trainer.generation_config`) until
-a stop string (`</search>`, `</answer>`) or EOS; the model's tokens are kept as generated, the
-env's text is tokenized and masked out. The reward reaches TRL as the `search_reward` field, which
-the `search_reward` reward function returns.
+run in our one episode driver (`pvpo.trainer.rollout.agent_loop`, as in `pvpo train` and `pvpo
+eval`: the same ending, mask and reward rules; the searches of turns that end together meet in one
+retriever call); each turn is generated with the trainer's own model and sampling settings
+(`trainer.generation_config`, `TrainerEngine`) until a stop string (`</search>`, `</answer>`) or
+EOS; the model's tokens are kept as generated, the env's text is tokenized and masked out. The
+reward reaches TRL as the `search_reward` field, which the `search_reward` reward function returns.
 
 TRL passes a rollout function the prompts only, not their rows, so the questions are given here
 (`SearchRollout(examples, ...)`) and found again by their prompt text; `rollout.dataset()` writes
@@ -26,15 +27,18 @@ from typing import Any
 
 import torch
 
-from pvpo.envs import EpisodeConfig, QAExample, SearchVectorEnv, info_at, load_dataset, resolve_retriever
+from pvpo.envs import EpisodeConfig, QAExample, load_dataset, resolve_retriever
 from pvpo.envs.retrieval import close_retriever
 from pvpo.integrations.reference import training_pool
 from pvpo.retriever.types import Searcher
-from pvpo.reward import ActionKind, TagProtocol
+from pvpo.reward import TagProtocol
 from pvpo.trainer.reference.group_sampling import Partition
+from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
+from pvpo.trainer.rollout.engine import Completion, RolloutEngine, SamplingConfig
 
 REWARD_FIELD = "search_reward"
 EM_FIELD = "search_em"
+FINISH_FIELD = "search_finish_reason"
 
 
 def search_reward(
@@ -79,7 +83,6 @@ class SearchRollout:
         self.config = EpisodeConfig(
             protocol, reward, dict(reward_params or {}), max_turns, topk, max_obs_chars, prompt_template
         )
-        self._envs: dict[int, SearchVectorEnv] = {}
         self.examples = load_dataset(examples, **dict(dataset_kwargs or {}))
         self.by_prompt: dict[str, QAExample] = {}
         for ex in self.examples:
@@ -117,81 +120,33 @@ class SearchRollout:
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, Any]:
         tok = trainer.processing_class
         examples = [self._example(p) for p in prompts]
-        prompt_ids = [self._prompt_ids(p, tok) for p in prompts]
-        n = len(prompts)
-        env = self._batch_env(n)
-        env.reset(options={"questions": examples})
-        completions: list[list[int]] = [[] for _ in range(n)]
-        masks: list[list[int]] = [[] for _ in range(n)]
-        logprobs: list[list[float]] = [[] for _ in range(n)]
-        infos: list[dict[str, Any]] = [{} for _ in range(n)]
-        rewards = [0.0] * n
         budget = int(trainer.max_completion_length)
-        while not env.done.all():
-            active = [i for i in range(n) if not env.done[i]]
-            for i in [i for i in active if len(completions[i]) >= budget]:  # out of completion tokens
-                rewards[i], infos[i] = env.finish(i)
-            active = [i for i in active if not env.done[i]]
-            if not active:
-                break
-            turns = self._generate(
-                trainer,
-                [prompt_ids[i] + completions[i] for i in active],
-                min(self.max_turn_tokens, min(budget - len(completions[i]) for i in active)),
+        loop = LoopConfig(
+            max_new_tokens=self.max_turn_tokens,
+            max_response_tokens=budget,
+            chat_template=self.chat_template,
+            max_concurrency=max(1, len(examples)),
+        )
+        seed = int(getattr(getattr(trainer, "args", None), "seed", 0) or 0)
+        trajs = run_agent_loop(TrainerEngine(trainer), tok, examples, self.retriever, self.config, loop, seed=seed)
+        for t in trajs:
+            # the driver's turn count: with the turn it ended on, read or not
+            self.finished.append(
+                {"reward": t.reward, **t.info, "num_turns": t.num_turns, "finish_reason": t.finish_reason}
             )
-            actions = [""] * n
-            for i, (ids, lps, text, ended) in zip(active, turns):
-                completions[i] += ids
-                masks[i] += [1] * len(ids)
-                logprobs[i] += lps
-                if ended and self.config.tag_protocol.parse_action(text).kind is ActionKind.INVALID:
-                    rewards[i], infos[i] = env.finish(i, text)  # EOS or no tokens left without an action
-                else:
-                    actions[i] = text
-            stepping = [i for i in active if not env.done[i]]
-            if not stepping:
-                continue
-            obs, step_rewards, terminated, truncated, step_infos = env.step(actions)
-            for i in stepping:
-                if terminated[i] or truncated[i]:
-                    rewards[i], infos[i] = float(step_rewards[i]), info_at(step_infos, i)
-                elif obs[i]:
-                    ids = tok.encode(obs[i], add_special_tokens=False)
-                    completions[i] += ids
-                    masks[i] += [0] * len(ids)
-                    logprobs[i] += [0.0] * len(ids)
-        for i in range(n):
-            self.finished.append({"reward": rewards[i], **infos[i]})
         del self.finished[: -self.keep]
         self.last = {
-            "prompt_ids": prompt_ids,
-            "completion_ids": [c[:budget] for c in completions],
-            "logprobs": [lp[:budget] for lp in logprobs],
-            "env_mask": [m[:budget] for m in masks],
-            REWARD_FIELD: rewards,
-            EM_FIELD: [float(info.get("metrics", {}).get("em", 0.0)) for info in infos],
+            "prompt_ids": [t.prompt_ids for t in trajs],
+            "completion_ids": [t.response_ids for t in trajs],
+            "logprobs": [t.old_logprobs for t in trajs],
+            "env_mask": [t.loss_mask for t in trajs],
+            REWARD_FIELD: [t.reward for t in trajs],
+            EM_FIELD: [t.accuracy for t in trajs],
+            FINISH_FIELD: [t.finish_reason for t in trajs],
         }
         return self.last
 
     # ---- helpers ------------------------------------------------------------------------------------
-    def _batch_env(self, n: int) -> SearchVectorEnv:
-        """A vector env of `n` episodes sharing this rollout's retriever and rules (one per batch size)."""
-        if n not in self._envs:
-            cfg = self.config
-            self._envs[n] = SearchVectorEnv(
-                n,
-                None,
-                retriever=self.retriever,
-                protocol=cfg.tag_protocol,
-                reward=cfg.reward,
-                reward_params=cfg.reward_params,
-                max_turns=cfg.max_turns,
-                topk=cfg.topk,
-                max_obs_chars=cfg.max_obs_chars,
-                prompt_template=cfg.prompt_template,
-            )
-        return self._envs[n]
-
     def _example(self, prompt: Any) -> QAExample:
         text = prompt[-1]["content"] if isinstance(prompt, list) else prompt
         try:
@@ -201,47 +156,49 @@ class SearchRollout:
                 "a prompt this SearchRollout was not given; build the train dataset with rollout.dataset()"
             ) from None
 
-    def _prompt_ids(self, prompt: Any, tok: Any) -> list[int]:
-        if isinstance(prompt, list):
-            text = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-            return list(tok(text, add_special_tokens=False)["input_ids"])
-        return list(tok(prompt)["input_ids"])  # as TRL tokenizes a standard prompt
 
-    def _generate(
-        self, trainer: Any, sequences: list[list[int]], max_new_tokens: int
-    ) -> list[tuple[list[int], list[float], str, bool]]:
-        """One turn for each sequence: `(token ids, their sampling log-probs, text, ended)`, where
-        `ended` means it stopped without a stop string (EOS, or `max_new_tokens` reached)."""
+class TrainerEngine(RolloutEngine):
+    """The TRL trainer's own policy as a rollout engine: transformers' `generate` on the unwrapped
+    model with the trainer's sampling settings (`trainer.generation_config`), as TRL's own
+    non-vLLM path generates. The turns of one batch that share a token limit go to one `generate`
+    call; TRL seeds its own sampling, so the driver's per-turn seeds are not used."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
         from trl.models import unwrap_model_for_generation
 
+        trainer = self.trainer
         tok = trainer.processing_class
-        device = trainer.accelerator.device
+        sequences = [list(p) for p in prompts]
         width = max(map(len, sequences))
         pad = tok.pad_token_id
+        device = trainer.accelerator.device
         input_ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences], device=device)
         attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)
         config = copy.deepcopy(trainer.generation_config)
-        config.max_new_tokens = max(1, max_new_tokens)
-        config.stop_strings = list(self.config.tag_protocol.stop_strings)
+        config.max_new_tokens = max(1, sampling.max_new_tokens)
+        config.stop_strings = list(sampling.stop) or None
         config.return_dict_in_generate, config.output_scores = True, True
         with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model, torch.no_grad():
             out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config, tokenizer=tok)
         new = out.sequences[:, width:].tolist()
         scores = torch.stack(out.scores, dim=1).float().log_softmax(-1) if out.scores else None
         eos = set(trainer.eos_token_ids)
-        turns = []
+        completions = []
         for b, ids in enumerate(new):
-            end, stopped = self._turn_end(ids, tok, eos)
+            end, finish = self._turn_end(ids, tok, eos, sampling.stop)
             ids = ids[:end]
             lps = [float(scores[b, t, tok_id]) for t, tok_id in enumerate(ids)] if scores is not None else [0.0] * end
-            turns.append((ids, lps, tok.decode(ids, skip_special_tokens=True), not stopped))
-        return turns
+            completions.append(Completion(ids, lps, finish))
+        return completions
 
-    def _turn_end(self, ids: list[int], tok: Any, eos: set[int]) -> tuple[int, bool]:
-        """Where a generated turn ends in a padded batch row, and whether a stop string ended it:
-        just after the token that completes a stop string, else just after the first EOS (padding
-        may repeat it), else all of it."""
-        stops = self.config.tag_protocol.stop_strings
+    @staticmethod
+    def _turn_end(ids: list[int], tok: Any, eos: set[int], stops: Sequence[str]) -> tuple[int, str]:
+        """Where a generated turn ends in a padded batch row, and how: just after the token that
+        completes a stop string ("stop"), else just after the first EOS ("eos"; padding may
+        repeat it), else all of it ("length")."""
         first_eos = next((k for k, t in enumerate(ids) if t in eos), len(ids))
         if any(s in tok.decode(ids) for s in stops):
             lo, hi = 1, len(ids)  # the shortest prefix whose text holds a stop string
@@ -252,5 +209,10 @@ class SearchRollout:
                 else:
                     lo = mid + 1
             if lo <= first_eos + 1:
-                return lo, True
-        return min(first_eos + 1, len(ids)), False
+                return lo, "stop"
+        if first_eos < len(ids):
+            return first_eos + 1, "eos"
+        return len(ids), "length"
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Nothing to do: the engine samples from the trainer's model itself."""

@@ -22,9 +22,9 @@ import torch
 
 from pvpo.trainer.algorithms.critic import Critic, critic_update
 from pvpo.trainer.algorithms.data_parallel import pooled_mean_std
+from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState
 from pvpo.trainer.algorithms.groups import check_rewards
 from pvpo.trainer.algorithms.spec import register_estimator
-from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
 

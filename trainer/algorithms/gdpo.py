@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from pvpo.trainer.algorithms.data_parallel import SINGLE, pooled_mean_std
+from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState
 from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
-from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
 

@@ -27,7 +27,7 @@ from pvpo.registry import Registry
 if TYPE_CHECKING:
     import torch
 
-    from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState
+    from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState
 
 
 class Estimator(Protocol):
@@ -89,7 +89,7 @@ class EstimatorSpec:
 
     def make_state(self, context: EstimatorContext) -> EstimatorState:
         """This run's state of the estimator (a no-op state when it keeps none)."""
-        from pvpo.trainer.algorithms.state import EstimatorState
+        from pvpo.trainer.algorithms.estimator_state import EstimatorState
 
         return self.state(context) if self.state is not None else EstimatorState()
 

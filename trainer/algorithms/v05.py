@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from pvpo.trainer.algorithms.adaptive_budget import extend_groups
+from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState, Rollout
 from pvpo.trainer.algorithms.prior_fusion import NoiseFloor, fused_baselines, fusion_stats
 from pvpo.trainer.algorithms.spec import register_estimator
-from pvpo.trainer.algorithms.state import EstimatorContext, EstimatorState, Rollout
 from pvpo.trainer.algorithms.value_model import PromptValueModel
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from pvpo.trainer.config.schema import TrainConfig, check_attn_implementation, check_device_name
+from pvpo.trainer.config.policy import check_attn_implementation, check_device_name
+from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.model.memory import peak_rss_gib, release_freed_heap, reset_peak_rss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -3,7 +3,8 @@ projections train, the base weights stay frozen (Hu et al. 2021, arXiv:2106.0968
 
 What leaves the trainer is always plain, merged weights under the base model's parameter names,
 so nothing downstream knows about adapters: a vLLM engine receives `W + (alpha/r) B A` after each
-step (`merged_lora_engine`), and a checkpoint's `policy/` folder holds the merged model (loaded
+step (`pvpo.trainer.policy_engine.lora_engine` over `MergedLoraView`), and a checkpoint's
+`policy/` folder holds the merged model (loaded
 directly by transformers and vLLM) with the adapter beside it in `adapter/` (`LoraCheckpointView`),
 from which a resume restores the trainable state. The transformers engine samples from the trained
 module itself, adapters included, and needs no merging.
@@ -25,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from pvpo.trainer.rollout.engine import RolloutEngine, ViewSyncEngine
 
 ADAPTER_DIR = "adapter"
 
@@ -126,20 +125,9 @@ class MergedLoraView:
         return self.model.parameters()
 
 
-def merged_lora_engine(inner: RolloutEngine) -> RolloutEngine:
-    """An engine with its own copy of the weights (vLLM), fed merged weights after each step."""
-    return ViewSyncEngine(inner, lambda m: MergedLoraView(m) if is_lora(m) else m)  # type: ignore[arg-type,return-value]
-
-
-def apply_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple[torch.nn.Module, RolloutEngine]:
-    """Add adapters per `cfg` (`ModelConfig.lora`) to the policy; an engine that does not sample
-    from the policy module itself is wrapped to receive merged weights."""
-    shares = getattr(engine, "model", None) is model
-    peft_model = add_lora(model, r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, target_modules=cfg.target_modules)
-    if shares:  # the transformers engine samples from the trained module: now the adapted one
-        engine.model = peft_model  # type: ignore[attr-defined]
-        return peft_model, engine
-    return peft_model, merged_lora_engine(engine)
+def apply_lora(model: torch.nn.Module, cfg: Any) -> Any:
+    """The policy with adapters per `cfg` (`ModelConfig.lora`)."""
+    return add_lora(model, r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, target_modules=cfg.target_modules)
 
 
 class LoraCheckpointView:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from pvpo.trainer.config.schema import ModelConfig, TinyModelConfig
+    from pvpo.trainer.config.policy import ModelConfig, TinyModelConfig
 
 M = TypeVar("M", bound="torch.nn.Module")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -34,8 +35,13 @@ from pvpo.trainer.model.device import step_optimizer
 from pvpo.trainer.model.memory import check_fits, checkpointing_enabled, default_max_tokens
 from pvpo.trainer.model.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
 from pvpo.trainer.parallel.distributed import all_reduce_min, clip_grad_norm
-from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Batch, response_logits
+
+
+class WeightsReceiver(Protocol):
+    """What the update hands the new weights to after each optimizer step (a rollout engine)."""
+
+    def sync_weights(self, model: torch.nn.Module) -> None: ...
 
 
 def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len: int | None = None) -> LossConfig:
@@ -197,7 +203,7 @@ def policy_update(
     *,
     temperature: float,
     seed: int,
-    engine: RolloutEngine | None = None,
+    engine: WeightsReceiver | None = None,
     ref_model: torch.nn.Module | None = None,
     importance: ImportanceCorrectionConfig | None = None,
     default_agg: str = "token-mean",

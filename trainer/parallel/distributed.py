@@ -25,13 +25,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-
-from pvpo.trainer.rollout.engine import RolloutEngine, ViewSyncEngine
 
 T = TypeVar("T")
 
@@ -339,11 +337,6 @@ class FullStateView:
         return self.model.parameters()
 
 
-def gathered_weights_engine(inner: RolloutEngine) -> RolloutEngine:
-    """A rank's own engine over whole weights: `sync_weights(sharded)` gathers them first."""
-    return ViewSyncEngine(inner, lambda m: FullStateView(m) if is_sharded(m) else m)  # type: ignore[arg-type,return-value]
-
-
 def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A plain module with `model`'s whole weights (a collective when `model` is sharded); a
     sharded LoRA policy gives the plain model with its adapters merged in."""
@@ -362,26 +355,6 @@ def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
     full.load_state_dict(state)
     full.train(model.training)
     return full
-
-
-def engine_for(
-    build: Callable[..., RolloutEngine], model: torch.nn.Module, *, engine: str, dtype: str, options: Mapping[str, Any]
-) -> RolloutEngine:
-    """A rollout engine over `model`: `build(model=..., **options)` in a single process; under
-    torchrun, over whole weights (an unsharded copy for the transformers engine, vLLM's own copy
-    started with the external launcher) behind `gathered_weights_engine`. vLLM's `dtype: auto` is
-    the run's compute dtype (the trainer's float32 master weights would double its memory)."""
-    opts = dict(options)
-    if engine == "vllm" and opts.get("dtype", "auto") == "auto":
-        opts["dtype"] = dtype
-    if not is_distributed():
-        return build(model=model, **opts)
-    if engine == "vllm":
-        llm_kwargs = dict(opts.get("llm_kwargs") or {})
-        llm_kwargs.setdefault("distributed_executor_backend", "external_launcher")
-        opts["llm_kwargs"] = llm_kwargs
-        return gathered_weights_engine(build(model=model if not is_sharded(model) else unsharded_copy(model), **opts))
-    return gathered_weights_engine(build(model=unsharded_copy(model), **opts))
 
 
 def clip_grad_norm(parameters: Sequence[torch.nn.Parameter], max_norm: float | None) -> float:

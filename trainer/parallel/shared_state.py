@@ -9,7 +9,7 @@ not from a rank's share of a step, so every rank must hold the same copy:
   (its report holds rank 0's timings) broadcast (`torch.distributed.broadcast_object_list`), so
   the prompt pool each step draws from is one list;
 - the GT set: each rank asks the GT source for its share of the never-solved prompts and every
-  rank receives all the trajectories (`ShardedGTSource`); pi_gt from the sharded reference is then
+  rank receives all the trajectories (`reference/sharded_gt.py`); pi_gt from the sharded reference is then
   computed by every rank on the same list (FSDP's forwards are collectives), so every rank caches
   the same records; the GT source's cost is counted once (rank 0);
 - the files (`anchor.json`, `group_sampling.json`, `gt_cache.json`, `value_model.json`) are
@@ -25,40 +25,12 @@ sampling source (`model`) samples each rank's share with its attempt's seed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from pvpo.trainer.algorithms.data_parallel import SINGLE, DataParallel
 from pvpo.trainer.parallel import distributed as ddp
-
-if TYPE_CHECKING:
-    from pvpo.envs.data import QAExample
-    from pvpo.trainer.reference.sources import GTSource
-    from pvpo.trainer.rollout.trajectory import Trajectory
-
-
-class ShardedGTSource:
-    """A GT source whose `generate` is a collective: each rank writes the trajectories of its
-    contiguous share of `examples` and every rank returns all of them, in `examples`' order."""
-
-    def __init__(self, inner: GTSource) -> None:
-        self.inner = inner
-        self.deterministic = inner.deterministic
-
-    def generate(self, examples: Sequence[QAExample], *, attempt: int) -> list[Trajectory | None]:
-        mine = ddp.rank_share(examples)
-        got = list(self.inner.generate(mine, attempt=attempt)) if mine else []
-        return [t for part in ddp.all_gather_objects(got) for t in part]
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def shared_gt_source(source: GTSource) -> GTSource:
-    """`source` itself in a single process; under torchrun its `ShardedGTSource`."""
-    return ShardedGTSource(source) if ddp.is_distributed() else source
 
 
 def data_parallel(compute_dtype: torch.dtype = torch.float32) -> DataParallel:

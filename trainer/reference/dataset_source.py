@@ -23,7 +23,7 @@ from pvpo.envs.data import Paragraph, QAExample
 from pvpo.envs.dataset_gt import Hop, NoPlan, Plan, dataset_plan, plan_turns
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Passage
-from pvpo.trainer.reference.sources import GTContext, register_gt_source
+from pvpo.trainer.reference.gt_registry import GTContext, register_gt_source
 from pvpo.trainer.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ directly. (Exact match alone would send a prompt the reference solves in long an
   signal and its rollouts are pure cost;
 - `gt_threshold` < accuracy < `drop_threshold`: kept as is;
 - accuracy <= `gt_threshold` (default 0, never solved): kept, and a ground-truth trajectory is
-  injected into its groups (see `pvpo.trainer.reference.gt`), so a weak policy gets a positive
+  injected into its groups (see `pvpo.trainer.reference.gt_cache`), so a weak policy gets a positive
   example; when the GT source fails on it, it is `unavailable` and leaves the pool too (the paper
   removes the currently impossible samples: without GT its groups carry only zero advantages).
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pvpo.envs.data import QAExample
-from pvpo.trainer.reference.sources import GTContext, GTSource, register_gt_source
+from pvpo.trainer.reference.gt_registry import GTContext, GTSource, register_gt_source
 from pvpo.trainer.rollout.agent_loop import run_agent_loop, run_episodes
 from pvpo.trainer.rollout.trajectory import Trajectory
 

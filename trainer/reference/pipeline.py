@@ -19,7 +19,6 @@ from typing import Any
 
 from pvpo.envs.data import QAExample
 from pvpo.trainer.parallel import distributed as ddp
-from pvpo.trainer.parallel.shared_state import shared_gt_source
 from pvpo.trainer.reference.anchor import AnchorStore, build_anchor, needs_refresh
 from pvpo.trainer.reference.group_sampling import (
     Partition,
@@ -29,8 +28,9 @@ from pvpo.trainer.reference.group_sampling import (
     save_partition,
     savings,
 )
-from pvpo.trainer.reference.gt import GTCache, fetch_gt
-from pvpo.trainer.reference.sources import GTContext, build_gt_source
+from pvpo.trainer.reference.gt_cache import GTCache, fetch_gt
+from pvpo.trainer.reference.gt_registry import GTContext, build_gt_source
+from pvpo.trainer.reference.sharded_gt import shared_gt_source
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory
 from pvpo.trainer.state.run_dir import RunDir

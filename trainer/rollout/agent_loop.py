@@ -7,7 +7,7 @@ env's rules and rewards, `pvpo.envs.episode`), searches if the turn asked to, ap
 observation (loss mask 0) and goes on, while the other trajectories are still generating; a turn
 never waits for another trajectory's turn. The engine batches whatever turns are pending
 (continuous batching for `hf`); the searches of the trajectories that finish a turn together
-meet in one retriever call (`microbatch.SearchBatcher`). At most `LoopConfig.max_concurrency`
+meet in one retriever call (`tick_batching.SearchBatcher`). At most `LoopConfig.max_concurrency`
 trajectories are in flight; a search that takes longer than `search_timeout_s` is retried once in
 a call of its own (the batched call may have been held up by another trajectory's query), and if
 that times out too its trajectory ends (`finish_reason="search_timeout"`); the others go on.
@@ -39,20 +39,19 @@ from pvpo.envs.data import QAExample
 from pvpo.envs.episode import Episode, EpisodeConfig
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind
-from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig
-from pvpo.trainer.rollout.microbatch import SearchBatcher
+from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig, stop_token_ids
+from pvpo.trainer.rollout.tick_batching import SearchBatcher
 from pvpo.trainer.rollout.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """Per-rollout limits; the episode's own `max_turns` is set from `max_turns` too.
+    """Per-rollout limits (the turn limit is the episode's: `EpisodeConfig.max_turns`).
     `max_concurrency`: trajectories in flight at once; `search_timeout_s`: a search's limit
     (None: none)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
-    max_turns: int = 4
     max_new_tokens: int = 48
     max_response_tokens: int = 384
     chat_template: bool = False  # prompt = the tokenizer's chat template over one user message
@@ -81,6 +80,17 @@ def turn_seed(base: int, index: int, turn: int) -> int:
 
 
 # ---- what generates the turns ------------------------------------------------------------------
+def finish_of(ids: Sequence[int], text: str, sampling: SamplingConfig, stop_ids: Any) -> str:
+    """How a turn that a server returned without a finish reason ended: "stop" when its text ends
+    with a stop string, "eos" when its last token ends a turn like EOS (or it is empty), "length"
+    when it filled `sampling.max_new_tokens`; any other ending is the server's own, read as EOS."""
+    if any(text.endswith(s) for s in sampling.stop):
+        return "stop"
+    if not ids or ids[-1] in stop_ids:
+        return "eos"
+    return "length" if len(ids) >= sampling.max_new_tokens else "eos"
+
+
 @dataclass
 class Turn:
     """One sampled turn: `ids`/`logprobs` enter the trajectory as model tokens (mask 1); `text`
@@ -124,12 +134,26 @@ class TurnSource(Protocol):
 class TokenTurns:
     """A rollout engine's asynchronous session: token-exact turns over the context's ids."""
 
-    def __init__(self, session: AsyncGenerate, tokenizer: Any, *, chat_template: bool, stop_ids: Any) -> None:
+    def __init__(
+        self,
+        session: AsyncGenerate,
+        tokenizer: Any,
+        *,
+        chat_template: bool,
+        stop_ids: Any,
+        tokenize_prompt: Callable[[str], list[int]] | None = None,
+    ) -> None:
+        """`tokenize_prompt`: the prompt's ids where the caller builds them its own way (verl's
+        chat template over the sample's messages); default `prompt_ids`."""
         self.session, self.tokenizer, self.chat_template = session, tokenizer, chat_template
         self.stop_ids = set(stop_ids)
+        self.tokenize_prompt = tokenize_prompt
 
     def start(self, prompt: str) -> tuple[list[int], Conversation]:
-        ids = prompt_ids(self.tokenizer, prompt, chat_template=self.chat_template)
+        if self.tokenize_prompt is not None:
+            ids = list(self.tokenize_prompt(prompt))
+        else:
+            ids = prompt_ids(self.tokenizer, prompt, chat_template=self.chat_template)
         return ids, Conversation(prompt, list(ids))
 
     async def turn(self, conv: Conversation, sampling: SamplingConfig) -> Turn:
@@ -150,8 +174,6 @@ class TokenTurns:
 
 def engine_turns(engine: RolloutEngine, tokenizer: Any, loop: LoopConfig) -> Callable[[Executor], TokenTurns]:
     """A factory of `engine`'s turn source for one run (its session lives in the run's loop)."""
-    from pvpo.trainer.rollout.hf_engine import stop_token_ids
-
     stop_ids = getattr(engine, "stop_ids", None) or stop_token_ids(tokenizer)
     return lambda executor: TokenTurns(
         engine.async_session(executor), tokenizer, chat_template=loop.chat_template, stop_ids=stop_ids
@@ -160,6 +182,7 @@ def engine_turns(engine: RolloutEngine, tokenizer: Any, loop: LoopConfig) -> Cal
 
 # ---- the driver --------------------------------------------------------------------------------
 def _finish(traj: Trajectory, info: dict[str, Any], reward: float, reason: str) -> None:
+    traj.info = dict(info)
     traj.reward = float(reward)
     traj.reward_components = dict(info.get("reward_components", {}))
     traj.prediction = info.get("prediction")
@@ -179,7 +202,7 @@ async def _search(searches: SearchBatcher, query: str, timeout: float | None) ->
         return await asyncio.wait_for(searches.search_alone(query), timeout)
 
 
-async def _episode(
+async def run_episode(
     index: int,
     example: QAExample,
     source: TurnSource,
@@ -189,6 +212,10 @@ async def _episode(
     loop: LoopConfig,
     seed: int,
 ) -> Trajectory:
+    """One trajectory of `example`, its turns sampled by `source` with the seeds of trajectory
+    `index` (see the module doc for the ending rules). Every caller runs its episodes here: the
+    trainer's rollouts and `pvpo eval` through `run_episodes_async`, the TRL and verl adapters
+    directly or through `run_agent_loop`."""
     protocol = episode_config.tag_protocol
     ep = Episode(example, episode_config, reward_fn)
     ids, conv = source.start(ep.prompt)
@@ -199,7 +226,7 @@ async def _episode(
         _finish(traj, res.info, res.reward, reason)
         return traj
 
-    for turn in range(loop.max_turns):
+    for turn in range(episode_config.max_turns):
         room = loop.max_response_tokens - traj.completion_tokens - traj.loss_mask.count(0)
         sampling = SamplingConfig(
             temperature=loop.temperature,
@@ -237,7 +264,7 @@ async def _episode(
             return end("budget")  # the episode's response already holds this observation
         traj.append_env(obs_ids)
         traj.response_text += res.observation
-    return end("max_turns")  # only when loop.max_turns < the episode's max_turns
+    return end("max_turns")  # not reached: the episode truncates at its last turn
 
 
 async def run_episodes_async(
@@ -275,7 +302,7 @@ async def run_episodes_async(
 
     async def one(i: int, ex: QAExample) -> Trajectory:
         async with gate:
-            traj = await _episode(where[i], ex, source, searches, episode_config, reward_fn, loop, seed)
+            traj = await run_episode(where[i], ex, source, searches, episode_config, reward_fn, loop, seed)
         if on_done is not None:
             on_done(i, traj)
         return traj

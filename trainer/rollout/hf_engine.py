@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pvpo.trainer.rollout.cache_args import kv_cache_keyword, returned_kv_cache
-from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine, SamplingConfig, register_engine
+from pvpo.trainer.rollout.engine import (
+    AsyncGenerate,
+    Completion,
+    RolloutEngine,
+    SamplingConfig,
+    register_engine,
+    stop_token_ids,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -53,27 +60,6 @@ def last_logits_only(model: Any) -> dict[str, int]:
     except (TypeError, ValueError):
         return {}
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-
-
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
-
-
-def stop_token_ids(tokenizer: Any, model: Any = None) -> frozenset[int]:
-    """The ids that end a turn like EOS: the tokenizer's EOS, the model's generation-config EOS
-    ids, and the chat template's end-of-turn token where the template writes one."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif isinstance(gen_eos, (list, tuple)):
-        ids.update(int(t) for t in gen_eos)
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, str):
-        vocab = tokenizer.get_vocab()
-        ids.update(int(vocab[t]) for t in END_OF_TURN_TOKENS if t in template and t in vocab)
-    return frozenset(ids)
 
 
 class HFEngine(RolloutEngine):

@@ -30,6 +30,7 @@ import torch
 
 from pvpo.trainer.rollout.cache_args import kv_cache_keyword, returned_kv_cache
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, SamplingConfig
+from pvpo.trainer.rollout.kv_cache import kv_layers, left_pad, rebuild
 from pvpo.trainer.rollout.kv_prefix import KV, PrefixStore
 
 if TYPE_CHECKING:
@@ -47,79 +48,6 @@ class _Row:
     logps: list[float] = field(default_factory=list)
     finish: str | None = None
     stop: str | None = None
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    extra = width - t.shape[dim]
-    if extra <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = extra
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
-
-
-@functools.cache
-def _growing_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """A `DynamicLayer` whose keys/values live in a buffer with room for the tokens still to
-        come: a decoding step writes its token in place instead of `torch.cat`-ing the whole cache
-        (transformers' `DynamicLayer.update` copies every layer's K and V at every step, which costs
-        more memory traffic than the attention that reads them). `keys`/`values` are views of the
-        filled part; the buffer grows (copied once) if a step overruns it."""
-
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
-            super().__init__()
-            self.device, self.is_initialized, self.length = keys.device, True, keys.shape[-2]
-            self.k_buf, self.v_buf = (_with_room(x, spare) for x in (keys, values))
-            self._views()
-
-        def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
-            keys, values = self.k_buf[..., : self.length, :], self.v_buf[..., : self.length, :]
-            self.keys, self.values = keys, values
-            return keys, values
-
-        def update(
-            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            n = key_states.shape[-2]
-            if self.length + n > self.k_buf.shape[-2]:  # overrun: grow by half again at least
-                room = max(n, self.length // 2)
-                self.k_buf, self.v_buf = (_with_room(x, room) for x in self._views())
-            self.k_buf[..., self.length : self.length + n, :] = key_states
-            self.v_buf[..., self.length : self.length + n, :] = value_states
-            self.length += n
-            return self._views()
-
-        def trim(self, n: int) -> None:
-            """Forget the last `n` positions (written by a step, needed by no row)."""
-            self.length -= n
-            self._views()
-
-    return GrowingLayer
-
-
-def _with_room(x: torch.Tensor, spare: int) -> torch.Tensor:
-    """A copy of `x` ([batch, heads, length, dim]) in a buffer with `spare` free positions after it."""
-    b, h, n, d = x.shape
-    buf = torch.empty((b, h, n + max(0, spare), d), dtype=x.dtype, device=x.device)
-    buf[:, :, :n] = x
-    return buf
-
-
-def _rebuild(layers: list[tuple[torch.Tensor, torch.Tensor]], spare: int) -> Any:
-    """A KV cache holding `layers`, each with room for `spare` more tokens (`_growing_layer_class`)."""
-    from transformers import DynamicCache
-
-    grow = _growing_layer_class()
-    new = DynamicCache()
-    new.layers = [grow(k, v, spare) for k, v in layers]
-    return new
-
-
-def _kv(cache: Any) -> KV:
-    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 @dataclass
@@ -349,10 +277,10 @@ class ContinuousBatcher:
         attn = torch.gather(self.attn, 1, order)
         idx = order[:, None, :, None]
         layers = []
-        for k, v in _kv(self.cache):
+        for k, v in kv_layers(self.cache):
             ix = idx.expand(-1, k.shape[1], -1, k.shape[3])
             layers.append((torch.gather(k, 2, ix), torch.gather(v, 2, ix)))
-        self.attn, self.cache = attn, _rebuild(layers, self._spare())
+        self.attn, self.cache = attn, rebuild(layers, self._spare())
 
     def _prefill(self, rows: list[_Row]) -> None:
         """Prefill the admitted rows (those continuing a saved turn only past it) and join them to
@@ -367,7 +295,7 @@ class ContinuousBatcher:
         if fresh:
             groups.append(self._prefill_fresh(fresh))
         if self.rows:
-            groups.insert(0, _Group(_kv(self.cache), self.attn, self.pos, self.rows))
+            groups.insert(0, _Group(kv_layers(self.cache), self.attn, self.pos, self.rows))
         self._join(groups)
 
     def _prefill_fresh(self, rows: list[_Row]) -> _Group:
@@ -391,7 +319,7 @@ class ContinuousBatcher:
             **last_logits_only(self.engine.model),
         )
         self._pick(res.logits[:, -1, :], rows)
-        return _Group(_kv(returned_kv_cache(res)), attn, attn.sum(-1), rows)
+        return _Group(kv_layers(returned_kv_cache(res)), attn, attn.sum(-1), rows)
 
     def _prefill_after(self, row: _Row, layers: KV, n: int) -> _Group:
         """Prefill `row.prompt[n:]` on top of the saved cache of its first `n` tokens."""
@@ -403,12 +331,12 @@ class ContinuousBatcher:
             attention_mask=torch.ones((1, total), dtype=torch.long, device=dev),
             position_ids=torch.arange(n, total, dtype=torch.long, device=dev)[None],
             use_cache=True,
-            **{self.kv: _rebuild(layers, total - n)},
+            **{self.kv: rebuild(layers, total - n)},
             **last_logits_only(self.engine.model),
         )
         self._pick(res.logits[:, -1, :], [row])
         attn = torch.ones((1, total), dtype=torch.long, device=dev)
-        return _Group(_kv(returned_kv_cache(res)), attn, torch.tensor([total], device=dev), [row])
+        return _Group(kv_layers(returned_kv_cache(res)), attn, torch.tensor([total], device=dev), [row])
 
     def _join(self, groups: list[_Group]) -> None:
         """One running batch of `groups`, each left-padded to the widest."""
@@ -416,13 +344,13 @@ class ContinuousBatcher:
         self.rows = [r for g in groups for r in g.rows]
         merged = [
             (
-                torch.cat([_left_pad(g.layers[i][0], t, 2) for g in groups], dim=0),
-                torch.cat([_left_pad(g.layers[i][1], t, 2) for g in groups], dim=0),
+                torch.cat([left_pad(g.layers[i][0], t, 2) for g in groups], dim=0),
+                torch.cat([left_pad(g.layers[i][1], t, 2) for g in groups], dim=0),
             )
             for i in range(len(groups[0].layers))
         ]
-        self.cache = _rebuild(merged, self._spare())
-        self.attn = torch.cat([_left_pad(g.attn, t, 1) for g in groups], dim=0)
+        self.cache = rebuild(merged, self._spare())
+        self.attn = torch.cat([left_pad(g.attn, t, 1) for g in groups], dim=0)
         self.pos = torch.cat([g.pos for g in groups])
 
     def _pick(self, logits: torch.Tensor, rows: list[_Row]) -> None:
@@ -493,14 +421,14 @@ class ContinuousBatcher:
         used = attn.any(dim=0).nonzero()
         start = int(used[0]) if len(used) else 0
         self.attn, self.pos = attn[:, start:], self.pos[ix]
-        self.cache = _rebuild([(k[ix, :, start:], v[ix, :, start:]) for k, v in _kv(self.cache)], self._spare())
+        self.cache = rebuild([(k[ix, :, start:], v[ix, :, start:]) for k, v in kv_layers(self.cache)], self._spare())
         return done
 
     def _save(self, done: list[_Row]) -> None:
         """Keep each finished row's cache (its prompt and sampled tokens but the last, which was
         never fed: the unmasked positions of its row) for the trajectory's next turn."""
         index = {id(r): i for i, r in enumerate(self.rows)}
-        layers = _kv(self.cache)
+        layers = kv_layers(self.cache)
         for r in done:
             i, ids = index[id(r)], r.prompt + r.tokens[:-1]
             at = self.attn[i].nonzero()[:, 0]

@@ -2,14 +2,13 @@
 retries, and the turn's text with the stop string the server stripped put back.
 
 The endpoint returns text, not token ids, so it serves evaluation (`pvpo.evaluation.policies`)
-and text GT trajectories (`pvpo.trainer.reference.gt`), never token-exact training rollouts.
+and text GT trajectories (`pvpo.trainer.reference.gt_cache`), never token-exact training rollouts.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -68,14 +67,6 @@ class OpenAIClient:
 
     def close(self) -> None:
         self.http.close()
-
-
-@dataclass
-class TurnResult:
-    text: str  # stop string restored
-    finish: str  # "stop" (a stop string), "eos", "length"
-    prompt_tokens: int
-    completion_tokens: int
 
 
 def restore_stop(text: str, finish_reason: str | None, stop_reason: Any, protocol: TagProtocol) -> tuple[str, str]:

@@ -61,7 +61,6 @@ def oracle_trajectories(
         return []
     scripts = {episode_config.prompt(ex): oracle(ex) for ex in examples}
     loop = LoopConfig(
-        max_turns=episode_config.max_turns,
         max_new_tokens=1 << 30,
         max_response_tokens=1 << 30,
         chat_template=chat_template,

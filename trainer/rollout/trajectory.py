@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -45,6 +46,7 @@ class Trajectory:
     completion_tokens: int = 0
     # each model turn's response positions [start, end) and the source of its log-probs (SOURCES)
     model_turns: list[tuple[int, int, str]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict, repr=False)  # the env's info at the episode's end
 
     def append_model(self, ids: Sequence[int], logprobs: Sequence[float], source: str = "sampler") -> None:
         """Tokens the policy sampled (trained on), as one model turn whose log-probs come from

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pvpo.model_catalog import resolve_model_path
 from pvpo.trainer.rollout.engine import (
-    REQUIRED_PACKAGES,
+    ENGINE_SPECS,
     AsyncGenerate,
     Completion,
     RolloutEngine,
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = REQUIRED_PACKAGES["vllm"][1]
+INSTALL_HINT = ENGINE_SPECS["vllm"].install_hint
 # On CPU, vLLM sizes the KV cache as `gpu_memory_utilization` x total RAM unless told otherwise.
 CPU_DEFAULT_KV_CACHE_BYTES = 512 << 20
 CPU_MIN_BATCHED_TOKENS = 8192

@@ -216,12 +216,3 @@ def fresh_run_dir(
             log.warning("the new run failed before its first checkpoint: %s is back as it was", run_dir)
         raise
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def prepare_fresh(run_dir: str | Path, *, overwrite: bool = False) -> None:
-    """Refuse a `run_dir` that holds files unless `overwrite` (RunDirError); the replacing itself
-    is `fresh_run_dir`'s, around the run."""
-    run_dir = Path(run_dir)
-    if not overwrite and run_dir.exists() and any(run_dir.iterdir()):
-        with fresh_run_dir(run_dir):
-            pass

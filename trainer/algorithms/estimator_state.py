@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pvpo.trainer.algorithms.data_parallel import SINGLE, DataParallel
+from pvpo.trainer.algorithms.value_model import Embed
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
-Embed = Callable[[Sequence[str]], np.ndarray]
 Rollout = Callable[[list[Any], int], list[Trajectory]]
 
 

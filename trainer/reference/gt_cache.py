@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pvpo.atomic import atomic_write_json
 from pvpo.envs.data import QAExample
-from pvpo.trainer.reference.sources import GTSource
+from pvpo.trainer.reference.gt_registry import GTSource
 from pvpo.trainer.rollout.trajectory import Trajectory
 
 FORMAT_VERSION = 1

@@ -80,10 +80,6 @@ def register_gt_source(name: str) -> Callable[[SourceFactory], SourceFactory]:
     return GT_SOURCES.register(name)
 
 
-def available_gt_sources() -> list[str]:
-    return GT_SOURCES.names()
-
-
 def build_gt_source(name: str, gt_config: Any, context: GTContext) -> GTSource:
     """The registered source `name`; UnknownNameError listing the known ones otherwise."""
     return GT_SOURCES.get(name)(gt_config, context)

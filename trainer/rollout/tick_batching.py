@@ -20,9 +20,10 @@ R = TypeVar("R")
 
 class TickBatcher(Generic[T, R]):
     """`await submit(item)` -> `fn([items...])[k]`: the items submitted before the event loop
-    next runs its callbacks go to `fn` together, in a thread of `executor`."""
+    next runs its callbacks go to `fn` together, in a thread of `executor` (None: the event
+    loop's default executor)."""
 
-    def __init__(self, fn: Callable[[list[T]], Sequence[R]], executor: Executor) -> None:
+    def __init__(self, fn: Callable[[list[T]], Sequence[R]], executor: Executor | None) -> None:
         self.fn, self.executor = fn, executor
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._flushes: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak refs)
@@ -66,7 +67,7 @@ class SearchBatcher:
     """The searches of concurrent trajectories in one `searcher.search` call per tick (duplicates
     asked once); `calls` counts retriever calls."""
 
-    def __init__(self, searcher: Searcher, topk: int, executor: Executor) -> None:
+    def __init__(self, searcher: Searcher, topk: int, executor: Executor | None) -> None:
         self.searcher, self.topk = searcher, topk
         self._batcher: TickBatcher[str, list[Passage]] = TickBatcher(self._search, executor)
 

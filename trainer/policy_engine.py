@@ -1,0 +1,77 @@
+"""The rollout engine over the policy: built as its `EngineSpec` says, over whole weights under
+torchrun, fed merged weights when the policy has LoRA adapters and the engine keeps its own copy.
+Here, above the model and parallel rooms, because it joins them with the rollout room's engines
+(neither of those rooms imports rollout)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.model.lora import MergedLoraView, apply_lora, is_lora
+from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.rollout.engine import EngineSpec, RolloutEngine, ViewSyncEngine, build_engine, engine_spec
+
+
+def gathered_weights_engine(inner: RolloutEngine) -> RolloutEngine:
+    """A rank's own engine over whole weights: `sync_weights(sharded)` gathers them first."""
+    return ViewSyncEngine(inner, lambda m: ddp.FullStateView(m) if ddp.is_sharded(m) else m)  # type: ignore[arg-type,return-value]
+
+
+def engine_for(
+    build: Callable[..., RolloutEngine],
+    model: torch.nn.Module,
+    *,
+    spec: EngineSpec,
+    dtype: str,
+    options: Mapping[str, Any],
+) -> RolloutEngine:
+    """A rollout engine over `model`: `build(model=..., **options)` in a single process; under
+    torchrun, over whole weights behind `gathered_weights_engine`: an engine with its own weights
+    is given the module (a sharded one as an unsharded copy) and joins torchrun's launcher, one
+    that samples from its module is given an unsharded copy. The run decides `dtype: auto` where
+    the engine's spec asks (`EngineSpec.options`)."""
+    distributed = ddp.is_distributed()
+    opts = spec.options(options, dtype=dtype, distributed=distributed)
+    if not distributed:
+        return build(model=model, **opts)
+    if spec.own_weights and not ddp.is_sharded(model):
+        return gathered_weights_engine(build(model=model, **opts))
+    return gathered_weights_engine(build(model=ddp.unsharded_copy(model), **opts))
+
+
+def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:
+    """`make(model)`: the configured rollout engine over `model`, with its `rollout.<engine>`
+    options (under torchrun: over this rank's whole copy of the weights, `engine_for`)."""
+    r = cfg.rollout
+
+    def make(model: torch.nn.Module) -> RolloutEngine:
+        return engine_for(
+            lambda **kw: build_engine(r.engine, tokenizer=tokenizer, **kw),
+            model,
+            spec=engine_spec(r.engine),
+            dtype=cfg.model.dtype,
+            options=r.engine_options(),
+        )
+
+    return make
+
+
+def lora_engine(inner: RolloutEngine) -> RolloutEngine:
+    """An engine with its own copy of the weights, fed merged LoRA weights after each step."""
+    return ViewSyncEngine(inner, lambda m: MergedLoraView(m) if is_lora(m) else m)  # type: ignore[arg-type,return-value]
+
+
+def with_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple[torch.nn.Module, RolloutEngine]:
+    """Add adapters per `cfg` (`ModelConfig.lora`) to the policy; an engine that samples from the
+    policy module itself now samples from the adapted one, any other is wrapped to receive merged
+    weights."""
+    shares = getattr(engine, "model", None) is model
+    peft_model = apply_lora(model, cfg)
+    if shares:
+        engine.model = peft_model  # type: ignore[attr-defined]
+        return peft_model, engine
+    return peft_model, lora_engine(engine)
