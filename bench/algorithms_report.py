@@ -42,7 +42,7 @@ from pvpo.stats import mean, paired_difference, standard_error
 
 ACCURACY_RATIO = 0.97  # Fig. 4: 55.0 / 56.8
 COST_RATIO = 0.40  # Fig. 4: 4.3 / 11.7 = 0.37, read as "at most 40% of the cost"
-SE_BAR = 0.05  # issue 26: the headline comparison's s.e., so that a 0.1 difference is visible
+SE_BAR = 0.05  # the headline comparison's s.e. must stay under this, so that a 0.1 difference is visible
 HEADLINE = (("pvpo+gs", 2), ("grpo", 5))
 MEASURES = {
     "paper": "paper's Fig. 4 cost (training rollouts' tool calls)",
@@ -376,7 +376,7 @@ def readme_table(
     epochs: float,
     lr_from: str | None = None,
 ) -> str:
-    """The README's table: per (algorithm, N) its lr, test EM (the best of each N in bold), gain
+    """The benchmark page's table (docs/benchmarks/algorithms.md): per (algorithm, N) its lr, test EM (the best of each N in bold), gain
     over the shared start and the three costs, means over seeds."""
     seeds = "/".join(str(k) for k in sorted({len(r) for r in final.values()}))
     where = f"the sweep of {lr_from}" if lr_from else "picked on validation"
@@ -439,7 +439,7 @@ def readme_block(
     lr_from: str | None = None,
     record: Sequence[str] = (),
 ) -> str:
-    """What the README shows of a benchmark, all of it computed here: the record of the runs,
+    """What the benchmark page shows of a benchmark, all of it computed here: the record of the runs,
     `readme_table`, the headline comparisons (`headline_lines`), all paired comparisons and the
     Fig. 4 verdict."""
     start = warm["start"]["test"]["em_q"]

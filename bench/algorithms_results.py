@@ -1,6 +1,6 @@
 """The results directory of `bench/algorithms.py` (`--results`, default `bench/results/algorithms`):
 the per-run results it ships in the repository, small enough to commit, from which `--report-only`
-recomputes the report, the README's table and the plot without any run folder.
+recomputes the report, the benchmark page's table and the plot without any run folder.
 
 - `bench.json`: the settings every run shares (config file and the sha256 of its text, overrides,
   steps, evaluations, warm start), the plan (algorithms, N, seeds, lr grid, E of the amortised

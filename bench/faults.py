@@ -1,8 +1,8 @@
 """Fault injection: bad input tried as a new user would, through the `pvpo` CLI, each fault
 checked for its outcome (rc 2 and a one-line message naming the file/line, or the warning) and for
 the user's files it must not lose; then the second round (`bench/faults_os.py`): two processes on
-one folder, a full or read-only disk, damaged files, stop signals. Prints the tables the README's
-reliability section shows.
+one folder, a full or read-only disk, damaged files, stop signals. Prints the tables of the
+documentation's reliability page (docs/reliability.md).
 
     python bench/faults.py [--workdir DIR] [--keep]
 

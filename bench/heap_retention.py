@@ -1,6 +1,6 @@
 """How much of a CPU training process's resident memory is freed heap that glibc keeps.
 
-A lead for the real-data recipe's rising per-phase memory peaks (README, "Recipe"): after each
+A lead for the real-data recipe's rising per-phase memory peaks (docs/benchmarks/real-recipe.md): after each
 bare forward/backward/AdamW step of a catalog model (bf16 autocast, as `model.dtype: auto` runs on
 an AVX512-BF16 CPU), print the resident set (VmRSS), glibc's heap arena, the free bytes inside it,
 and mmapped chunks (`mallinfo2`); after update `--trim-after`, call `malloc_trim(0)` and print them

@@ -1,5 +1,5 @@
-"""PVPO + Group Sampling vs GRPO on the real model and real questions (issue 26's smaller
-comparison), from one warm-started policy, at an equal rollout budget.
+"""PVPO + Group Sampling vs GRPO on the real model and real questions (the algorithm
+benchmark's smaller comparison), from one warm-started policy, at an equal rollout budget.
 
 Both arms start from the same policy (the real-data recipe's `initial_policy`: SmolLM2-135M-Instruct
 after SFT on dataset GT), train on the same RL prompts for the same steps, and are evaluated

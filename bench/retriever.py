@@ -6,7 +6,7 @@ in-process batched ceiling next to served throughput and p50/p99 latency with an
 cross-request batching (servers in their own processes, as deployed) and, given a local copy of
 it, Search-R1's own retrieval_server.py over the same index file, corpus and model. Targets:
 served >= 0.9x the in-process ceiling at 8-64 clients, batched >= 2.5x unbatched at 32, ours >=
-3x Search-R1 at 32 and 64. Prints the measures, then the README's table.
+3x Search-R1 at 32 and 64. Prints the measures, then the table of docs/benchmarks/retriever.md.
 
 The load comes from wrk (C, one thread, one closed-loop connection per client, a Lua script
 cycling through the query bodies) when it is on PATH, else from a Python httpx generator, whose
@@ -558,7 +558,7 @@ def summarise(rs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def print_summary(table: list[dict[str, Any]], with_search_r1: bool) -> None:
-    """The README's retriever table: one row per concurrency level."""
+    """The retriever throughput table of docs/benchmarks/retriever.md: one row per concurrency level."""
     head = (
         "| clients | in-process q/s (batch) | ours q/s (p50 / p99 ms) | ours / in-process | unbatched q/s "
         "| batched / unbatched (bound: in-process batch / batch 1) |"

@@ -17,8 +17,8 @@ A large request is cut into several batches (half-size ones while other requests
 batch is filled least-served-first: a request not yet started goes before the remainder of one
 that has already had batches, except that a third of the worker's time goes to batches taking
 the oldest requests first. A small request therefore waits for a few bounded batches, not for a
-large request (issue 16: one 1024 x 8 KB request used to hold the single worker for 107 s while a
-one-query request waited 106 s behind it), and a large request still advances under a steady
+large request (an unbounded batch of one 1024 x 8 KB request would hold the single worker for
+about 107 s while a one-query request waits behind it), and a large request still advances under a steady
 stream of small ones. A request whose client went away
 (its future cancelled) is dropped before its next batch.
 """
@@ -223,9 +223,9 @@ class DynamicBatcher:
             start = stop = job.taken
             # While other requests wait, one larger than a batch is served in half-size batches
             # (small ones not padded up to its width either): a small request waits behind one
-            # no longer than behind the 4096-character batches of before issue 23 (full ones of
-            # 5 long queries, 275 ms on one thread, raised the small requests' p99 from 553 to
-            # 855 ms under 2 large clients; bench/load.py). Alone (a trainer's batch of
+            # no longer than behind a 4096-character batch (a full one of 5 long queries takes
+            # 275 ms on one thread and raises the small requests' p99 from 553 to 855 ms under 2
+            # large clients; bench/load.py). Alone (a trainer's batch of
             # rollouts), it gets full batches.
             n = len(job.queries)
             large = start > 0 or n > self.max_batch_size or n * query_cost(job.queries[start]) > self.max_batch_chars
@@ -310,7 +310,7 @@ class DynamicBatcher:
         """On the worker thread: searches the groups in turn, each answered as soon as it is done.
         With the whole batch answered at its end, the search thread slept 7-10% of the time at
         32-64 clients while the answered clients came back (1-6% with groups answered as they
-        finish and the /retrieve fast path; thread schedstat, issue 23)."""
+        finish and the /retrieve fast path; thread schedstat)."""
         for g in groups:
             results = self.search_fn([job.queries[i] for job, i in g], [job.topk for job, i in g])
             loop.call_soon_threadsafe(self._deliver, g, results, cutoff)

@@ -11,7 +11,7 @@ import typer
 
 ENCODER_BACKEND_HELP = (
     "torch, onnx, onnx-int8 or openvino (CPU; exported once to ~/.cache/pvpo/encoders). "
-    "Default: $PVPO_ENCODER_BACKEND, else the measured CPU default (README, Encoder backends); "
+    "Default: $PVPO_ENCODER_BACKEND, else the measured CPU default (docs/benchmarks/retriever.md, encoder backends); "
     "torch on GPU."
 )
 

@@ -254,7 +254,6 @@ class Encoder:
 # int8 loses 0.022 on musique; the fp32 runtimes match torch's vectors but are no faster here
 # (torch already length-sorts small batches). Served q/s stays near 80 whatever the encoder:
 # on this box HTTP and the load generator, not encoding, bound it. So torch stays the default.
-# (Issue 23 then found what bound the served figure: batches locked at 16 queries at 32 clients
-# and FastAPI's per-request time on the GIL; wrk used under 0.01 core. Fixed, torch serves 0.9x
-# its in-process ceiling at 8-64 clients - bench/retriever.py - so these ratios want a rerun.)
+# The served column was taken while batch formation and FastAPI's per-request time bounded serving;
+# torch now serves 0.9x its in-process ceiling at 8-64 clients (bench/retriever.py), so it wants a rerun.
 DEFAULT_BACKEND = "torch"

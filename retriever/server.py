@@ -165,7 +165,7 @@ def create_app(
         """Answers a /retrieve body that validates without FastAPI's routing, dependency and
         exception layers (returns False for any other body, which FastAPI then answers with the
         same 422 as ever): they were most of the event loop's 0.3-0.45 ms a request, time the
-        encoder thread waited on the GIL at 64 clients (bench/retriever.py, issue 23)."""
+        encoder thread waited on the GIL at 64 clients (bench/retriever.py)."""
         try:
             req = RetrieveRequest.model_validate_json(body)
         except ValidationError:

@@ -1,4 +1,4 @@
-"""bench/algorithms.py (issue 26): its statistics, cost measures, learning-rate pick, Fig. 4 verdict
+"""bench/algorithms.py: its statistics, cost measures, learning-rate pick, Fig. 4 verdict
 and question splits on made-up runs (fast), and one tiny benchmark end to end (slow)."""
 
 from __future__ import annotations
@@ -326,15 +326,15 @@ SHIPPED = sorted(p.parent for p in (BENCH / "results").glob("algorithms*/bench.j
 
 @pytest.mark.parametrize("results", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_the_readme_block_and_the_plot_are_recomputed_from_the_shipped_results_alone(results: Path, tmp_path: Path):
-    """`--report-only` on the committed per-run JSON (no run folder) prints the README's block
+    """`--report-only` on the committed per-run JSON (no run folder) prints the benchmark page's block
     exactly, and draws the committed plot byte for byte (with the matplotlib it was drawn with)."""
     import matplotlib
     from algorithms_results import REPO, read_bench
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "docs" / "benchmarks" / "algorithms.md").read_text(encoding="utf-8")
     source = results.relative_to(REPO).as_posix()
     shipped = algorithms.readme_block_of(readme, source)
-    assert shipped is not None, f"README.md has no block generated from {source}"
+    assert shipped is not None, f"docs/benchmarks/algorithms.md has no block generated from {source}"
     plot = tmp_path / "plot.png"
     text = algorithms.report_from(results, tmp_path / "out", plot=plot)
     assert text.endswith("\n" + shipped)

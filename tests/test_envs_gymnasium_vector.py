@@ -1,4 +1,4 @@
-"""Issue 17 item 3: our env under Gymnasium's own vector classes and wrappers: `AsyncVectorEnv`
+"""Our env under Gymnasium's own vector classes and wrappers: `AsyncVectorEnv`
 (shared memory included) and `make_vec(..., "async")` with non-ASCII text, `SyncVectorEnv`, and
 `RecordEpisodeStatistics` counting each episode of `SearchVectorEnv` once."""
 

@@ -134,7 +134,7 @@ def test_synthetic_command_writes_files_that_load_back_with_the_same_uids(tmp_pa
     assert len(corpus_from_examples(world.questions("train"))) > 0
 
 
-# ---- bad data files: one error naming the file, the line and the fix (issue 32) -------------------
+# ---- bad data files: one error naming the file, the line and the fix -------------------
 _ROW = '{"id": "%d", "question": "q%d?", "golden_answers": ["a"]}'
 
 

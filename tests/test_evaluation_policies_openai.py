@@ -274,7 +274,7 @@ def test_gt_endpoint_source_writes_what_the_local_model_source_writes(
     model` with `base_url`): greedy, the text loop with restored stop strings gives the same
     trajectories, tokenized with the policy's tokenizer, as the same weights run locally. pi_gt of
     the endpoint's trajectories is the endpoint's own log-probs (vLLM's server returns them over
-    the same tokenization, issue 30); the local source's comes from the trainer's reference
+    the same tokenization); the local source's comes from the trainer's reference
     callback (`gt.logprobs: reference`)."""
     from pvpo.envs.data import QAExample
     from pvpo.envs.episode import EpisodeConfig

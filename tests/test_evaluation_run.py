@@ -437,7 +437,7 @@ def test_run_eval_replaces_another_run_only_with_overwrite_and_restores_it_on_fa
 
 
 def test_no_file_of_an_eval_run_holds_the_api_key_given(tmp_path: Path) -> None:
-    """Issue 23: secrets never written to disk. A stand-in OpenAI-compatible endpoint answers
+    """Secrets are never written to disk. A stand-in OpenAI-compatible endpoint answers
     every turn at once (no search) and records the bearer it was sent."""
     import http.server
     import threading

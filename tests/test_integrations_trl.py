@@ -1,4 +1,4 @@
-"""Issue 27: our search environment and PVPO's anchor inside TRL's GRPOTrainer, for real: a tiny
+"""Our search environment and PVPO's anchor inside TRL's GRPOTrainer, for real: a tiny
 Qwen2 built from a config (byte-level BPE trained here, Qwen2.5's tool-calling chat template from
 TRL), warm-started in a few seconds to call the tools, then trained 2 GRPO steps on CPU against the
 tiny retriever served on loopback. Installs nothing (trl is in the dev extra)."""

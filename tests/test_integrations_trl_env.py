@@ -1,4 +1,4 @@
-"""Issue 27: the TRL environment's rules (no TRL needed: an environment is a plain object), against
+"""The TRL environment's rules (no TRL needed: an environment is a plain object), against
 an in-memory retriever."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Issue 27: PVPO and our search environment in verl. Each test runs against the real verl where it
+"""PVPO and our search environment in verl. Each test runs against the real verl where it
 is importable (`make test-verl`: verl 0.9.1 in .venv-verl, its own transformers) and against a
 stand-in of the interface the adapter uses elsewhere (verl needs transformers < 5.11, our venv
-pins 5.24: see tests/verl_standin.py and README "verl"). No verl training run happens here."""
+pins 5.24: see tests/verl_standin.py and docs/guides/integrations.md). No verl training run happens here."""
 
 from __future__ import annotations
 
@@ -321,7 +321,7 @@ def test_the_agent_loop_ends_an_episode_at_eos_without_an_action_and_at_its_toke
 
 # ---- verl's own config and loaders ---------------------------------------------------------------
 
-# the overrides of README "verl" (keep the two in step)
+# the overrides of docs/guides/integrations.md's verl command (keep the two in step)
 README_OVERRIDES = [
     "algorithm.adv_estimator=pvpo",
     "data.train_files=data/train.parquet",

@@ -1,4 +1,4 @@
-"""Issue 17 item 7: each component's `__init__` exports its public API, and stays light to import."""
+"""Each component's `__init__` exports its public API, and stays light to import."""
 
 from __future__ import annotations
 

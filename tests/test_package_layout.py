@@ -1,4 +1,4 @@
-"""Issue 17 item 11: `pvpo.<component>` resolves on disk, so static tools (pyright, mypy, IDEs)
+"""`pvpo.<component>` resolves on disk, so static tools (pyright, mypy, IDEs)
 follow imports from a checkout without the editable install's import hook."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17 item 13: an installed wheel (not editable) ships the presets: `pvpo demo` resolves the
+"""An installed wheel (not editable) ships the presets: `pvpo demo` resolves the
 same demo config as the checkout, and a missing preset is an error, never the built-in defaults."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The retriever client (issue 16, item 9): retries ride out a server restart, each logged and
+"""The retriever client: retries ride out a server restart, each logged and
 bounded; an authenticated server is reached with the configured token; a 401 is not retried."""
 
 from __future__ import annotations

@@ -201,7 +201,7 @@ def test_one_codec_builds_and_reads_a_passages_contents() -> None:
     assert format_passages([p]) == "Doc 1(Title: Zola) Émile Zola."
 
 
-# ---- duplicate ids and empty passages (issue 32) ---------------------------------------------------
+# ---- duplicate ids and empty passages ---------------------------------------------------
 def test_a_corpus_with_duplicate_ids_is_refused_naming_the_id_and_its_passages(tmp_path: Path) -> None:
     from pvpo.retriever.build import prepare_corpus
 

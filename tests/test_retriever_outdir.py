@@ -1,4 +1,4 @@
-"""`pvpo retriever build` / `link` and their --out folder (issue 23): a folder holding a user's
+"""`pvpo retriever build` / `link` and their --out folder: a folder holding a user's
 files is refused without --overwrite and kept as it was; with --overwrite it is replaced only by a
 complete new index, so bad inputs leave it untouched; an earlier build of ours is resumed."""
 

@@ -1,4 +1,4 @@
-"""The retriever's bearer token is never written to disk (issue 23): not by a build run with it in
+"""The retriever's bearer token is never written to disk: not by a build run with it in
 the environment, not by a server at debug log level answering right, wrong and missing tokens
 and bad requests (its log, its index directory and its home directory scanned byte for byte),
 and not in the traceback of a serve that fails, --debug included."""

@@ -1,4 +1,4 @@
-"""The retriever server under hostile or unlucky clients (issue 16, items 1-6): the token is
+"""The retriever server under hostile or unlucky clients: the token is
 checked before any body is read, the body limit holds for chunked bodies, idle and slow
 connections are closed, a small request is not stuck behind a large one, work for a client that
 went away is dropped, aliases are accepted and unknown fields refused, and the OpenAPI contract

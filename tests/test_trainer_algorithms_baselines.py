@@ -183,7 +183,7 @@ def test_dr_grpo_divides_by_the_response_budget_whatever_the_batch_longest_respo
     assert loss_config(user.optim, default_agg=est.loss_agg).agg == "token-mean"  # an explicit choice wins
 
 
-# ---- issue 30: an injected GT row is not a rollout of the policy ---------------------------------
+# ---- an injected GT row is not a rollout of the policy ---------------------------------
 # group "p": policy rollouts 0.0, 0.5, 1.0 and one GT row 1.0; group "q": two policy rollouts
 GT_R, GT_UIDS = t(0.0, 0.5, 1.0, 1.0, 0.2, 0.4), ["p", "p", "p", "p", "q", "q"]
 GT_POLICY = torch.tensor([True, True, True, False, True, True])
@@ -199,7 +199,7 @@ def test_group_baselines_are_taken_over_the_policy_rows_and_the_gt_row_is_measur
     # RLOO: each policy row against the other policy rows; the GT row against all of them (0.5)
     rloo = get_estimator("rloo")(GT_R, GT_UIDS, policy_rows=GT_POLICY)
     torch.testing.assert_close(rloo, t(-0.75, 0.0, 0.75, 0.5, -0.2, 0.2))
-    # before issue 30 the GT row entered p's mean: 0.625, and Dr.GRPO's policy rows got -0.625, -0.125, 0.375
+    # counting the GT row in p's mean would give 0.625, and Dr.GRPO's policy rows -0.625, -0.125, 0.375
     old = get_estimator("dr_grpo")(GT_R, GT_UIDS)
     torch.testing.assert_close(old[:3], t(-0.625, -0.125, 0.375))
 

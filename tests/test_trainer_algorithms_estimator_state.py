@@ -1,4 +1,4 @@
-"""The issue-15 estimators inside the training loop on the tiny config: GDPO fed the reward's
+"""The GDPO, PPO and V0.5 estimators inside the training loop on the tiny config: GDPO fed the reward's
 components, PPO's critic warm-up then token-level advantages, V0.5's extra rollouts counted."""
 
 from __future__ import annotations

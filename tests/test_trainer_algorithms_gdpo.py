@@ -120,8 +120,8 @@ def test_gdpo_normalises_each_group_over_its_policy_rows_only():
     adv = gdpo(comps.sum(1), uids, components=comps, batch_norm=False, policy_rows=rows)
     # each component of p: policy mean 0.5, unbiased std R2; the GT row scores +R2 on both: 2 R2
     torch.testing.assert_close(adv, torch.tensor([0.0, 0.0, 2 * R2, 0.0, 0.0]), atol=1e-5, rtol=0)
-    # before issue 30 the GT row entered p's statistics (mean 2/3, std 0.57735 per component):
-    # the GT row got 2 x (1/3) / 0.57735 = 1.1547 and the policy rows were pushed below 0
+    # counting the GT row in p's statistics (mean 2/3, std 0.57735 per component) would give
+    # the GT row 2 x (1/3) / 0.57735 = 1.1547 and push the policy rows below 0
     old = gdpo(comps.sum(1), uids, components=comps, batch_norm=False)
     torch.testing.assert_close(old[:3], torch.tensor([-0.57735, -0.57735, 1.1547]), atol=1e-4, rtol=0)
 

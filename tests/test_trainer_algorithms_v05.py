@@ -115,7 +115,7 @@ def test_value_model_store_survives_a_reload(tmp_path):
     assert PromptValueModel(embed, path=tmp_path / "vm.json").predict(["b"], ["y"]) == {"b": 0.25}
 
 
-# ---- issue 30: GT rows, the variance floor, the budget's cost scale -------------------------------
+# ---- GT rows, the variance floor, the budget's cost scale -------------------------------
 POLICY = torch.tensor([True, True, True, False])  # three policy rollouts and one injected GT row
 
 
@@ -166,7 +166,7 @@ def test_uniform_and_size_one_groups_keep_a_prior_they_cannot_reject():
     zeros = torch.zeros(4)
     # four 0s against prior 0.05: noise 0.00868 > 0.05^2, the prior is kept: advantages -0.05, not 0
     torch.testing.assert_close(v05(zeros, ["p"] * 4, anchors={"p": 0.05}), zeros - 0.05)
-    # without the floor (before issue 30): s^2 = 0, w = 1, every advantage 0
+    # without the floor: s^2 = 0, w = 1, every advantage 0
     torch.testing.assert_close(v05(zeros, ["p"] * 4, anchors={"p": 0.05}, floor=None), zeros)
     # against prior 0.3: D^2 = 0.09 - 0.00868 = 0.08132, w = 0.903549, mu = 0.028935
     torch.testing.assert_close(v05(zeros, ["p"] * 4, anchors={"p": 0.3}), zeros - 0.028935, atol=1e-6, rtol=0)

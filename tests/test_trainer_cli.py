@@ -1,4 +1,4 @@
-"""Issue 17: what `pvpo train` says or refuses before it trains on something the user did not mean."""
+"""What `pvpo train` says or refuses before it trains on something the user did not mean."""
 
 from __future__ import annotations
 

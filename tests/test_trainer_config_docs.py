@@ -1,4 +1,4 @@
-"""Issue 17 item 10: config keys are documented by `Field(description=...)` alone, and the CLI
+"""Config keys are documented by `Field(description=...)` alone, and the CLI
 prints every key with its default and description."""
 
 from __future__ import annotations

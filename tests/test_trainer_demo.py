@@ -158,8 +158,8 @@ def test_miniature_demo_writes_finite_metrics_a_plot_and_a_before_after_summary(
 
 @pytest.mark.slow
 def test_shortened_demo_learns_held_out_em_rises_and_train_reward_beats_the_anchor(tmp_path):
-    """`make demo`'s own config cut to 40 RL steps, end to end through the CLI. On the machine the
-    README names the full demo measured held-out EM 0.179 -> 0.327 at step 40 and train reward - anchor
+    """`make demo`'s own config cut to 40 RL steps, end to end through the CLI. On the machine of
+    docs/benchmarks/demo.md the full demo's held-out EM went 0.179 -> 0.327 at step 40 and train reward - anchor
     +0.087 over steps 31-40 (the full 100-step demo goes on rising); the bars below leave room for
     another CPU's float kernels."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -185,7 +185,7 @@ def test_shortened_demo_learns_held_out_em_rises_and_train_reward_beats_the_anch
 
 
 def test_demo_refuses_a_run_dir_holding_a_users_file_and_keeps_it(tmp_path):
-    """Issue 23: `pvpo demo --run-dir D` deleted D with the user's files in it."""
+    """`pvpo demo --run-dir D` never deletes D with the user's files in it."""
     from typer.testing import CliRunner
 
     from pvpo.cli import app

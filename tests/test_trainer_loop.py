@@ -201,7 +201,7 @@ def test_smoke_config_trains_on_cpu_against_a_loopback_retriever(tmp_path):
     assert all(v is not None and math.isfinite(v) for r in rows for v in r.values())
     assert wall < 120, f"smoke run took {wall:.0f}s"
     assert (tmp_path / "smoke" / "checkpoints" / "latest").exists()
-    # the update path runs (issue 32: with reward 0 everywhere it never did): GT injection on
+    # the update path runs (with reward 0 everywhere it would not): GT injection on
     assert max(r["grad_norm"] for r in rows) > 0 and rows[0]["gs/gt_frac"] > 0
 
 
@@ -274,7 +274,7 @@ def test_eos_without_answer_and_the_token_budget_end_trajectories_scored_as_they
     protocol = get_protocol("search_r1")
     for t, e in (trajs[0], ex[0]), (trajs[2], ex[2]):
         # the env scored exactly the text the policy wrote (the budget row's is also judged with
-        # the observation that no longer fitted, as before the loop moved onto the vector env)
+        # the observation that does not fit)
         r = get_reward("pvpo")(t.response_text, list(e.golden_answers), protocol)
         assert (t.reward, t.prediction) == (r.total, r.prediction)
     assert trajs[2].accuracy == 1.0 and trajs[0].accuracy == 0.0

@@ -1,4 +1,4 @@
-"""Issue 17 item 7: a training run shuts its rollout engines down (vLLM: its engine process and
+"""A training run shuts its rollout engines down (vLLM: its engine process and
 its temporary `pvpo-vllm-*` copy of the model), also when the run fails."""
 
 from __future__ import annotations

@@ -245,7 +245,7 @@ def test_dataset_source_replays_kept_plans_through_the_env_and_drops_the_rest(ti
 @pytest.mark.slow
 def test_dataset_gt_on_real_musique_and_hotpotqa_with_minilm_keeps_most_questions(tmp_path: Path, tiny_tokenizer):
     """The real annotations with the real retriever over the questions' own paragraphs: most plans
-    retrieve every gold paragraph (the README's recipe relies on it)."""
+    retrieve every gold paragraph (the real-data recipe relies on it)."""
     from pvpo.envs.episode import EpisodeConfig
     from pvpo.envs.loaders import load_dataset
     from pvpo.retriever.build import build_index

@@ -176,7 +176,7 @@ def test_model_source_needs_a_model_and_endpoint_needs_reference_logprobs():
         load_config(None, ["algorithm.gt.source=bogus"])
 
 
-# ---- issue 30: accuracy by the reward in use, and never-solved prompts without GT ----------------
+# ---- accuracy by the reward in use, and never-solved prompts without GT ----------------
 def test_correctness_reads_the_rewards_own_correctness_or_the_metric_asked_for():
     golds = ["Paris"]
     # PVPO's reward: r_acc is cover-EM here ("in Paris" covers "Paris"), exact match is 0

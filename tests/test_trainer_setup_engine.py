@@ -1,4 +1,4 @@
-"""The trainer's rollout-engine wiring (issue #6): engine choice and options from config, sleep
+"""The trainer's rollout-engine wiring: engine choice and options from config, sleep
 around the update, the sampler/trainer log-prob mismatch logged every step, and truncated
 importance correction applied to the loss when enabled."""
 

@@ -1,5 +1,5 @@
 """Checkpoints and metrics that a crash or a tampered run directory cannot turn against the
-trainer (issue 16, items 7 and 10): weights-only loading, a confined `latest` pointer, atomic
+trainer: weights-only loading, a confined `latest` pointer, atomic
 directories, and a torn last line of `metrics.jsonl` dropped on resume."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_metrics_logger_resumes_over_a_torn_tail_and_appends_after_it(tmp_path: 
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["x"] == 3.0
 
 
-# ---- damaged checkpoints on `pvpo train --resume`: one line, rc 2, the file and what to do (issue 32) ----
+# ---- damaged checkpoints on `pvpo train --resume`: one line, rc 2, the file and what to do ----
 def _resume_cli(run: Path) -> tuple[int, str]:
     from typer.testing import CliRunner
 

@@ -1,4 +1,4 @@
-"""Run directories (issue 16, item 8): a resume trains with the run's own config and refuses a
+"""Run directories: a resume trains with the run's own config and refuses a
 conflicting one; a fresh run refuses a directory that already holds a run unless told to
 overwrite it."""
 
@@ -160,8 +160,8 @@ def _user_run(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 def test_cli_overwrite_with_a_bad_data_source_keeps_every_file_of_the_run(tmp_path: Path) -> None:
-    """Issue 32: `pvpo train --overwrite` with a bad `data.source` emptied the run folder, then
-    refused the value."""
+    """`pvpo train --overwrite` with a bad `data.source` refuses the value before it touches the run
+    folder."""
     from pvpo.cli import app
 
     run, files = _user_run(tmp_path)

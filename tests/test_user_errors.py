@@ -1,4 +1,4 @@
-"""Issue 17 item 6: a user mistake prints its cause and fix in a line or two (the traceback only
+"""A user mistake prints its cause and fix in a line or two (the traceback only
 under `pvpo --debug`); progress is a bar on a terminal and periodic lines elsewhere."""
 
 from __future__ import annotations

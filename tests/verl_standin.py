@@ -1,5 +1,5 @@
 """A minimal stand-in for the part of verl 0.9.1's interface our adapter uses, for machines where
-verl cannot be installed beside our pins (it needs transformers < 5.11; see README "verl"). It
+verl cannot be installed beside our pins (it needs transformers < 5.11; see docs/guides/integrations.md). It
 holds what the adapter relies on and nothing more, written from verl's documented contract:
 
 - `verl.trainer.ppo.core_algos`: `register_adv_est(name)` (a decorator; re-registering the same

@@ -4,7 +4,7 @@ under PVPO, whose baseline is the reference anchor.
 
 `policy_rows` (bool `[B]`, the trainer passes `~batch.is_gt`): the group statistics (mean, std,
 leave-one-out mean) are taken over the policy's own rollouts only; an injected GT row gets its
-reward measured against that same baseline (issue 30: the GT row entered the group mean).
+reward measured against that same baseline (a GT row is not a rollout of the policy).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ reduce over dim 0 and work on `[B]` as well as `[B, K]` (K reward components, GD
 `rows` (bool `[B]`, optional) names the rows the statistics are taken over; every row still gets
 its group's figures. The trainer passes the policy's own rollouts (not the injected GT rows): a
 group baseline is "the empirical mean of the rollouts" (V0.5, GRPO), and a GT trajectory is not a
-rollout of the policy (issue 30)."""
+rollout of the policy."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ largest variance a reward in [lo, hi] with mean p can have, so the floor is an u
 weighs like `a` extra rollouts and fades as k grows. Examples at R = 1, a = 1: four rewards 0 give
 s~^2 = (5/36) / 4 = 0.035 (noise s~^2/k = 0.0087: a prior V = 0.3 is rejected, w = 0.90; V = 0.05
 is kept, w = 0); one reward 0 gives s~^2 = 2/9. `a = 0` is the plain sample variance (a uniform
-group then discards the prior, w = 1, and every advantage is 0: the behaviour before issue 30).
+group then discards the prior, w = 1, and every advantage is 0).
 
 The statistics are over the group's policy rollouts (`rows`): an injected GT trajectory is not a
 rollout of the policy and gets r - mu of the policy rows. A prompt without a prior (an empty value
@@ -138,8 +138,8 @@ def fusion_stats(per: Mapping[str, Fusion]) -> dict[str, float]:
     """Logged figures: mean weight of the group mean, share of prompts whose prior was rejected
     (D^2 > 0), mean MSE of the baselines, and share of prompts whose noise was 0 (only with
     `var_pseudo_count: 0` and all rewards equal: then any deviation from the prior rejects it and
-    the budget adds nothing; on the demo's warm start at k=4 most rejections were these before the
-    floor, see the issue-15 report)."""
+    the budget adds nothing; without the floor most rejections on the demo's warm start at k=4 are
+    these)."""
     if not per:
         return {}
     fs = list(per.values())

@@ -1,5 +1,5 @@
 """Config sections of the estimators beyond the group baselines: GDPO's reward components, V0.5's
-prior fusion and adaptive rollout budget, PPO's critic and GAE (issue 15).
+prior fusion and adaptive rollout budget, PPO's critic and GAE.
 
 Kept apart from `schema.py` (which nests them under `algorithm`) so the estimators' settings
 live together; like all of `config/`, it imports no runtime code.

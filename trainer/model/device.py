@@ -11,7 +11,7 @@ same numbers `pvpo eval` of a saved policy gives on CPU. `auto` (`resolve_dtype`
 only where the device computes it natively.
 Rejected alternative: bf16 parameters with bf16 AdamW state, which halves optimizer memory but
 rounds away updates smaller than ~2^-8 of a weight (lr 1e-6 on weights of ~1e-2 vanish); the
-measured log-prob gap of either choice against float32 is in README ("Precision"). The frozen
+measured log-prob gap of either choice against float32 is in docs/guides/gpus.md ("Precision"). The frozen
 reference holds its weights in the compute dtype (it never steps), and the vLLM engine loads
 the compute dtype.
 """
@@ -77,7 +77,7 @@ def native_bf16(device: torch.device) -> bool:
 
 def resolve_dtype(name: str, device: torch.device) -> str:
     """`model.dtype` as a dtype name: `auto` is bfloat16 where `native_bf16(device)`, else float32.
-    Measured on a 2-core AVX512-BF16 CPU (README, "Precision"): one SmolLM2-135M update 1.9x
+    Measured on a 2-core AVX512-BF16 CPU (docs/guides/gpus.md, "Precision"): one SmolLM2-135M update 1.9x
     faster under bf16 autocast than in float32 (`bench/train_step.py --dtype`)."""
     if name != "auto":
         compute_dtype(name)

@@ -233,7 +233,7 @@ def policy_update(
     n_minis = min(optim.mini_batches, all_reduce_min(len(batch)))
     # One epoch of one mini-batch: every forward of the loss pass sees the weights that sampled the
     # batch, so its own log-probs are lp_train_old (filled in as it goes). Measured with SmolLM2 on
-    # CPU (README, "Memory on a real vocabulary"): the separate no-grad pass cost a third of a step.
+    # CPU (docs/benchmarks/training-step.md): the separate no-grad pass cost a third of a step.
     fused = optim.epochs == 1 and n_minis <= 1 and not separate_old_pass
     old_lp: torch.Tensor | None = None
     is_w: torch.Tensor | None = None

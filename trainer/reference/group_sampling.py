@@ -5,7 +5,7 @@ Accuracy is read by `group_sampling.metric` (`correctness`): `reward` (default) 
 correctness component of the reward in use (PVPO's `r_acc`, cover-EM or F1; Search-R1's `em`;
 ReSearch's `f1`), so a prompt the reference solves every time by the training reward is dropped
 even when its exact match is 0; `em`, `cem`, `f1` score the prediction against the gold answers
-directly. (Before issue 30 the decision read exact match whatever the reward.)
+directly. (Exact match alone would send a prompt the reference solves in long answers to GT.)
 
 - accuracy >= `drop_threshold` (default 1, always solved): dropped, its groups would carry no
   signal and its rollouts are pure cost;
