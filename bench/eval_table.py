@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 from pvpo.reward.metrics import as_golds
 from pvpo.reward.normalize import normalize_answer
+from pvpo.reward.protocol import TagProtocol, get_protocol
 from pvpo.trainer.heldout_table import STAGES, per_dataset_table
 
-INFORMATION = re.compile(r"<information>(.*?)</information>", re.DOTALL)
 
-
-def answer_in_reach(response: str, golds: list[str]) -> bool:
-    """Whether a golden answer (normalised as EM is) occurs in the passages the episode retrieved."""
-    seen = normalize_answer(" ".join(INFORMATION.findall(response)))
+def answer_in_reach(response: str, golds: list[str], protocol: TagProtocol | None = None) -> bool:
+    """Whether a golden answer (normalised as EM is, as a whole phrase) occurs in the passages the
+    episode retrieved: the protocol's result blocks (Search-R1's `<information>` by default)."""
+    protocol = protocol or get_protocol("search_r1")
+    seen = normalize_answer(" ".join(seg.content for seg in protocol.segments(response) if seg.tag == protocol.result))
     return any(g and f" {g} " in f" {seen} " for g in (normalize_answer(x) for x in golds))
 
 

@@ -24,6 +24,11 @@ from pathlib import Path
 from faults import ENV, REPO, Faults, Row, first_error, free_port, jsonl, pvpo
 
 
+def not_mounted(fault: str, test: str) -> Row:
+    """The row of a tmpfs probe that could not mount its disk (not root): `test` injects the fault instead."""
+    return Row(fault, f"not run: mounting a tmpfs needs root ({test} injects the fault)", True)
+
+
 def error_block(out: str) -> list[str]:
     """The lines a refused command ends with, from its `error:` line on."""
     lines = [ln for ln in out.splitlines() if ln.strip()]
@@ -175,9 +180,7 @@ class OSFaults(Faults):
         fault = "the disk fills up during a checkpoint (a 4 MB tmpfs, room for half a checkpoint), then space freed and `--resume`"
         with tmpfs(self.work / "fulldisk", "size=4m") as disk:
             if disk is None:
-                return Row(
-                    fault, "not run: mounting a tmpfs needs root (tests/test_trainer_faults.py injects the fault)", True
-                )
+                return not_mounted(fault, "tests/test_trainer_faults.py")
             run = disk / "run"
             shutil.copytree(self.base, run)
             ckpt = sum(p.stat().st_size for p in (run / "checkpoints" / "step_000002").rglob("*") if p.is_file())
@@ -203,9 +206,7 @@ class OSFaults(Faults):
         fault = "a read-only model cache (`$PVPO_CACHE_DIR` on a read-only tmpfs) at `pvpo models pull`"
         with tmpfs(self.work / "rocache", "ro,size=64k") as cache:
             if cache is None:
-                return Row(
-                    fault, "not run: mounting a tmpfs needs root (tests/test_model_catalog.py injects the fault)", True
-                )
+                return not_mounted(fault, "tests/test_model_catalog.py")
             gguf = self.dataset("tiny.gguf", b"GGUF" + b"\0" * 64)
             env = {**ENV, "PVPO_CACHE_DIR": str(cache)}
             proc = subprocess.run(
