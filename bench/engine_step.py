@@ -15,10 +15,8 @@ Prints the machine, the command and one table row per engine and step.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -53,20 +51,6 @@ def one_engine(run: Path, index: Path, engine: str, steps: int, out: Path) -> No
     out.write_text(json.dumps(rows))
 
 
-def cpu_name() -> str:
-    """The CPU model and its bf16 / AVX-512 flags (they decide the recipe's dtype and speed on CPU)."""
-    name, flags = platform.processor() or platform.machine(), set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    wanted = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name} ({', '.join(wanted) or 'no AVX-512'})"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -87,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--run {args.run}: no {need} there; give a recipe run that got past its anchor")
     if not (index / "meta.json").exists():
         ap.error(f"--index {index}: no index there (meta.json); give the run's index folder")
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, load {os.getloadavg()}")
+    from algorithms_results import machine_record  # the benches' one record of CPU flags, versions and commit
+
+    print(f"machine: {machine_record()}, load {os.getloadavg()}")
     print(f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")
     print("command: python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
     print()
