@@ -228,3 +228,44 @@ def test_the_warm_start_and_the_reference_work_log_their_own_peaks(tmp_path) -> 
     row = result.metrics[0]
     for phase in ("warm_start", "eval_base", "reference", "rollout", "train"):
         assert row[f"mem/{phase}_peak_rss_gib"] > 0, phase
+
+
+_HEAP_PROBE = """
+import ctypes, ctypes.util, sys
+from pvpo.trainer.model import memory
+if sys.argv[1] == "limit" and not memory.limit_heap_retention():
+    print("no-mallopt"); raise SystemExit
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(16 << 20))  # freeing a 16 MiB mmapped block raises glibc's dynamic threshold to it
+size = 8 << 20
+blocks = [libc.malloc(size) for _ in range(20)]
+for b in blocks:
+    ctypes.memset(b, 1, size)
+pin = libc.malloc(1 << 20)  # a live block above them: the heap cannot shrink past it
+ctypes.memset(pin, 1, 1 << 20)
+held = memory._status_kib("VmRSS")
+for b in blocks:
+    libc.free(b)
+print(held - memory._status_kib("VmRSS"))
+"""
+
+
+@pytest.mark.parametrize("mode", ["limit", "default"])
+def test_a_cpu_runs_large_freed_blocks_leave_the_process_at_once(mode: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    out = subprocess.run(
+        [sys.executable, "-c", _HEAP_PROBE, mode], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
+    if out == "no-mallopt":
+        pytest.skip("no glibc mallopt on this platform")
+    returned_mib = int(out) / 1024
+    if mode == "limit":  # 20 x 8 MiB blocks over the fixed 4 MiB threshold: mmapped, unmapped on free
+        assert returned_mib > 150
+    else:  # glibc's raised dynamic threshold keeps them in the heap: what the limit is for
+        assert returned_mib < 50

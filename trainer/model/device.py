@@ -29,7 +29,7 @@ import torch
 
 from pvpo.trainer.config.policy import check_attn_implementation, check_device_name
 from pvpo.trainer.config.schema import TrainConfig
-from pvpo.trainer.model.memory import peak_rss_gib, release_freed_heap, reset_peak_rss
+from pvpo.trainer.model.memory import limit_heap_retention, peak_rss_gib, release_freed_heap, reset_peak_rss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -185,6 +185,10 @@ class PhaseMemory:
 
     device: torch.device
     peaks: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.device.type != "cuda":  # a CPU run's update tensors go back to the kernel when freed
+            limit_heap_retention()
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
