@@ -55,11 +55,9 @@ class TokenPolicy:
     ) -> list[Outcome]:
         """The token-exact agent loop, at most `settings.batch_size` questions in flight;
         `indices` / `on_done` as in `run_episodes_async`, with each question's Outcome."""
-        from dataclasses import replace
-
         from pvpo.trainer.rollout.agent_loop import run_agent_loop
 
-        loop = replace(settings.loop(self.tokenizer), top_k=settings.top_k)
+        loop = settings.loop(self.tokenizer)
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
 
         def outcome(t: Trajectory) -> Outcome:
@@ -166,13 +164,11 @@ class OpenAIPolicy:
         """The agent loop of `pvpo.trainer.rollout.agent_loop`, on text: the same env, turn limits
         and endings (answer, max turns, EOS without an answer, token budget); `indices` /
         `on_done` as in `run_episodes_async`."""
-        from dataclasses import replace
-
         from pvpo.trainer.rollout.agent_loop import run_episodes
         from pvpo.trainer.rollout.endpoint_turns import EndpointTurns
 
         protocol: TagProtocol = episode.protocol  # type: ignore[assignment]
-        loop = replace(settings.loop(None), top_k=settings.top_k)
+        loop = settings.loop(None)
         trajs = run_episodes(
             lambda _: EndpointTurns(self.client, protocol, api=self.api, concurrency=self.concurrency),
             examples,

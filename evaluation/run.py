@@ -38,6 +38,7 @@ from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.reward import TagProtocol, answer_metrics, get_protocol
 from pvpo.stats import mean, standard_error
+from pvpo.trainer.rollout.agent_settings import AgentSettings
 
 if TYPE_CHECKING:
     from pvpo.trainer.rollout.agent_loop import LoopConfig
@@ -88,33 +89,35 @@ class EvalSettings:
             raise EvalError(f"bad evaluation setting {bad[0]}={getattr(self, bad[0])!r}")
         resolve_template(self.template)
 
-    def episode(self) -> EpisodeConfig:
-        """The episode rules of an evaluation; the env's reward is Search-R1's EM (the prediction it
-        extracts is what the metrics score)."""
+    def agent(self, tokenizer: Any) -> AgentSettings:
+        """These settings as the trainer's one source of episode rules and loop limits: the env's
+        reward is Search-R1's EM (the prediction it extracts is what the metrics score); the chat
+        template is used when asked, or by default when `tokenizer` has one."""
         protocol, prompt = resolve_template(self.template)
-        return EpisodeConfig(
+        chat = self.chat_template if self.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
+        return AgentSettings(
             protocol=protocol,
+            prompt_template=prompt,
             reward="em",
             max_turns=self.max_turns,
             topk=self.topk,
             max_obs_chars=self.max_obs_chars,
-            prompt_template=prompt,
-        )
-
-    def loop(self, tokenizer: Any) -> LoopConfig:
-        """The agent loop's limits; the chat template is used when asked, or by default when
-        `tokenizer` has one."""
-        from pvpo.trainer.rollout.agent_loop import LoopConfig  # torch: only where a loop runs
-
-        chat = self.chat_template if self.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
-        return LoopConfig(
             temperature=self.temperature,
             top_p=self.top_p,
+            top_k=self.top_k,
             max_new_tokens=self.max_new_tokens,
             max_response_tokens=self.max_response_tokens,
             chat_template=chat,
             max_concurrency=self.batch_size,
         )
+
+    def episode(self) -> EpisodeConfig:
+        """The episode rules of an evaluation."""
+        return self.agent(None).episode()
+
+    def loop(self, tokenizer: Any) -> LoopConfig:
+        """The agent loop's limits for a policy with `tokenizer`."""
+        return self.agent(tokenizer).loop()
 
 
 def resolve_template(name: str) -> tuple[TagProtocol, str]:

@@ -48,7 +48,7 @@ def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template
     from trainer_support import WORLD, OverlapSearcher
     from transformers import AutoModelForCausalLM
 
-    from pvpo.trainer.data import episode_config
+    from pvpo.trainer.data import agent_settings
     from pvpo.trainer.loop import train
     from pvpo.trainer.model.policy import build_tiny_policy, save_policy
 
@@ -73,7 +73,8 @@ def test_a_saved_hf_model_folder_trains_with_search_r1s_prompt_and_chat_template
     cfg = load_config(None, over)
     ex = WORLD.questions("train")[0]
     assert (
-        episode_config(cfg)
+        agent_settings(cfg)
+        .episode()
         .prompt(ex)
         .startswith("Answer the given question. You must conduct reasoning inside <think>")
     )

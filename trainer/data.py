@@ -1,9 +1,9 @@
 """The run's questions, corpus and retriever, and the rules its episodes run by: `load_data` (the
 synthetic world from the config, or dataset files readable by `pvpo.envs.loaders`, split into RL,
 held-out and warm-start questions), `retriever_session` (with no `retriever.url`, the corpus is
-indexed under the run directory once and served on loopback for the life of the run), and the
-settings -> `EpisodeConfig` / `LoopConfig` translation, made once per run from the config
-(`episode_config`, `loop_config`) for the rollouts, the reference work and evaluation alike.
+indexed under the run directory once and served on loopback for the life of the run). The
+run's episode rules and loop limits (`agent_settings`) are made from the config here, by the one
+translation that `pvpo eval`'s settings go through too (`trainer/rollout/agent_settings.py`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import numpy as np
 
 from pvpo.atomic import atomic_write_jsonl
 from pvpo.envs.data import QAExample
-from pvpo.envs.episode import EpisodeConfig
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.config.schema import QUESTIONS_CORPUS, TrainConfig
-from pvpo.trainer.rollout.agent_loop import LoopConfig
+from pvpo.trainer.rollout.agent_settings import AgentSettings
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -40,24 +39,18 @@ class Data:
     warm_start: list[QAExample] = field(default_factory=list)  # SFT questions (oracle or dataset GT)
 
 
-def episode_config(cfg: TrainConfig) -> EpisodeConfig:
-    """The environment's rules for this run."""
-    return EpisodeConfig(
+def agent_settings(cfg: TrainConfig, temperature: float | None = None) -> AgentSettings:
+    """The run's episode rules and loop limits, sampling at `temperature` (default: the rollouts')."""
+    r = cfg.rollout
+    return AgentSettings(
         protocol=cfg.env.protocol,
+        prompt_template=cfg.env.prompt_template,
         reward=cfg.algorithm.reward,
         reward_params=dict(cfg.algorithm.reward_params),
-        max_turns=cfg.rollout.max_turns,
+        max_turns=r.max_turns,
         topk=cfg.retriever.topk,
         max_obs_chars=cfg.env.max_obs_chars,
-        prompt_template=cfg.env.prompt_template,
         max_question_chars=cfg.env.max_question_chars,
-    )
-
-
-def loop_config(cfg: TrainConfig, temperature: float | None = None) -> LoopConfig:
-    """The agent loop's limits for this run's rollouts, at `temperature` (default the rollouts')."""
-    r = cfg.rollout
-    return LoopConfig(
         temperature=r.temperature if temperature is None else temperature,
         top_p=r.top_p,
         max_new_tokens=r.max_new_tokens,
@@ -154,7 +147,7 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         )
         train, evals = world.questions("train"), world.questions("test")
         corpus_path: Path | None = world.write_corpus(RunDir(run_dir).corpus)
-        protocol = episode_config(cfg).tag_protocol
+        protocol = agent_settings(cfg).episode().tag_protocol
         texts = [p.contents for p in world.passages] + [protocol.instruction()]
         texts += [q.question for q in train] + ["".join(world.oracle_trajectory(q, protocol)) for q in train[:200]]
         rl, sft = disjoint_splits(

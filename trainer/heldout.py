@@ -20,7 +20,7 @@ from pvpo.retriever.types import Searcher
 from pvpo.reward import answer_metrics
 from pvpo.stats import standard_error
 from pvpo.trainer.config.schema import TrainConfig
-from pvpo.trainer.data import episode_config, loop_config
+from pvpo.trainer.data import agent_settings
 from pvpo.trainer.model.device import Placement
 from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
@@ -134,14 +134,15 @@ def evaluate_policy(
     """Held-out metrics (`eval/*`) of the policy behind `engine` on `examples`, one rollout each at
     the run's evaluation temperature, seeded by `tag`; `per_question` receives each one's EM,
     `scores` each one's scores (`heldout.question_scores`); `show_progress`: a meter while it runs."""
+    agent = agent_settings(cfg)
     with where.autocast():
         return evaluate(
             engine,
             tokenizer,
             examples,
             searcher,
-            episode_config(cfg),
-            loop_config(cfg),
+            agent.episode(),
+            agent.loop(),
             temperature=cfg.run.eval_temperature,
             top_p=cfg.run.eval_top_p,
             seed=eval_seed(tag),

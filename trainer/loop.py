@@ -32,7 +32,7 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.config.schema import TrainConfig, dump_config
-from pvpo.trainer.data import Data, episode_config, load_data, loop_config, retriever_session, step_examples
+from pvpo.trainer.data import Data, agent_settings, load_data, retriever_session, step_examples
 from pvpo.trainer.heldout import evaluate_policy, load_eval_before
 from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
 from pvpo.trainer.model.lora import checkpoint_view
@@ -103,8 +103,8 @@ class Trainer:
             searcher,
         )
         self.show_progress = show_progress
-        self.epcfg = episode_config(cfg)  # the run's episode rules and loop limits, made once
-        self.loop = loop_config(cfg)
+        agent = agent_settings(cfg)  # the run's episode rules and loop limits, made once
+        self.epcfg, self.loop = agent.episode(), agent.loop()
         self.spec = get_spec(cfg.algorithm.estimator)
         check_supported(cfg, self.spec)
         if cfg.run.threads:

@@ -21,7 +21,7 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState
 from pvpo.trainer.algorithms.spec import EstimatorSpec, available_estimators, get_spec
 from pvpo.trainer.config.schema import TrainConfig
-from pvpo.trainer.data import Data, episode_config
+from pvpo.trainer.data import Data, agent_settings
 from pvpo.trainer.heldout import evaluate_policy
 from pvpo.trainer.model.device import (
     PhaseMemory,
@@ -52,7 +52,7 @@ def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy,
     saved = RunDir(run_dir).initial_policy
     if (saved / "config.json").exists():
         return load_policy(saved, dtype="float32"), False
-    protocol = episode_config(cfg).tag_protocol
+    protocol = agent_settings(cfg).episode().tag_protocol
     tags = (protocol.think, protocol.search, protocol.result, protocol.answer)
     return policy_from_config(cfg.model, corpus_texts=data.texts, tags=tags, seed=cfg.run.seed), True
 
@@ -185,7 +185,7 @@ def warm_start(
     from pvpo.trainer.model.warmstart import warm_start as sft
     from pvpo.trainer.rollout.replay import oracle_trajectories
 
-    m, t0, epcfg = cfg.model, time.perf_counter(), episode_config(cfg)
+    m, t0, epcfg = cfg.model, time.perf_counter(), agent_settings(cfg).episode()
     questions = data.warm_start
     report: dict[str, int] = {}
     if data.world is not None:
