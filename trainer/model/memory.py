@@ -198,12 +198,16 @@ def process_peak_rss_gib() -> float | None:
     return max(kib, _peak_before_resets_kib) / 2**20
 
 
-def _libc() -> Any:
+def _libc_function(name: str) -> Any:
+    """The C library's function `name`, or None where there is no such library or function."""
     import ctypes
     import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
+    try:
+        lib = ctypes.util.find_library("c")
+        return getattr(ctypes.CDLL(lib), name, None) if lib else None
+    except OSError:
+        return None
 
 
 # glibc's mallopt parameter numbers (malloc.h) and the threshold the CPU trainer sets: blocks of
@@ -224,11 +228,7 @@ def limit_heap_retention(threshold_bytes: int = CPU_MMAP_THRESHOLD_BYTES) -> boo
 
     if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
         return False
-    try:
-        libc = _libc()
-        mallopt = getattr(libc, "mallopt", None) if libc is not None else None
-    except OSError:
-        return False
+    mallopt = _libc_function("mallopt")
     if mallopt is None:
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
@@ -240,11 +240,7 @@ def release_freed_heap() -> bool:
     heap, which keeps them resident: `bench/heap_retention.py` measured 9.41 of 11.31 GiB resident as
     free heap after a SmolLM2 update (8 rows x 1,024 tokens), 1.91 GiB after the trim (0.8 s), so
     without it every later phase stacked on the update's high-water mark."""
-    try:
-        libc = _libc()
-        trim = getattr(libc, "malloc_trim", None) if libc is not None else None
-    except OSError:
-        return False
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)
