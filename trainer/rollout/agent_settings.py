@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pvpo.envs.episode import DEFAULT_PROMPT, MAX_QUESTION_CHARS, EpisodeConfig
+from pvpo.envs.episode import MAX_QUESTION_CHARS, EpisodeConfig
 from pvpo.reward import TagProtocol
 
 if TYPE_CHECKING:
@@ -19,24 +19,24 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """Everything that decides an episode and how the policy samples in it (defaults: the agent
-    loop's and the episode's own)."""
+    """Everything that decides an episode and how the policy samples in it; each caller gives the
+    settings it has and the rest keep the episode's and the loop's defaults."""
 
-    protocol: TagProtocol | str = "search_r1"
-    prompt_template: str = DEFAULT_PROMPT
-    reward: str = "pvpo"
+    protocol: TagProtocol | str
+    prompt_template: str
+    reward: str
+    max_turns: int
+    topk: int
+    max_obs_chars: int | None
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    max_response_tokens: int
+    chat_template: bool
+    max_concurrency: int
     reward_params: Mapping[str, Any] = field(default_factory=dict)
-    max_turns: int = 6
-    topk: int = 3
-    max_obs_chars: int | None = 2000
     max_question_chars: int | None = MAX_QUESTION_CHARS
-    temperature: float = 1.0
-    top_p: float = 1.0
     top_k: int = -1
-    max_new_tokens: int = 48
-    max_response_tokens: int = 384
-    chat_template: bool = False
-    max_concurrency: int = 256
     search_timeout_s: float | None = None
 
     def episode(self) -> EpisodeConfig:
