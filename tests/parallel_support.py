@@ -155,9 +155,13 @@ def _gloo_rank(rank: int, world: int, init_file: str, out_dir: str, checks: Call
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    completed = False
     try:
         results = checks(rank, out_dir)
+        completed = True
     finally:
+        if completed:  # no rank leaves while another still talks to it (see ddp.shutdown)
+            dist.barrier()
         dist.destroy_process_group()
     Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(results))
 

@@ -69,3 +69,33 @@ def test_nproc_shortcut_runs_the_same_command_under_torchrun():
     cmd = torchrun_command(2, ["train", "--config", "c.yaml", "--nproc", "2", "run.steps=3", "--nproc=2"])
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     assert cmd[5:] == ["-m", "pvpo.cli", "train", "--config", "c.yaml", "run.steps=3"]
+
+
+def test_a_rank_leaves_the_group_after_a_barrier_only_when_it_completed(monkeypatch):
+    from pvpo.trainer.parallel import distributed as ddp
+
+    calls: list[str] = []
+    monkeypatch.setattr(ddp, "is_distributed", lambda: True)
+    monkeypatch.setattr(ddp.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(ddp.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    ddp.shutdown(completed=True)
+    assert calls == ["barrier", "destroy"]
+    calls.clear()
+    ddp.shutdown(completed=False)  # after a failure the others must not wait for this rank
+    assert calls == ["destroy"]
+
+
+def test_train_leaves_the_group_as_completed_only_when_the_run_returned(monkeypatch, tmp_path):
+    from pvpo.trainer import loop
+    from pvpo.trainer.config.schema import load_config
+
+    left: list[bool] = []
+    monkeypatch.setattr(loop.ddp, "shutdown", lambda *, completed=False: left.append(completed))
+
+    def broken(*_a, **_k):
+        raise RuntimeError("the data would not load")
+
+    monkeypatch.setattr(loop, "load_data", broken)
+    with pytest.raises(RuntimeError, match="would not load"):
+        loop.train(load_config(SMOKE, ["run.tensorboard=false"]), tmp_path / "run")
+    assert left == [False]

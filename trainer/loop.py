@@ -475,6 +475,7 @@ def train(
     device = resolve_device(cfg.model.device)
     ddp.init_from_env(device)  # under torchrun: join the process group
     cfg = with_resolved_dtype(cfg, device)
+    completed = False
     try:
         with contextlib.ExitStack() as stack:
             with ddp.main_first():  # rank 0 checks the run dir, writes the corpus and builds the index
@@ -491,6 +492,8 @@ def train(
             trainer = stack.enter_context(
                 Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main())
             )
-            return trainer.run()
+            result = trainer.run()
+        completed = True
+        return result
     finally:
-        ddp.shutdown()
+        ddp.shutdown(completed=completed)

@@ -188,9 +188,9 @@ class PhaseMemory:
     peaks: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # a one-process CPU run's update tensors go back to the kernel when freed; not under
-        # torch.distributed, where the fixed threshold made gloo ranks abort at exit now and then
-        # ("terminate called without an active exception": 2 of 6 runs of the shared-state tests)
+        # a one-process CPU run's update tensors go back to the kernel when freed. Not under
+        # torch.distributed, where it is not measured: the gloo aborts at exit first blamed on it
+        # were ranks leaving the group without a barrier (see parallel.distributed.shutdown)
         if self.device.type != "cuda" and not (dist.is_available() and dist.is_initialized()):
             limit_heap_retention()
 
