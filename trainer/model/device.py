@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from pvpo.trainer.config.policy import check_attn_implementation, check_device_name
 from pvpo.trainer.config.schema import TrainConfig
@@ -188,10 +187,10 @@ class PhaseMemory:
     peaks: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # a one-process CPU run's update tensors go back to the kernel when freed. Not under
-        # torch.distributed, where it is not measured: the gloo aborts at exit first blamed on it
-        # were ranks leaving the group without a barrier (see parallel.distributed.shutdown)
-        if self.device.type != "cuda" and not (dist.is_available() and dist.is_initialized()):
+        # a CPU run's update tensors go back to the kernel when freed (gloo ranks included: the
+        # aborts at exit once blamed on this were ranks leaving without a barrier, and came from
+        # spawned test ranks that never set it; see parallel.distributed.shutdown)
+        if self.device.type != "cuda":
             limit_heap_retention()
 
     @contextlib.contextmanager
