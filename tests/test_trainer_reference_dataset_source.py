@@ -521,3 +521,81 @@ def test_twowiki_triples_naming_no_supporting_paragraph_have_no_plan():
     )
     with pytest.raises(NoPlan, match="evidence subject 'Zeno' names none"):
         twowiki_plan(bad)
+
+
+def test_an_engine_with_its_own_weights_is_shut_during_the_warm_start_and_rebuilt_on_its_weights(
+    tmp_path: Path, monkeypatch
+):
+    from trainer_support import TINY
+
+    import pvpo.trainer.model.warmstart as warmstart
+    import pvpo.trainer.setup as setup
+    from pvpo.trainer.algorithms.spec import get_spec
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.data import load_data
+    from pvpo.trainer.rollout.hf_engine import HFEngine
+
+    built: list[HFEngine] = []
+    closed: list[HFEngine] = []
+
+    class OwnCopy(HFEngine):  # as vLLM: its own copy of the weights
+        def close(self) -> None:
+            closed.append(self)
+
+    def factory(cfg, tokenizer):
+        def make(model):
+            built.append(OwnCopy(model, tokenizer, share_weights=False))
+            return built[-1]
+
+        return make
+
+    engines_during_sft: list[tuple[int, int]] = []
+    real = warmstart.warm_start
+
+    def recording(*args, **kwargs):
+        engines_during_sft.append((len(built), len(closed)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(setup, "engine_factory", factory)
+    monkeypatch.setattr(warmstart, "warm_start", recording)
+    source = tmp_path / "musique.json"
+    source.write_text(json.dumps(_musique_rows(6)))
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            f"data.source={source}",
+            "data.held_out_examples=1",
+            "data.max_train_examples=2",
+            "data.warm_start_examples=3",
+            "model.warm_start_steps=2",
+            "model.warm_start_batch_size=2",
+            "model.warm_start_lr=0.01",
+            "model.device=cpu",
+            "rollout.max_turns=3",
+            "run.steps=1",
+        ],
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))
+    out = setup.build_model(cfg, load_data(cfg, run), run, searcher, get_spec("grpo"), show_progress=False)
+    assert engines_during_sft == [(1, 1)]  # the first engine was shut before the SFT ran
+    assert len(built) == 2 and out.engine is built[1] and closed == [built[0]]
+    trained, first = out.model.state_dict(), built[0].model.state_dict()
+    assert any(not torch.equal(trained[k], first[k]) for k in trained)  # the SFT moved the weights
+    assert all(torch.equal(v, out.engine.model.state_dict()[k]) for k, v in trained.items())
+
+
+def test_an_engine_that_samples_from_the_policy_module_is_kept_through_the_warm_start():
+    from pvpo.trainer.setup import owns_weights
+
+    model = torch.nn.Linear(2, 2)
+
+    class Shares:
+        def __init__(self, m):
+            self.model = m
+
+    assert not owns_weights(Shares(model), model)
+    assert owns_weights(Shares(torch.nn.Linear(2, 2)), model)
+    assert owns_weights(object(), model)  # vLLM: no module of ours at all
