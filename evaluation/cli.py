@@ -109,6 +109,14 @@ def eval_cmd(
         ),
     ] = None,
     dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")] = "auto",
+    engine_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine-option",
+            help="KEY=VALUE passed to the local engine (repeat), as the training config's rollout.<engine> "
+            "section, e.g. kv_cache_memory_bytes=1073741824 for vllm",
+        ),
+    ] = None,
     base_url: Annotated[
         str | None,
         typer.Option("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (engine openai)"),
@@ -180,6 +188,7 @@ def eval_cmd(
         engine=engine,
         settings=settings,
         dtype=dtype,
+        engine_options=parse_engine_options(engine_option or [], engine),
         base_url=base_url,
         model_name=model_name,
         api=api,
@@ -190,6 +199,43 @@ def eval_cmd(
         quiet=quiet,
         overwrite=overwrite,
     )
+
+
+SET_BY_EVAL = frozenset({"dtype", "micro_batch_size", "device"})  # --dtype, --batch-size and the machine
+
+
+def parse_engine_options(items: list[str], engine: str) -> dict[str, Any]:
+    """`--engine-option KEY=VALUE` pairs as keyword arguments of `engine`'s constructor, each value
+    read as YAML (numbers, booleans, null); a malformed pair or a key the engine does not take is a
+    one-line error listing the keys it takes."""
+    import inspect
+
+    import yaml
+
+    from pvpo.trainer.rollout.engine import ENGINES
+
+    if not items:
+        return {}
+    if engine == "openai":
+        raise ValueError("--engine-option: the openai engine takes none (it is a remote endpoint)")
+    factory = ENGINES.get(engine)
+    sig = inspect.signature(factory)
+    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):  # a builder passing **kwargs on: its class's
+        ret = sig.return_annotation
+        cls = getattr(factory, "__globals__", {}).get(ret) if isinstance(ret, str) else ret
+        sig = inspect.signature(cls) if callable(cls) else sig
+    params = sig.parameters
+    known = sorted(k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in SET_BY_EVAL)
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--engine-option {item!r}: expected KEY=VALUE, e.g. kv_cache_memory_bytes=1073741824")
+        if key not in known:
+            raise ValueError(f"--engine-option {key}: not an option of engine {engine}; known: {known}")
+        out[key] = yaml.safe_load(value)
+    return out
 
 
 def _run(
@@ -207,6 +253,7 @@ def _run(
     settings: Any,
     dtype: str,
     base_url: str | None,
+    engine_options: dict[str, Any] | None = None,
     model_name: str | None,
     api: str,
     api_key: str | None,
@@ -245,7 +292,7 @@ def _run(
         model_id = f"{base_url}#{model_name}"
     else:
         assert model is not None  # the command refuses a local engine without --model
-        policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size)
+        policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size, engine_options=engine_options)
         model_id = _model_id(model)
     name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
     with (
