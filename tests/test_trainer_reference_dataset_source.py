@@ -588,7 +588,7 @@ def test_an_engine_with_its_own_weights_is_shut_during_the_warm_start_and_rebuil
 
 
 def test_an_engine_that_samples_from_the_policy_module_is_kept_through_the_warm_start():
-    from pvpo.trainer.setup import owns_weights
+    from pvpo.trainer.policy_engine import owns_weights
 
     model = torch.nn.Linear(2, 2)
 

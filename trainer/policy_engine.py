@@ -65,11 +65,17 @@ def lora_engine(inner: RolloutEngine) -> RolloutEngine:
     return ViewSyncEngine(inner, lambda m: MergedLoraView(m) if is_lora(m) else m)  # type: ignore[arg-type,return-value]
 
 
+def owns_weights(engine: RolloutEngine, model: torch.nn.Module) -> bool:
+    """True when `engine` samples from its own copy of the weights (vLLM, a copying transformers
+    engine), not from `model` itself: such an engine needs syncing, and can be shut and built again."""
+    return getattr(engine, "model", None) is not model
+
+
 def with_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple[torch.nn.Module, RolloutEngine]:
     """Add adapters per `cfg` (`ModelConfig.lora`) to the policy; an engine that samples from the
     policy module itself now samples from the adapted one, any other is wrapped to receive merged
     weights."""
-    shares = getattr(engine, "model", None) is model
+    shares = not owns_weights(engine, model)
     peft_model = apply_lora(model, cfg)
     if shares:
         engine.model = peft_model  # type: ignore[attr-defined]

@@ -32,7 +32,7 @@ from pvpo.trainer.model.device import (
 )
 from pvpo.trainer.model.policy import Policy
 from pvpo.trainer.parallel import distributed as ddp
-from pvpo.trainer.policy_engine import engine_factory, with_lora
+from pvpo.trainer.policy_engine import engine_factory, owns_weights, with_lora
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.state.run_dir import RunDir
 
@@ -166,12 +166,6 @@ def build_model(
                 ddp.shard(mod, compute_dtype=where.dtype)
         out.engine.sync_weights(out.model)
     return out
-
-
-def owns_weights(engine: RolloutEngine, model: torch.nn.Module) -> bool:
-    """True when `engine` samples from its own copy of the weights (vLLM), not from `model` itself
-    (the transformers engine): such an engine can be shut and built again on new weights."""
-    return getattr(engine, "model", None) is not model
 
 
 def base_evaluation(
