@@ -195,6 +195,73 @@ def test_sleep_and_wake_keep_the_engine_usable(policy, engine) -> None:  # type:
     assert engine.generate([prompt], greedy)[0].token_ids == before
 
 
+def _perturbed(model, seed: int):  # type: ignore[no-untyped-def]
+    import copy
+
+    import torch
+
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    return out
+
+
+def _live(type_name: str, module_prefix: str) -> int:
+    import gc
+
+    gc.collect()
+    return sum(
+        1
+        for o in gc.get_objects()
+        if type(o).__name__ == type_name and str(getattr(type(o), "__module__", "")).startswith(module_prefix)
+    )
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_on_cpu_sleep_shuts_the_engine_and_wake_up_rebuilds_it_with_the_weights_synced_meanwhile(
+    policy, engine
+) -> None:  # type: ignore[no-untyped-def]
+    prompt = _prompt(policy, "Question: who directed")
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=10)
+    before = engine.generate([prompt], greedy)[0].token_ids
+    trained = _perturbed(policy.model, 1)
+    expected = _hf_greedy(trained, prompt, 10)
+    assert expected != before, "the perturbation should change the greedy output"
+    assert engine.release_on_sleep  # the CPU default: vLLM has no sleep mode there
+    engine.sleep()
+    assert engine.llm is None
+    engine.sync_weights(trained)  # lands in the snapshot, loaded by the rebuilt engine
+    engine.wake_up()
+    assert engine.llm is not None
+    assert engine.generate([prompt], greedy)[0].token_ids == expected
+    engine.sleep()  # no sync in between: the rebuilt engine keeps the weights last synced
+    engine.wake_up()
+    assert engine.generate([prompt], greedy)[0].token_ids == expected
+    engine.sync_weights(policy.model)  # awake: in place, and kept for the next rebuild too
+    engine.sleep()
+    engine.wake_up()
+    assert engine.generate([prompt], greedy)[0].token_ids == before
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_a_shut_engine_leaves_neither_its_model_nor_its_tokenizers_behind(policy, engine) -> None:  # type: ignore[no-untyped-def]
+    engine.sync_weights(policy.model)  # an in-place reload: vLLM records the layers it reloaded
+    engine.sleep()
+    tokenizers = _live("TokenizersBackend", "transformers")
+    assert _live(type(policy.model).__name__, "vllm") == 0, "vLLM's reload records kept the shut model alive"
+    for _ in range(2):
+        engine.wake_up()
+        engine.sync_weights(policy.model)
+        engine.sleep()
+    assert _live(type(policy.model).__name__, "vllm") == 0
+    assert _live("TokenizersBackend", "transformers") == tokenizers, "each rebuilt engine's tokenizers stayed alive"
+    engine.wake_up()
+
+
 @needs_vllm
 @pytest.mark.vllm
 def test_a_seeded_batch_larger_than_one_step_budget_samples_reproducibly(policy, engine) -> None:  # type: ignore[no-untyped-def]

@@ -189,6 +189,11 @@ class VLLMConfig(Section):
         1, description="1: the KV cache sleeps while the trainer runs; 2: the weights too"
     )
     enforce_eager: bool | None = Field(None, description="null = eager on CPU, compiled / CUDA graphs on GPU")
+    release_on_sleep: bool | None = Field(
+        None,
+        description="where sleep mode is off: shut the engine while the trainer runs and rebuild it "
+        "with the synced weights after; null = on CPU",
+    )
     llm_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vllm.LLM unchanged")
 
 
