@@ -48,6 +48,7 @@ from pvpo.trainer.rollout.engine import (
     SamplingConfig,
     register_engine,
 )
+from pvpo.trainer.rollout.vllm_cleanup import clear_signature_cache, forget_reload_records
 
 if TYPE_CHECKING:
     import torch
@@ -375,12 +376,12 @@ class VLLMEngine(RolloutEngine):
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             try:
-                _forget_reload_records(llm)
+                forget_reload_records(llm)
                 llm.llm_engine.engine_core.shutdown()
             except Exception as e:  # noqa: BLE001 - best effort: the process may be exiting
                 log.debug("vLLM shutdown: %s", e)
             del llm
-            _clear_signature_cache()
+            clear_signature_cache()
             gc.collect()  # vLLM's model and KV cache hang on reference cycles
 
     def close(self) -> None:
@@ -457,40 +458,6 @@ class _StepScheduler:
         if self.futures and self.engine.llm is not None:
             self.engine.llm.llm_engine.abort_request(list(self.futures))
         self.futures.clear()
-
-
-def _forget_reload_records(llm: Any) -> None:
-    """Drop what vLLM's in-place reload recorded about `llm`'s layers. vLLM 0.32 keeps it in a
-    module-level WeakKeyDictionary (`reload.layerwise.LAYERWISE_INFO`) whose values reach back to
-    their layer keys (a parameter's `weight_loader` is bound to its layer), so a model that was
-    ever reloaded outlives its engine: measured 0.4 GiB kept per shut engine for SmolLM2."""
-    try:
-        from vllm.model_executor.model_loader.reload import layerwise
-    except ImportError:  # a vLLM without the in-place reload keeps no such records
-        return
-    records = getattr(layerwise, "LAYERWISE_INFO", None)
-    if records is None:
-        return
-
-    def forget(model: torch.nn.Module) -> None:
-        for module in model.modules():
-            records.pop(module, None)
-
-    llm.apply_model(forget)
-
-
-def _clear_signature_cache() -> None:
-    """Empty vLLM's cache of callables' keyword support (`utils.func_utils._supports_kw`, an
-    unbounded-lifetime lru_cache): its keys are an engine's tokenizer-pool methods, which keep
-    that engine's tokenizer copies alive after shutdown (measured: two tokenizers, ~39 MiB, per
-    shut SmolLM2 engine). Entries are recomputed on the next call."""
-    try:
-        from vllm.utils import func_utils
-    except ImportError:
-        return
-    clear = getattr(getattr(func_utils, "_supports_kw", None), "cache_clear", None)
-    if clear is not None:
-        clear()
 
 
 def _max_positions(model_or_path: Any) -> int:
