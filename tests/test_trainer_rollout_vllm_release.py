@@ -9,30 +9,17 @@ import os
 import pytest
 
 from pvpo.trainer.rollout.engine import SamplingConfig, build_engine
-from tests.test_trainer_rollout_vllm_engine import TAGS, TEXTS, _prompt, needs_vllm
-
-
-@pytest.fixture(scope="module")
-def policy():  # type: ignore[no-untyped-def]
-    from pvpo.trainer.config.policy import TinyModelConfig
-    from pvpo.trainer.model.policy import build_tiny_policy
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import bm25s  # noqa: F401 - as in the engine tests: loaded before vLLM's start-up scan
-
-    cfg = TinyModelConfig(
-        hidden_size=64,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        intermediate_size=128,
-        vocab_size=320,
-        max_position_embeddings=512,
-    )
-    return build_tiny_policy(TEXTS, cfg, tags=TAGS, seed=0)
+from tests.test_trainer_rollout_vllm_engine import (
+    _prompt,
+    needs_vllm,
+    policy,  # noqa: F401 - the engine tests' tiny policy, built again for this module
+)
 
 
 def _engine(policy):  # type: ignore[no-untyped-def]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import bm25s  # noqa: F401 - as in the engine tests: loaded before vLLM's start-up scan
+
     return build_engine(
         "vllm",
         model=policy.model,
