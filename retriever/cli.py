@@ -16,7 +16,10 @@ ENCODER_BACKEND_HELP = (
 )
 
 
-ENCODER_DTYPE_HELP = "torch encoder dtype: float32, float16 or bfloat16 (default: float16 on GPU, float32 on CPU)."
+ENCODER_DTYPE_HELP = (
+    "torch encoder dtype: float32, float16, bfloat16, or auto (bfloat16 where the CPU computes it natively, float32 "
+    "on other CPUs, float16 on GPU); default: float16 on GPU, float32 on CPU."
+)
 
 
 def _encoder_option(check_name: str) -> Callable[[str | None], str | None]:

@@ -92,11 +92,27 @@ def check_backend(backend: str) -> str:
     return backend
 
 
+AUTO_DTYPE = "auto"  # bfloat16 where the CPU computes it natively, float32 on other CPUs, float16 on GPU
+
+
 def check_dtype(dtype: str) -> str:
-    """`dtype` if it is a known torch encoder dtype; else a one-line error listing the options."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown encoder dtype {dtype!r}; options: {', '.join(DTYPES)}")
+    """`dtype` if it is a known torch encoder dtype or `auto`; else a one-line error listing the options."""
+    if dtype not in (*DTYPES, AUTO_DTYPE):
+        raise ValueError(f"unknown encoder dtype {dtype!r}; options: {', '.join((*DTYPES, AUTO_DTYPE))}")
     return dtype
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """A torch dtype name for `dtype` on `device`: `auto` is float16 on GPU and, on CPU, bfloat16
+    where the CPU computes it natively (`pvpo.hardware.cpu_bf16_native`; MiniLM 1.9x faster on an
+    AVX512-BF16 CPU, cosine to float32 >= 0.9999), else float32 (bf16 emulated: ~8x slower)."""
+    if check_dtype(dtype) != AUTO_DTYPE:
+        return dtype
+    if device != "cpu":
+        return "float16"
+    from pvpo.hardware import cpu_bf16_native
+
+    return "bfloat16" if cpu_bf16_native() else "float32"
 
 
 _process_backend: str | None = None
@@ -136,7 +152,7 @@ class Encoder:
 
     `backend`: "torch" (any device), or on CPU "onnx", "onnx-int8", "openvino" (the model is
     exported once to a cache directory, see runtimes.py). `dtype` (torch backend): "float32",
-    "float16" or "bfloat16"; default float16 on GPU, float32 on CPU."""
+    "float16", "bfloat16" or "auto" (`resolve_dtype`); default float16 on GPU, float32 on CPU."""
 
     def __init__(
         self,
@@ -167,7 +183,7 @@ class Encoder:
             dtype = _process_dtype
         if dtype is None:
             dtype = "float16" if (fp16 if fp16 is not None else self.device.startswith("cuda")) else "float32"
-        self.dtype = check_dtype(dtype)
+        self.dtype = resolve_dtype(dtype, self.device)
         if self.dtype != "float32" and self.backend != "torch":
             raise ValueError(f"encoder dtype {self.dtype!r} needs backend 'torch' (got {self.backend!r})")
         path = resolve_model_path(model)

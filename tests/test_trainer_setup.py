@@ -234,3 +234,21 @@ def test_a_held_out_mapping_naming_an_unknown_dataset_lists_the_pools_datasets(t
         load_data(load_config(None, [f"data.source=[{a}]", "data.held_out_examples={beta: 1}"]), tmp_path / "r")
     with pytest.raises(ConfigError, match="evaluate_on=validation needs data.validation_examples"):
         load_config(None, [f"data.source=[{a}]", "data.evaluate_on=validation"])
+
+
+def test_a_validation_run_and_a_held_out_run_search_one_corpus_holding_every_splits_paragraphs(tmp_path: Path) -> None:
+    from pvpo.envs.corpus import read_corpus
+    from pvpo.trainer.data import load_data
+
+    a, b = _qa_file(tmp_path / "alpha", 8, "alpha"), _qa_file(tmp_path / "beta", 8, "beta")
+    base = [f"data.source=[{a}, {b}]", "data.corpus=questions", "data.shuffle_seed=0", "data.max_eval_examples=null"]
+    split = ["data.held_out_examples={alpha: 2, beta: 2}", "data.validation_examples=3"]
+    held = load_data(load_config(None, base + split), tmp_path / "h")
+    val = load_data(load_config(None, [*base, *split, "data.evaluate_on=validation"]), tmp_path / "v")
+    corpus_h, corpus_v = (read_corpus(d.corpus_path) for d in (held, val) if d.corpus_path is not None)
+    # all 16 questions' paragraphs in both: the held-out run's index holds the validation questions' and back
+    assert len(corpus_h) == len(corpus_v) == 16
+    assert [p.contents for p in corpus_h] == [p.contents for p in corpus_v]
+    # the split watched every run.eval_every steps is the validation one in both modes
+    assert [q.uid for q in held.validation] == [q.uid for q in val.validation] == [q.uid for q in val.eval]
+    assert not {q.uid for q in held.validation} & {q.uid for q in held.eval}

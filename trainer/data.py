@@ -37,6 +37,9 @@ class Data:
     texts: list[str] = field(default_factory=list)  # what a local tokenizer is trained on
     world: Any = None  # the SyntheticWorld, when the data is synthetic (oracle trajectories)
     warm_start: list[QAExample] = field(default_factory=list)  # SFT questions (oracle or dataset GT)
+    # the validation split (data.validation_examples): evaluated every run.eval_every steps to watch learning and
+    # keep the best checkpoint, whichever split `eval` is; empty without one (then `eval` is watched)
+    validation: list[QAExample] = field(default_factory=list)
 
 
 def agent_settings(cfg: TrainConfig, temperature: float | None = None) -> AgentSettings:
@@ -133,6 +136,7 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
     from pvpo.envs.loaders import bound_questions, load_dataset
 
     d = cfg.data
+    validation: list[QAExample] = []
     if d.source == "synthetic":
         from pvpo.envs.synthetic import SyntheticWorld
 
@@ -166,6 +170,7 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         if d.require_supporting_paragraphs:
             train = with_supporting_paragraphs(train)
         evals = bound_questions(load_dataset(d.eval_source), limit, d.eval_source) if d.eval_source else []
+        pool = [*train, *evals]  # every split's questions, before any is set aside: the one corpus they all search
         if d.held_out_examples and not d.eval_source:
             train, evals = held_out_split(train, d.held_out_examples, d.shuffle_seed)
         if d.validation_examples:  # for choosing settings: the held-out set is never evaluated then
@@ -177,10 +182,11 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
                 if held:
                     write_questions(held, RunDir(run_dir).held_out)
                 evals = validation
-            else:
+            else:  # in the order a validation run evaluates them
+                validation = disjoint_splits(validation, n_rl=None, n_sft=None, shuffle_seed=d.shuffle_seed)[0]
                 write_questions(validation, RunDir(run_dir).validation)
         if d.corpus == QUESTIONS_CORPUS:
-            corpus_path = questions_corpus([*train, *evals], RunDir(run_dir).corpus)
+            corpus_path = questions_corpus(pool, RunDir(run_dir).corpus)
         else:
             corpus_path = Path(d.corpus) if d.corpus else None
         texts = [q.question for q in train]
@@ -200,7 +206,9 @@ def load_data(cfg: TrainConfig, run_dir: Path) -> Data:
         if d.evaluate_on == "held_out" and len(by_dataset) > 1:  # one `pvpo eval --dataset` a column of the table
             for name, qs in by_dataset.items():
                 write_questions(qs, run_files.held_out_dataset(name))
-    return Data(rl, held_out, corpus_path, texts, world, sft)
+    if world is None and d.evaluate_on == "validation":  # the evaluations before and after are the validation ones
+        validation = held_out
+    return Data(rl, held_out, corpus_path, texts, world, sft, validation)
 
 
 def _derived_seed(seed: int | None) -> int | None:

@@ -63,10 +63,12 @@ def plot_curves(
     *,
     eval_before: dict[str, float] | None = None,
     eval_after: dict[str, float] | None = None,
+    validation: Sequence[dict[str, float]] = (),
     smooth: int = 5,
 ) -> Path:
     """Train reward per step (raw and a `smooth`-step moving average), the PVPO anchor on the same
-    prompts and their difference, and held-out EM (with s.e.) at every evaluation, against RL steps
+    prompts and their difference, held-out EM (with s.e.) at every evaluation and, when the run
+    watched a validation split, its EM by step (`validation`: best.json's points), against RL steps
     (bottom axis) and cumulative rollout cost (top axis), as a PNG."""
     import matplotlib
 
@@ -113,6 +115,19 @@ def plot_curves(
                 )
         ax[1].plot(
             xs, [e["eval/format_ok"] for _, e in pts], marker=".", ls=":", color="C7", label="held-out format ok"
+        )
+    if validation:
+        vs = sorted(validation, key=lambda p: p["step"])
+        ax[1].errorbar(
+            [p["step"] for p in vs],
+            [p["accuracy"] for p in vs],
+            yerr=[p.get("accuracy_se", 0.0) for p in vs],
+            marker="o",
+            capsize=3,
+            color="C3",
+            lw=1.5,
+            ls="--",
+            label=f"validation EM (n={int(vs[0].get('n', 0))}, +- s.e.)",
         )
     ax[1].set_xlabel("RL step")
     ax[1].set_title(f"held-out test questions (n={int((eval_before or {}).get('eval/n', 0))}, greedy)", fontsize=10)
@@ -169,6 +184,16 @@ def paired_gain(em_from: Sequence[float], em_to: Sequence[float], *, what: str, 
         f"{what}: held-out EM {a:.3f} -> {b:.3f}, {gain:+.3f} (paired s.e. {se:.3f}, {z:.1f} s.e.; "
         f"{'meets' if ok else 'misses'} the bar of {min_se:.0f} s.e.)"
     )
+
+
+def validation_row(curve: dict[str, Any]) -> str:
+    """`0: 0.153, 8: 0.180, 16: 0.173; best step 8 (checkpoints/step_000008)` from best.json's record."""
+    points = ", ".join(f"{int(p['step'])}: {p['accuracy']:.3f}" for p in sorted(curve["points"], key=lambda p: p["step"]))
+    best = curve.get("best")
+    if not best:
+        return points
+    kept = f"checkpoints/{best['checkpoint']}" if best.get("checkpoint") else "the policy RL started from"
+    return f"{points}; best step {best['step']} ({kept})"
 
 
 def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
@@ -294,6 +319,8 @@ def summary_table(
                 f"{gs.get('gt/failed', 0):.0f} failed)",
             ),
         )
+    if result.validation.get("points"):
+        rows.append(("validation EM by RL step (run.eval_every)", validation_row(result.validation)))
     peak = m[-1].get("mem/process_peak_rss_gib") if m else None
     if peak is not None:  # /usr/bin/time reports only the last phase's peak (trainer/model/memory.py)
         rows.append(("peak resident memory of the process, up to the last step (GiB)", f"{peak:.1f}"))
@@ -366,7 +393,13 @@ def _run_demo(cfg: TrainConfig, run_dir: Path, *, fresh: bool, show_progress: bo
     timings["total"] = time.perf_counter() - t0
     timings["train"] = timings["total"] - timings["setup"] - timings["warm_start"]
     files = RunDir(run_dir)
-    plot_curves(result.metrics, files.curves, eval_before=result.eval_before, eval_after=result.eval_after)
+    plot_curves(
+        result.metrics,
+        files.curves,
+        eval_before=result.eval_before,
+        eval_after=result.eval_after,
+        validation=result.validation.get("points", ()),
+    )
     n_sft = len(data.warm_start) if cfg.model.warm_start_steps else 0
     if n_sft and files.warm_start.exists():  # the questions that had a GT trajectory (dataset GT drops some)
         n_sft = len(json.loads(files.warm_start.read_text()).get("questions", [])) or n_sft

@@ -46,7 +46,14 @@ from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
 from pvpo.trainer.setup import build_model, check_supported, estimator_state, uses_anchor
-from pvpo.trainer.state.checkpoint import latest_checkpoint, restore_state_files
+from pvpo.trainer.state.best import ValidationCurve
+from pvpo.trainer.state.checkpoint import (
+    KEPT_CHECKPOINTS,
+    latest_checkpoint,
+    prune_checkpoints,
+    restore_state_files,
+    step_name,
+)
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
 from pvpo.trainer.state.resume import (
@@ -74,6 +81,7 @@ class TrainResult:
     eval_scores: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # tag -> each question's scores
     eval_base: dict[str, float] = field(default_factory=dict)  # before the warm start (run.eval_base)
     resumed_from: int = 0  # the checkpoint's step this process resumed from; 0 for a fresh run
+    validation: dict[str, Any] = field(default_factory=dict)  # run.eval_every's curve and best step (best.json)
 
 
 def _seed(*parts: int | str) -> int:
@@ -148,6 +156,7 @@ class Trainer:
         ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
         self.reference = Reference(cfg, self.run_dir, uses_anchor=uses_anchor(cfg, self.spec))
         self.estimator_state = estimator_state(cfg, self.spec, m, self.run_dir)
+        self.curve = ValidationCurve()  # validation EM by step (run.eval_every), restored with the checkpoint
         self.start_step = self._restore(ckpt) if ckpt is not None else 0
         self.result.resumed_from = self.start_step
         if ddp.is_main():
@@ -169,6 +178,8 @@ class Trainer:
         self.engine.sync_weights(self.model)
         if "cost" in extra:
             self.cost.load_state_dict(extra["cost"])
+        if "validation" in extra:
+            self.curve = ValidationCurve.from_json(extra["validation"])
         return int(state["step"])
 
     def close(self) -> None:
@@ -278,11 +289,13 @@ class Trainer:
             reference_logprobs=self.reference_logprobs if self.ref_model is not None else None,
         )
 
-    def evaluate(self, tag: str) -> dict[str, float]:
-        """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question."""
-        if not self.data.eval:
+    def evaluate(self, tag: str, examples: Sequence[QAExample] | None = None) -> dict[str, float]:
+        """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question of
+        `examples` (default: the run's evaluation set, whose per-question scores are kept)."""
+        questions = self.data.eval if examples is None else examples
+        if not questions:
             return {}
-        share = ddp.rank_share(self.data.eval)  # each rank evaluates its share; metrics weighted by share size
+        share = ddp.rank_share(questions)  # each rank evaluates its share; metrics weighted by share size
         per_question: list[float] = []
         scores: list[dict[str, float]] = []
         with self.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows (run)
@@ -302,10 +315,15 @@ class Trainer:
                 if share
                 else {}
             )
-        if not ddp.is_distributed():
+        if not ddp.is_distributed() and examples is None:
             self.result.eval_em[tag] = per_question
             self.result.eval_scores[tag] = scores
         return ddp.reduce_metrics(metrics, len(share))
+
+    def validate(self, tag: str) -> dict[str, float]:
+        """Validation metrics (`val/*`) of the current policy on the validation split."""
+        return as_validation(self.evaluate(tag, self.data.validation))
+
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -385,10 +403,10 @@ class Trainer:
         metrics.update(self.cost.step_metrics(reduce=ddp.all_reduce_sums))
         return metrics
 
-    def save(self, step: int) -> None:
+    def save(self, step: int) -> Path:
         """A checkpoint of `step`: weights, optimizer, RNG, cost, the estimator's state and the
         run's state files."""
-        save_run_checkpoint(
+        return save_run_checkpoint(
             self.run_dir,
             step,
             model=checkpoint_view(self.model),
@@ -397,6 +415,7 @@ class Trainer:
             extra={
                 "cost": self.cost.state_dict(),
                 "config": config_record(self.cfg),
+                "validation": self.curve.to_json(),
                 **self.estimator_state.state_dict(),
             },
             state_files=self.files.state_files(),
@@ -421,6 +440,13 @@ class Trainer:
             if not ddp.is_distributed():
                 self.result.eval_em.update({"before": em} if em else {})
                 self.result.eval_scores.update({"before": scores} if scores else {})
+        # with a validation split, run.eval_every watches it: val/* by step, the best step's checkpoint kept
+        watch = bool(cfg.run.eval_every and self.data.validation)
+        same = self.data.validation is self.data.eval  # data.evaluate_on=validation: before/after are validation
+        if watch and self.start_step == 0:  # step 0: the policy RL starts from (no checkpoint kept for it)
+            self.curve.record(0, as_validation(self.result.eval_before) if same else self.validate("val_before"))
+            if ddp.is_main():
+                self.curve.save(self.files.best)
         budget = cfg.run.rollout_budget  # when set, the run usually ends before run.steps: no step total to show
         total = cfg.run.steps if budget is None else None
         bar = Progress(desc="train", unit="step", initial=self.start_step, total=total, enabled=self.show_progress)
@@ -428,23 +454,37 @@ class Trainer:
             metrics = self.train_step(step)
             # a rollout budget (anchor and GT generation included) ends the run at the step that reaches it
             last = step == cfg.run.steps or (budget is not None and metrics["cost/cum_rollouts"] >= budget)
-            if cfg.run.eval_every and step % cfg.run.eval_every == 0 and not last:
+            due = bool(cfg.run.eval_every) and step % cfg.run.eval_every == 0
+            if due and not last and not watch:  # no validation split: the evaluation set is watched
                 metrics.update(self.evaluate(f"step{step}"))
             if last and self.data.eval:
                 self.result.eval_after = self.evaluate("after")
                 metrics.update(self.result.eval_after)
+            val: dict[str, float] = {}
+            if watch and (due or last):
+                val = as_validation(self.result.eval_after) if last and same else self.validate(f"val_step{step}")
+                metrics.update(val)
             metrics.update(self.memory.pop())  # the evaluation's peaks (the one before step 1 pops in step 1)
             whole = process_peak_rss_gib()  # the run so far: /usr/bin/time sees only the last phase's (memory.py)
             if whole is not None:
                 metrics["mem/process_peak_rss_gib"] = whole
             self.logger.log(step, metrics)
-            if last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
+            best = bool(val) and self.curve.record(step, val)
+            if best:  # the best so far: its checkpoint is kept beside the newest
+                self.curve.kept(step, step_name(step))
+            if best or last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
                 self.save(step)
+            if val and ddp.is_main():  # named once saved; the best before it is pruned now
+                self.curve.save(self.files.best)
+                if best:
+                    prune_checkpoints(self.files.checkpoints, KEPT_CHECKPOINTS)
             postfix = {
                 "reward": f"{metrics['reward/mean']:.3f}",
                 "acc": f"{metrics['accuracy']:.2f}",
                 "loss": f"{metrics.get('loss', 0):.3f}",
             }
+            if val:
+                postfix["val_em"] = f"{val['val/accuracy']:.3f}"
             if budget is not None:
                 postfix["rollouts"] = f"{metrics['cost/cum_rollouts']:.0f}/{budget}"
             bar.set_postfix(**postfix)
@@ -454,8 +494,14 @@ class Trainer:
                 break
         bar.close()
         self.logger.close()
+        self.result.validation = self.curve.to_json() if self.curve.points else {}
         self.result.metrics = read_jsonl(self.files.metrics)
         return self.result
+
+
+def as_validation(metrics: dict[str, float]) -> dict[str, float]:
+    """`eval/*` metrics of a validation evaluation under the `val/*` names."""
+    return {"val/" + k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("eval/")}
 
 
 def train(

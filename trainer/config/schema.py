@@ -112,11 +112,13 @@ class RetrieverConfig(Section):
         None,
         description="runtime of the loopback index's encoder (build and queries): torch | onnx | onnx-int8 | openvino; null = $PVPO_ENCODER_BACKEND, else torch (pvpo.retriever.encoder)",
     )
-    encoder_dtype: Literal["float32", "float16", "bfloat16"] | None = Field(
+    encoder_dtype: Literal["float32", "float16", "bfloat16", "auto"] | None = Field(
         None,
         description="torch dtype of the loopback index's encoder (build and queries); null = float16 on GPU, "
-        "float32 on CPU. bfloat16 on a CPU with AVX512-BF16 encodes MiniLM 1.9x faster (43 -> 83 passages/s, "
-        "cosine to float32 >= 0.9999)",
+        "float32 on CPU; auto = bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX, not capped by "
+        "ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA), float32 on other CPUs, float16 on GPU. bfloat16 on a CPU "
+        "with AVX512-BF16 encodes MiniLM 1.9x faster (43 -> 83 passages/s, cosine to float32 >= 0.9999); "
+        "emulated on an AVX2-only CPU it runs ~8x slower than float32",
     )
     topk: int = Field(2, ge=1, description="passages returned per search")
     token: str | None = Field(
@@ -293,7 +295,13 @@ class RunConfig(Section):
     steps: int = Field(2, ge=1, description="training steps")
     seed: int = Field(0, description="seed of sampling, data order and initialisation")
     checkpoint_every: int = Field(1, ge=0, description="checkpoint every this many steps; 0 = only at the end")
-    eval_every: int = Field(0, ge=0, description="evaluate every this many steps; 0 = only before and after")
+    eval_every: int = Field(
+        0,
+        ge=0,
+        description="evaluate the validation split (data.validation_examples; else the evaluation set) every this many "
+        "steps, logged as val/* (eval/* without a validation split), keeping the checkpoint with the best validation "
+        "EM beside the newest; 0 = only before and after",
+    )
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of evaluation; 0 = greedy")
     eval_top_p: float = Field(
         1.0, gt=0, le=1, description="nucleus sampling for evaluation (PVPO evaluates at T=0.6, top-p 0.95)"

@@ -65,14 +65,15 @@ def compute_dtype(name: str) -> torch.dtype:
 
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` computes bf16 matrix products in hardware: a CUDA GPU with bf16, or an x86
-    CPU with AVX512-BF16 or AMX (elsewhere a CPU emulates bf16 and float32 is the faster choice)."""
+    CPU with AVX512-BF16 or AMX that torch and oneDNN are allowed to use (`pvpo.hardware`; elsewhere a
+    CPU emulates bf16 and float32 is the faster choice)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    # private probes (torch 2.x names); a torch without them reads as "no native bf16"
-    probes = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return any(bool(p()) for p in probes if callable(p))
+    from pvpo.hardware import cpu_bf16_native
+
+    return cpu_bf16_native()
 
 
 def resolve_dtype(name: str, device: torch.device) -> str:

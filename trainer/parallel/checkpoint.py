@@ -37,12 +37,15 @@ from pvpo.trainer.state.checkpoint import (
     POLICY_DIR,
     STATE_FILES_DIR,
     TRAINER_STATE,
+    KEPT_CHECKPOINTS,
     CheckpointError,
     load_trainer_state,
     load_weights,
+    prune_checkpoints,
     rng_state,
     save_checkpoint,
     set_rng_state,
+    step_name,
 )
 from pvpo.trainer.state.run_dir import RunDir
 
@@ -55,7 +58,7 @@ def save_sharded_checkpoint(
     tokenizer: Any,
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any] | None = None,
-    keep: int = 2,
+    keep: int = KEPT_CHECKPOINTS,
     state_files: Sequence[str | Path] = (),
     modules: Mapping[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
 ) -> Path:
@@ -65,8 +68,8 @@ def save_sharded_checkpoint(
     import torch.distributed.checkpoint as dcp
 
     root = RunDir(run_dir).checkpoints
-    final = root / f"step_{step:06d}"
-    tmp = root / f"step_{step:06d}.tmp"
+    final = root / step_name(step)
+    tmp = root / f"{step_name(step)}.tmp"
     if is_main():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -91,9 +94,7 @@ def save_sharded_checkpoint(
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         atomic_write_text(root / LATEST, final.name)
-        old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-        for p in old[:-keep] if keep > 0 else []:
-            shutil.rmtree(p, ignore_errors=True)
+        prune_checkpoints(root, keep)
     barrier()
     return final
 

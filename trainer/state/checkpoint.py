@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from pvpo.atomic import atomic_write_dir, atomic_write_text, replaced_path
+from pvpo.trainer.state.best import BestFileError, best_checkpoint_name
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,12 @@ POLICY_DIR = "policy"  # weights + tokenizer, loadable by transformers and vLLM
 TRAINER_STATE = "trainer_state.pt"  # optimizer, RNG, step, extra
 STATE_FILES_DIR = "run_state"  # copies of the run's state files (anchor, GT cache, ...) at the checkpoint's step
 LATEST = "latest"
+KEPT_CHECKPOINTS = 2  # the newest ones; the best validation step's is kept beside them (`prune_checkpoints`)
+
+
+def step_name(step: int) -> str:
+    """The folder of `step`'s checkpoint under `checkpoints/`."""
+    return f"step_{step:06d}"
 
 
 def save_checkpoint(
@@ -76,7 +83,7 @@ def save_checkpoint(
     tokenizer: Any,
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any] | None = None,
-    keep: int = 2,
+    keep: int = KEPT_CHECKPOINTS,
     state_files: Sequence[str | Path] = (),
 ) -> Path:
     """Save the state after `step` optimizer steps; keep the newest `keep` checkpoints. Each of
@@ -94,14 +101,26 @@ def save_checkpoint(
         state = {"optimizer": optimizer.state_dict(), "rng": rng_state(), "step": step, "extra": extra or {}}
         torch.save(state, tmp / TRAINER_STATE)
 
-    final = atomic_write_dir(root / f"step_{step:06d}", write)
+    final = atomic_write_dir(root / step_name(step), write)
     atomic_write_text(root / LATEST, final.name)
     # the run an --overwrite moved aside (resume.fresh_run_dir) goes once the new one can resume
     shutil.rmtree(replaced_path(run_dir), ignore_errors=True)
+    prune_checkpoints(root, keep)
+    return final
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Remove all but the newest `keep` checkpoint folders under `root` (keep <= 0: remove none), and
+    never the one `best.json` names (the best validation EM); with a damaged best.json, none."""
+    try:
+        best = best_checkpoint_name(root)
+    except BestFileError as e:
+        log.warning("kept every checkpoint: %s", e)
+        return
     old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
     for p in old[:-keep] if keep > 0 else []:
-        shutil.rmtree(p, ignore_errors=True)
-    return final
+        if p.name != best:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def restore_state_files(ckpt: str | Path, state_files: Sequence[str | Path]) -> None:

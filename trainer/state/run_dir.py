@@ -150,6 +150,12 @@ class RunDir:
         """The demo's table."""
         return self.root / "summary.md"
 
+    @property
+    def best(self) -> Path:
+        """The validation evaluations so far and the best of them (`checkpoints/best.json`: step, EM,
+        the checkpoint kept for it); written by a run with `run.eval_every` and a validation split."""
+        return self.checkpoints / "best.json"
+
     def state_files(self) -> list[Path]:
         """The files checkpointed with the weights, so a resume sees them as they were."""
         return [self.anchor, self.group_sampling, self.gt_cache, self.value_model]
