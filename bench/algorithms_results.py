@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -167,51 +165,6 @@ def check_results(results: Path, settings: dict[str, Any]) -> dict[str, Any]:
 
 def save_bench(results: Path, doc: dict[str, Any]) -> None:
     _write(results / "bench.json", doc)
-
-
-def machine_record() -> dict[str, Any]:
-    """The hardware and software a benchmark runs on: CPU model, cores and vector flags, Python,
-    torch, transformers and matplotlib versions, the commit (with `+changes` when tracked files
-    of `CODE` differ from it)."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                cpu = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    versions = {}
-    for mod in ("torch", "transformers", "matplotlib"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except ImportError:
-            versions[mod] = None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "flags": sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_tile"}),
-        "python": platform.python_version(),
-        **versions,
-        "commit": _commit(),
-    }
-
-
-# what a run executes or reads (a change elsewhere, e.g. to the README, changes no result)
-CODE = ("bench", "configs", "envs", "evaluation", "pvpo", "retriever", "reward", "trainer", "pyproject.toml")
-
-
-def _commit() -> str | None:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short=12", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no", "--", *CODE)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+changes" if changed else "")
 
 
 def invocation_record(

@@ -38,6 +38,9 @@ TESTBED_OVERRIDES = [
     "run.checkpoint_every=0",
     "run.tensorboard=false",
     "run.eval_base=false",
+    # one loss aggregation for every arm, the demo's, so that only the advantages differ: Dr.GRPO's own
+    # constant-length aggregation is not used here (docs/benchmarks/algorithms.md)
+    "optim.loss_agg=token-mean",
 ]
 STAGES = ("sweep", "final")  # sweep: evaluated on validation; final: on test
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -77,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     chat = bool(getattr(tok, "chat_template", None))
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, load {os.getloadavg()}")
+    from machine import machine_line
+
+    print(f"machine: {machine_line(('transformers',))}")
     print("command: python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
     print(
         f"tokenizer {args.tokenizer} (chat template: {chat}), top-{args.topk}, max_turns {args.max_turns}, "

@@ -5,6 +5,8 @@ all-MiniLM-L6-v2, measured in one run with the arms interleaved (the machine is 
   index build speed; recall@5 of the supporting passages with each backend's own vectors
   (FAISS Flat), which is what decides whether a backend may replace torch;
 - in-process queries/s at batch 32 (what the server coalesces at 32 clients);
+- in-process CPU milliseconds a query on one thread at batch 1 (a lone query) and batch 32:
+  process CPU time, not wall time, so the figure holds on a machine shared with other jobs;
 - served queries/s and p50 / p99 at 32 concurrent single-query clients (`pvpo retriever serve
   --encoder-backend X` in its own process, Python httpx load generator in this process).
 
@@ -25,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from http_load import python_load, questions_and_queries, start_server  # noqa: E402
+from machine import machine_line  # noqa: E402
 from retrieval_quality import DATASETS, DEFAULT_DATA, gold_sets  # noqa: E402
-
-from retriever import machine, python_load, start_server  # noqa: E402
 
 
 def recall_with(
@@ -69,11 +71,12 @@ def main() -> None:
     from pvpo.retriever.corpus import iter_corpus
     from pvpo.retriever.encoder import Encoder
     from pvpo.retriever.server import set_torch_threads
-    from retriever import questions_and_queries
+    from pvpo.retriever.thread_budget import set_thread_budget
 
     threads = set_torch_threads(args.threads)
+    set_thread_budget(threads)  # the runtimes compute with torch's count here
     backends = args.backends.split(",")
-    print(f"machine: {machine()}")
+    print(f"machine: {machine_line(('torch', 'sentence-transformers', 'onnxruntime', 'openvino'))}")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}", flush=True)
     samples = {}
     for name in DATASETS:
@@ -104,6 +107,19 @@ def main() -> None:
                 encoders[b].encode_queries([pool[(n + j) % len(pool)] for j in range(args.clients)])
                 n += args.clients
             res[b].setdefault("inproc", []).append(n / (time.perf_counter() - t0))  # type: ignore[union-attr]
+    # CPU a query on one thread: batch 1 (a lone query) and the server's batch at this concurrency.
+    set_torch_threads(1)
+    set_thread_budget(1)
+    for _ in range(args.rounds):
+        for b in backends:
+            for batch in (1, args.clients):
+                c0, n = time.process_time(), 0
+                while n < 4 * args.clients:
+                    encoders[b].encode_queries([pool[(n + j) % len(pool)] for j in range(batch)])
+                    n += batch
+                res[b].setdefault(f"cpu_ms_b{batch}", []).append((time.process_time() - c0) / n * 1000)  # type: ignore[union-attr]
+    set_torch_threads(threads)
+    set_thread_budget(threads)
     del encoders
     load_avg.append(os.getloadavg()[0])
 
@@ -111,18 +127,8 @@ def main() -> None:
         index_dir = args.index or build_index(
             args.data / "musique_mini" / "corpus.json", args.work_dir / "musique_mini_Flat", show_progress=False
         )
-        servers = {
-            b: start_server(
-                index_dir,
-                batching=True,
-                max_batch=64,
-                max_wait_ms=5.0,
-                max_delay_ms=20.0,
-                threads=threads,
-                extra=("--encoder-backend", b),
-            )
-            for b in backends
-        }
+        more = ("--threads", str(args.threads)) if args.threads else ()
+        servers = {b: start_server(index_dir, extra=("--encoder-backend", b, *more)) for b in backends}
         try:
             for _, url in servers.values():
                 python_load(url, pool, 4, 1.0, warmup=1.0)
@@ -148,6 +154,8 @@ def main() -> None:
         "passages/s (x first)",
         *[f"recall@5 {d}" for d in DATASETS],
         f"in-process q/s batch {args.clients} (x first)",
+        "CPU ms a query, 1 thread, batch 1",
+        f"CPU ms a query, 1 thread, batch {args.clients}",
     ]
     if not args.skip_served:
         head += [f"served q/s {args.clients} clients (x first)", "p50 ms", "p99 ms", "errors"]
@@ -161,6 +169,8 @@ def main() -> None:
             f"{psg:.0f} ({psg / np.mean(base['psg_s']):.2f}x)",
             *[f"{r[f'recall_{d}']:.3f}" for d in DATASETS],
             f"{inproc:.0f} ({inproc / np.mean(base['inproc']):.2f}x)",
+            f"{np.median(r['cpu_ms_b1']):.2f}",
+            f"{np.median(r[f'cpu_ms_b{args.clients}']):.2f}",
         ]
         if not args.skip_served:
             qps = float(np.mean(r["qps"]))

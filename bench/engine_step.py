@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--run {args.run}: no {need} there; give a recipe run that got past its anchor")
     if not (index / "meta.json").exists():
         ap.error(f"--index {index}: no index there (meta.json); give the run's index folder")
-    from algorithms_results import machine_record  # the benches' one record of CPU flags, versions and commit
+    from machine import machine_line
 
-    print(f"machine: {machine_record()}, load {os.getloadavg()}")
+    print(f"machine: {machine_line(('torch', 'transformers', 'vllm'))}")
     print(f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")
     print("command: python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
     print()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -100,10 +99,9 @@ def main() -> None:
             v = run_vector(examples, vector, args)
             client.close()
 
-    print(
-        f"# pvpo.envs benchmark - {platform.node()}: {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}"
-    )
+    from machine import machine_line
+
+    print(f"# pvpo.envs benchmark - {machine_line(('gymnasium', 'faiss-cpu', 'onnxruntime'))}")
     print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(
         f"# data: {args.questions} ({len(examples)} questions), corpus = their {n_passages} paragraphs, "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import platform
 import re
 import sys
 import time
@@ -60,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, AttributeError):
         print("needs Linux with glibc >= 2.33 (mallinfo2)", file=sys.stderr)
         return 2
+    from machine import machine_line
     from transformers import AutoModelForCausalLM
 
     from pvpo.model_catalog import resolve_model_path
@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model), dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     vocab = model.config.vocab_size
-    print(
-        f"# {platform.node()} {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    )
+    print(f"# {machine_line(('torch', 'transformers'))}, {torch.get_num_threads()} torch threads")
     print("# " + " ".join(sys.argv))
     print("| after | VmRSS (GiB) | heap arena (GiB) | free in heap (GiB) | mmapped (GiB) | s |")
     print("|---|---|---|---|---|---|")

@@ -194,6 +194,9 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
+    from machine import machine_line
+
+    print(f"\nmachine: {machine_line(('onnxruntime', 'faiss-cpu', 'fastapi', 'uvicorn'))}")
     print(
         f"\n{args.clients} small clients (1 query each), {args.seconds:g} s per phase; large requests: "
         f"{args.large_queries} queries x {args.large_chars} chars; server {index} on {os.cpu_count()} cores\n"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -37,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from machine import machine_line
 
 from pvpo.stats import paired_difference, standard_error
 
@@ -162,7 +163,9 @@ def load_arm(run_dir: Path) -> dict[str, Any]:
     em = json.loads((run_dir / "held_out_em.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     wall = run_dir / "bench_wall_s.txt"
+    best = run_dir / "checkpoints" / "best.json"  # run.eval_every's validation curve
     return {
+        "curve": json.loads(best.read_text()) if best.is_file() else {},
         "questions": em["questions"],
         "before": em["em"]["before"],
         "after": em["em"]["after"],
@@ -171,6 +174,46 @@ def load_arm(run_dir: Path) -> dict[str, Any]:
         "eval_row": next((r for r in reversed(rows) if "eval/accuracy" in r), {}),
         "wall_s": float(wall.read_text()) if wall.exists() else None,
     }
+
+
+def curve_cell(curve: dict[str, Any]) -> str:
+    """`0: 0.153, 8: 0.180, 16: 0.173 (8)`: validation EM at each evaluated step, the best step last."""
+    points = sorted(curve.get("points", []), key=lambda p: p["step"])
+    if not points:
+        return "n/a"
+    best = curve.get("best") or {}
+    return ", ".join(f"{int(p['step'])}: {p['accuracy']:.3f}" for p in points) + f" ({best.get('step', 'n/a')})"
+
+
+def curve_point(curve: dict[str, Any], step: int) -> dict[str, Any] | None:
+    """The validation point of `step` in a run's best.json record (None when it has none)."""
+    return next((p for p in curve.get("points", []) if int(p["step"]) == step), None)
+
+
+def curve_comparison(reference: dict[str, Any], runs: dict[str, dict[str, Any]], labels: dict[str, str]) -> list[str]:
+    """Each arm's validation EM at its last evaluated step against the reference run's at the same
+    step, paired on the same questions (best.json's per-question EM): one line per arm."""
+    lines = []
+    for name, r in runs.items():
+        curve = r.get("curve", {})
+        points = sorted(curve.get("points", []), key=lambda p: p["step"])
+        if not points or "em" not in points[-1]:
+            lines.append(f"- {labels[name]}: no per-question validation record")
+            continue
+        step = int(points[-1]["step"])
+        ref = curve_point(reference, step)
+        if ref is None or "em" not in ref or reference.get("questions") != curve.get("questions"):
+            lines.append(
+                f"- {labels[name]}: the reference run has no validation point at step {step} on these questions"
+            )
+            continue
+        diff, se = paired_difference(ref["em"], points[-1]["em"])
+        z = diff / se if se else 0.0
+        lines.append(
+            f"- {labels[name]} at step {step}: validation EM {points[-1]['accuracy']:.3f} against the reference's "
+            f"{ref['accuracy']:.3f}: {diff:+.3f} (paired s.e. {se:.3f}, {z:+.1f} s.e.)"
+        )
+    return lines
 
 
 def _f(v: float | None, fmt: str = ".3f") -> str:
@@ -203,8 +246,8 @@ def report(
         + ". One RL seed per arm: standard errors are over questions only (paired where two columns share questions).",
         "",
         "| arm | model rollouts (anchor incl.) | tool calls (all-in) | policy tokens | EM start | EM after "
-        "| gain (paired s.e.) | F1 after | format ok after | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| gain (paired s.e.) | F1 after | format ok after | wall (s) | validation EM by step (best) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         r = runs[arm.name]
@@ -215,7 +258,7 @@ def report(
             f"| {arm.label} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
             f"| {c.get('cost/cum_policy_tokens', 0):.0f} | {sum(r['before']) / n_q:.3f} | {sum(r['after']) / n_q:.3f} "
             f"(s.e. {standard_error(r['after']):.3f}) | {gain:+.3f} ({se:.3f}) | {_f(e.get('eval/f1'))} "
-            f"| {_f(e.get('eval/format_ok'))} | {_f(r['wall_s'], '.0f')} |"
+            f"| {_f(e.get('eval/format_ok'))} | {_f(r['wall_s'], '.0f')} | {curve_cell(r.get('curve', {}))} |"
         )
     lines.append("")
     for arm in arms[1:]:
@@ -240,15 +283,6 @@ def report(
                 cells.append(f"{sum(a) / len(a):.3f} ({gain:+.3f}, {se:.3f})")
             lines.append(f"| {arm.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def machine() -> str:
-    """CPU, cores, load at the time of the report, and the CUDA device where the runs had one."""
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    cpu = f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or platform.platform()}, load {load}"
-    import torch
-
-    return cpu + (f"; {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,6 +317,12 @@ def main(argv: list[str] | None = None) -> int:
         "held_out (only for a config without a validation split)",
     )
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from finished arms")
+    ap.add_argument(
+        "--reference-run",
+        type=Path,
+        help="a run of the recipe with run.eval_every (its checkpoints/best.json): each arm's last validation point "
+        "is compared with its point at the same step, paired on the same questions",
+    )
     args = ap.parse_args(argv)
     try:
         arms = parse_arms(args.arms)
@@ -320,9 +360,15 @@ def main(argv: list[str] | None = None) -> int:
         arms,
         runs,
         command=shlex.join(["python", "bench/real_algorithms.py", *sys.argv[1:]]),
-        machine=machine(),
+        machine=machine_line(("torch", "transformers")),
         split=args.split,
     )
+    if args.reference_run is not None:
+        best = args.reference_run / "checkpoints" / "best.json"
+        if not best.is_file():
+            ap.error(f"--reference-run {args.reference_run}: no checkpoints/best.json (a run with run.eval_every)")
+        text += f"\nEach arm's last validation point against {args.reference_run} at the same step:\n\n"
+        text += "\n".join(curve_comparison(json.loads(best.read_text()), runs, {a.name: a.label for a in arms})) + "\n"
     (args.out / "results.md").write_text(text)
     print(text)
     return 0

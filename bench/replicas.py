@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from http_load import questions_and_queries  # noqa: E402
+from machine import machine_line  # noqa: E402
 from retrieval_quality import DEFAULT_DATA  # noqa: E402
-
-from retriever import machine, questions_and_queries  # noqa: E402
 
 
 def serve(index: Path, replicas: int, extra: list[str]) -> tuple[subprocess.Popen[str], list[str]]:
@@ -71,7 +71,7 @@ def main() -> None:
         sys.exit(f"bench/replicas.py needs musique_mini under {args.data} (or set PVPO_SHARED_DATA)")
     _, pool = questions_and_queries(args.data)
     extra = ["--encoder-backend", args.encoder_backend] if args.encoder_backend else []
-    print(f"machine: {machine()}")
+    print(f"machine: {machine_line(('torch', 'onnxruntime', 'faiss-cpu'))}")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}", flush=True)
     arms = {k: serve(args.index, k, extra) for k in (1, args.replicas)}
     runs: dict[int, list[dict[str, float]]] = {k: [] for k in arms}

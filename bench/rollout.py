@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -261,9 +260,10 @@ def eval_speed(argv: list[str], mode: str = "eval") -> None:
             raise SystemExit(proc.stderr[-3000:])
         rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     import torch
+    from machine import machine_line
 
-    gpu = f", {torch.cuda.get_device_name(0)} (both trees put the HF engine on it)" if torch.cuda.is_available() else ""
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}{gpu}")
+    gpu = " (both trees put the HF engine on the GPU)" if torch.cuda.is_available() else ""
+    print(f"machine: {machine_line(('torch', 'transformers'))}{gpu}")
     print(f"command: python {' '.join(sys.argv)}; load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
     print(f"model: {a.model}; {a.questions} questions; {setting}; max_new_tokens {a.max_new_tokens}\n")
     unit = "question" if mode == "eval" else "rollout"
@@ -312,7 +312,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
 
-    import torch
     import vllm
     from vllm.inputs import TokensPrompt
 
@@ -421,10 +420,11 @@ def main(argv: list[str] | None = None) -> None:
     t_loop, t_raw, t_turns, t_turn = med["loop"], med["raw"], med["turns"], med["turn"]
     load_after = Path("/proc/loadavg").read_text().split()[:3]
 
+    from machine import machine_line
+
     print(
-        f"machine: {platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"vllm {vllm.__version__} ({engine.platform}, KV block "
-        f"{engine.llm.llm_engine.vllm_config.cache_config.block_size}), python {platform.python_version()}"
+        f"machine: {machine_line(('torch', 'vllm'))}; vllm on {engine.platform}, KV block "
+        f"{engine.llm.llm_engine.vllm_config.cache_config.block_size}"
     )
     print(
         f"command: python {' '.join(sys.argv)}; load average before/after the timed runs: {load_before} / {load_after}"

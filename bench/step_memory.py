@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -102,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.one:
         return run_one(args)
-    print(f"machine: {platform.machine()} {platform.processor()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    from machine import machine_line
+
+    print(f"machine: {machine_line(('torch', 'transformers'))}")
     print("command: python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
     print()
     print(

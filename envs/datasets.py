@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from pvpo.envs.loaders import dataset_name_for
+
 DATA_DIR_ENV = "PVPO_DATA_DIR"
 
 T = TypeVar("T")
@@ -72,15 +74,13 @@ def resolve_dataset(
     name_or_path: str, *, split: str | None = None, data_dir: str | Path | None = None
 ) -> ResolvedDataset:
     """A benchmark name (`nq`, `2wiki`, ...) resolved to its FlashRAG jsonl file in `data_dir`
-    (default `$PVPO_DATA_DIR`), or an existing file path taken as is (name from the file name).
+    (default `$PVPO_DATA_DIR`), or an existing file path taken as is, named as the environment
+    names its questions (`loaders.dataset_name_for`: `hotpotqa_mini/questions.json` -> `hotpotqa_mini`).
     `split` defaults to the benchmark's evaluation split. Errors name what was looked for."""
     path = Path(name_or_path)
     if path.is_file():
-        stem = path.name.split(".", 1)[0]
-        known = benchmark(stem) or benchmark(path.parent.name)
-        name = known.name if known else stem
         file_split = path.name.split(".")[1] if path.name.count(".") >= 2 else path.stem
-        return ResolvedDataset(name, split or file_split, path)
+        return ResolvedDataset(dataset_name_for(path), split or file_split, path)
     bench = benchmark(name_or_path)
     if bench is None:
         raise FileNotFoundError(
@@ -101,6 +101,57 @@ def resolve_dataset(
     raise FileNotFoundError(
         f"no {split} split of {bench.name!r} under {root}: looked for {[str(c) for c in candidates[:2]]}"
     )
+
+
+# a dataset's name becomes a folder under `pvpo eval --out` and its uids' prefix
+_NAME_BYTES = 200
+
+
+def check_dataset_name(name: str, source: object) -> str:
+    """`name` when it can name a dataset (a folder name of its own and a uid prefix: not empty, no
+    `/` or control character, not hidden, at most 200 bytes); a ValueError naming `source` and the
+    fix otherwise."""
+    bad = (
+        not name.strip()
+        or "/" in name
+        or any(ord(c) < 32 for c in name)
+        or name.startswith(".")
+        or len(name.encode("utf-8", "surrogateescape")) > _NAME_BYTES
+    )
+    if bad:
+        raise ValueError(
+            f"dataset name {name!r} (of {source}) cannot name a results folder (empty, a '/' or a control "
+            "character, hidden, or over "
+            f"{_NAME_BYTES} bytes): give it a name with --name"
+        )
+    return name
+
+
+def name_datasets(datasets: Sequence[ResolvedDataset], names: Sequence[str] = ()) -> list[ResolvedDataset]:
+    """`datasets` renamed by `names` (`pvpo eval --name`, one per dataset in order, or none), each
+    name checked (`check_dataset_name`) and no two sharing one - their results would share a
+    folder and their uids a prefix: a ValueError naming both, before anything is loaded."""
+    if names and len(names) != len(datasets):
+        raise ValueError(
+            f"--name given {len(names)} time(s) for {len(datasets)} --dataset(s): give one per dataset, in order"
+        )
+    out = (
+        [ResolvedDataset(n, d.split, d.path) for d, n in zip(datasets, names, strict=True)] if names else list(datasets)
+    )
+    seen: dict[str, ResolvedDataset] = {}
+    for d in out:
+        check_dataset_name(d.name, d.path)
+        if d.name in seen:
+            first = seen[d.name]
+            same = first.path.resolve() == d.path.resolve() and first.split == d.split
+            raise ValueError(
+                f"{first.path} is given twice: drop one --dataset"
+                if same
+                else f"{first.path} and {d.path} are both named {d.name!r} (their results would share one folder): "
+                "give each its own with --name, one per --dataset in order"
+            )
+        seen[d.name] = d
+    return out
 
 
 def sample_subset(items: Sequence[T], limit: int | None, seed: int | None) -> list[T]:

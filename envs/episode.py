@@ -7,14 +7,18 @@ turns the search result (or no result) into the observation, reward, end flags a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.retrieval import format_passages, trim
-from pvpo.retriever.types import Passage
+from pvpo.retriever.types import MAX_QUERY_CHARS, Passage
 from pvpo.reward import SEARCH_R1, Action, ActionKind, RewardFn, TagProtocol, answer_metrics, get_protocol, get_reward
+
+log = logging.getLogger(__name__)
+_CUT_QUERIES = [0]  # queries cut in this process, for the warning's count
 
 DEFAULT_PROMPT = "{instruction} Question: {question}\n"
 # The longest question put in a prompt, in characters: about 4 characters a token (English BPE)
@@ -24,6 +28,12 @@ MAX_QUESTION_CHARS = 4 * 1024
 # An untrimmed search result (`max_obs_chars=None`, FlashRAG's eval) still stops here: 3 Wikipedia
 # passages of 100 words are ~2,000 characters; only a damaged corpus reaches this.
 OBS_CHARS_CAP = 32 * 1024
+
+
+def bounded_query(query: str) -> str:
+    """A search query as the environment runs it: cut at a word to MAX_QUERY_CHARS, the longest a
+    retriever of ours answers (`Episode` warns and counts when it cuts one)."""
+    return trim(query, MAX_QUERY_CHARS)
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,8 @@ class EpisodeConfig:
             object.__setattr__(self, "protocol", get_protocol(self.protocol))
         if self.max_turns < 1 or self.topk < 1:
             raise ValueError("max_turns and topk must be >= 1")
-        get_reward(self.reward)  # unknown reward names fail here, not at the first answer
+        # unknown reward names and parameters it does not take fail here, not as a 0 for every answer
+        get_reward(self.reward, **dict(self.reward_params))
 
     @property
     def tag_protocol(self) -> TagProtocol:
@@ -93,7 +104,9 @@ class Episode:
         self.judged = ""
         self.turns = 0
         self.queries: list[str] = []
+        self.queries_cut = 0  # queries longer than the retriever takes, searched cut
         self.retrieved_ids: list[list[str]] = []  # per search, the ids of the passages returned
+        self.passages: list[list[dict[str, Any]]] = []  # per search, each passage's id, title and score
         self.terminated = False
         self.truncated = False
         self._action: Action | None = None
@@ -117,8 +130,28 @@ class Episode:
         self.turns += 1
         self._action = self.config.tag_protocol.parse_action(text)
         if self._action.kind is ActionKind.SEARCH and self.turns < self.config.max_turns:
+            self._action = replace(self._action, content=self._bounded_query(self._action.content))
             return self._action.content
         return None
+
+    def _bounded_query(self, query: str) -> str:
+        """`query` cut to MAX_QUERY_CHARS (the retriever refuses a longer one): a policy's query is
+        the model's output, not the user's, so it is searched cut, counted (`num_queries_cut` in
+        the info) and warned about, never an error that ends the run."""
+        if len(query) <= MAX_QUERY_CHARS:
+            return query
+        self.queries_cut += 1
+        _CUT_QUERIES[0] += 1
+        n = _CUT_QUERIES[0]
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th, ... of this process: a warning, not a flood
+            log.warning(
+                "%s: a search query of %d characters was cut to %d (the retriever's limit); %d cut so far",
+                self.example.uid,
+                len(query),
+                MAX_QUERY_CHARS,
+                n,
+            )
+        return bounded_query(query)
 
     def finish_step(self, passages: Sequence[Passage] | None = None) -> StepResult:
         """Complete the step begun by `begin_step`, with the passages found for its query."""
@@ -136,6 +169,7 @@ class Episode:
             self.queries.append(action.content)
             retrieved = [{"id": p.id, "title": p.title, "score": p.score} for p in passages or []]
             self.retrieved_ids.append([p.id for p in passages or []])
+            self.passages.append(retrieved)
             observation = cfg.tag_protocol.wrap_observation(cfg.passages_text(passages or []))
             self.judged += observation
         else:
@@ -164,6 +198,7 @@ class Episode:
             "action": action,
             "num_turns": self.turns,
             "num_searches": len(self.queries),
+            "num_queries_cut": self.queries_cut,
             "queries": list(self.queries),
         }
 
@@ -180,5 +215,6 @@ class Episode:
             response=self.response,
             judged_response=self.judged,
             retrieved_ids=[list(ids) for ids in self.retrieved_ids],
+            passages=[[dict(p) for p in found] for found in self.passages],
         )
         return float(result.total)

@@ -175,12 +175,14 @@ _GENERIC_STEMS = {"questions", "question", "data", "train", "dev", "test", "vali
 
 
 def dataset_name_for(path: str | Path) -> str:
-    """The uid prefix of a file: its name up to the first dot (`bamboogle.test.jsonl` -> `bamboogle`),
-    or its folder's name when the file name is generic (`musique_mini/questions.json`)."""
+    """The name of a dataset file, the prefix of its uids and, in `pvpo eval`, its results'
+    folder: its name up to the first dot (`bamboogle.test.jsonl` -> `bamboogle`), or its folder's
+    name when the file name is generic or has nothing before the dot (`musique_mini/questions.json`
+    -> `musique_mini`, so the README's two `questions.json` files do not share a name)."""
     p = Path(path)
     stem = p.name.split(".", 1)[0]
-    if stem.lower() in _GENERIC_STEMS and p.parent.name:
-        return p.parent.name
+    if not stem or stem.lower() in _GENERIC_STEMS:
+        return p.absolute().parent.name or stem or "dataset"
     return stem
 
 
@@ -201,10 +203,13 @@ def iter_examples(path: str | Path, *, name: str | None = None, format: str | No
     prefix = name or dataset_name_for(path)
     skipped: list[str] = []
     for i, (where, record) in enumerate(located):
+        # a file that mixes formats (rows pasted from two releases): each row read by the format
+        # that recognises it, so no row's answers are missed as "no golden answers"
+        own = fmt if format or fmt.detect(record) else next((f for f in FORMATS.values() if f.detect(record)), fmt)
         try:
-            example = fmt.parse(record, prefix, i)
+            example = own.parse(record, prefix, i)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DataFileError(f"{path}: {where}: not a {fmt.name} record ({type(e).__name__}: {e}): fix it") from None
+            raise DataFileError(f"{path}: {where}: not a {own.name} record ({type(e).__name__}: {e}): fix it") from None
         if not example.question.strip():
             raise DataFileError(f"{path}: {where}: the question is empty: fill it in or remove the line")
         if not example.golden_answers:

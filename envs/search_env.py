@@ -107,8 +107,8 @@ class SearchEnv(EpisodeRules, gym.Env[str, str]):
     the episode is `truncated` (and scored as it stands). Each step's info holds `uid`, `action`,
     `num_turns`, `num_searches`, `queries` and `retrieved`, the passages this step's search
     returned as `[{id, title, score}]` (empty without a search); the final one adds `prediction`,
-    `metrics` ({em, f1, cem}), `reward_components`, `format_ok`, `golden_answers`, `response` and
-    `retrieved_ids` (per search, the ids returned)).
+    `metrics` ({em, f1, cem}), `reward_components`, `format_ok`, `golden_answers`, `response`,
+    `retrieved_ids` (per search, the ids returned) and `passages` (per search, `[{id, title, score}]`)).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": None}
@@ -120,7 +120,41 @@ class SearchEnv(EpisodeRules, gym.Env[str, str]):
         render_mode: str | None = None,
         **options: Any,
     ) -> None:
-        """`options`: the keywords of `set_up_episodes` (retriever, protocol, reward, max_turns, ...)."""
+        """A search env over `dataset`'s questions: a registered dataset name (`synthetic`, the
+        embedded multi-hop world), a question file (HotpotQA, MuSiQue, 2WikiMultihopQA or FlashRAG,
+        detected), QAExamples, or None (questions come with `reset(options={"question": ...})`).
+
+        Args:
+            dataset: where the questions come from (above).
+            render_mode: `"ansi"` (`render()` returns the episode as text) or None.
+            **options: the episode's options, below (the keywords of `set_up_episodes`).
+
+        Keyword Args:
+            retriever (Searcher | None): a `Searcher` to query in process (e.g.
+                `pvpo.retriever.load_retriever(...)`).
+            retriever_url (str | Sequence[str] | None): a Search-R1 `/retrieve` server, or several
+                (round-robin); the env owns its client and closes it. One of `retriever` and
+                `retriever_url` is required.
+            protocol (str | TagProtocol): the tag protocol, `search_r1` (default: think / search /
+                information / answer) or `research`, or a `TagProtocol`.
+            reward (str): a registered reward, `pvpo` (default), `em`, `research_f1` or
+                `search_r1_format`.
+            reward_params (Mapping[str, Any] | None): keyword arguments of the reward (e.g. its
+                format weights).
+            max_turns (int): agent turns before the episode is truncated and scored as it stands
+                (default 6).
+            topk (int): passages a search returns (default 3).
+            max_obs_chars (int | None): a search result trimmed to this many characters (default
+                2000; None: whole).
+            prompt_template (str): the prompt, with `{instruction}` (the protocol's) and
+                `{question}` (default `pvpo.envs.DEFAULT_PROMPT`).
+            dataset_kwargs (Mapping[str, Any] | None): keyword arguments of
+                `pvpo.envs.load_dataset` (e.g. `name`, `limit`; a registered dataset's own, e.g.
+                `split`).
+            timeout (float): seconds a retriever request may take (default 30).
+            order (str): `"random"` (default: drawn with the env's seed) or `"sequential"` (file
+                order, for evaluation).
+        """
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}")
         set_up_episodes(self, dataset, **options)

@@ -9,8 +9,8 @@ from pvpo.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "run_eval": "run",
-    "EvalSettings": "run",
-    "EvalError": "run",
+    "EvalSettings": "settings",
+    "EvalError": "settings",
     "token_policy": "policies",
     "TokenPolicy": "policies",
     "OpenAIPolicy": "policies",

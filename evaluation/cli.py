@@ -9,8 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
+from pvpo.secrets import mask_url
+from pvpo.signals import stop_on_signals
 from pvpo.trainer.rollout.engine import DEFAULT_ENGINE, available_engines
-from pvpo.user_errors import add_note, request_traceback, stop_on_sigterm
+from pvpo.user_errors import add_note, request_traceback
 
 eval_app = typer.Typer(
     name="eval",
@@ -44,7 +46,17 @@ def eval_cmd(
         typer.Option(
             "--dataset",
             "-d",
-            help="Benchmark name (nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle) or a FlashRAG jsonl file; repeat for several",
+            help="A question file (HotpotQA, MuSiQue, 2WikiMultihopQA or FlashRAG, json or jsonl: the format is "
+            "detected) or a benchmark name (nq, triviaqa, popqa, hotpotqa, 2wiki, musique, bamboogle) in --data-dir; "
+            "repeat for several",
+        ),
+    ] = None,
+    name: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--name",
+            help="Name of each --dataset, in order (its results folder OUT/<name>/ and its uids' prefix); default: "
+            "the file's name, or its folder's for a generic one (hotpotqa_mini/questions.json -> hotpotqa_mini)",
         ),
     ] = None,
     retriever_url: Annotated[
@@ -70,7 +82,7 @@ def eval_cmd(
         typer.Option("--data-dir", envvar="PVPO_DATA_DIR", help="Folder of FlashRAG datasets (<name>/<split>.jsonl)"),
     ] = None,
     limit: Annotated[
-        int | None, typer.Option(help="Evaluate N questions (the first N, or a draw with --sample-seed)")
+        int | None, typer.Option(min=1, help="Evaluate N questions (the first N, or a draw with --sample-seed)")
     ] = None,
     sample_seed: Annotated[
         int | None,
@@ -84,10 +96,26 @@ def eval_cmd(
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling (PVPO used 0.95)")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="-1 = off")] = -1,
     max_turns: Annotated[int, typer.Option("--max-turns")] = 6,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Per turn")] = 512,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Model tokens per turn")] = 512,
     max_response_tokens: Annotated[
         int, typer.Option("--max-response-tokens", help="Whole response (model + env tokens; openai: model tokens)")
     ] = 4096,
+    max_completion_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-completion-tokens",
+            help="Model tokens per question, all turns together (0 = no bound of its own): a degenerate answer "
+            "ends here instead of at max-turns x max-new-tokens",
+        ),
+    ] = 1024,
+    repetition_stop: Annotated[
+        int,
+        typer.Option(
+            "--repetition-stop",
+            help="End a question whose turn falls into a loop: its last N tokens repeating the N before them "
+            "at a period of at most 32 tokens (0 = off)",
+        ),
+    ] = 32,
     topk: Annotated[int, typer.Option(help="Passages per search")] = 3,
     max_obs_chars: Annotated[
         int | None,
@@ -109,6 +137,16 @@ def eval_cmd(
         ),
     ] = None,
     dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")] = "auto",
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads",
+            min=1,
+            show_default=False,
+            help="torch CPU threads (default: the CPUs other work leaves idle, from the load average; "
+            "OMP_NUM_THREADS where set)",
+        ),
+    ] = None,
     engine_option: Annotated[
         list[str] | None,
         typer.Option(
@@ -174,10 +212,13 @@ def eval_cmd(
         batch_size=batch_size,
         seed=seed,
         chat_template=chat_template,
+        max_completion_tokens=max_completion_tokens or None,
+        repetition_stop=repetition_stop,
     )
     _run(
         model=model,
         datasets=list(dataset or []),
+        names=list(name or []),
         retriever_urls=list(retriever_url or []),
         out=out,  # type: ignore[arg-type]
         retriever_token=retriever_token or None,
@@ -198,6 +239,7 @@ def eval_cmd(
         label=label,
         quiet=quiet,
         overwrite=overwrite,
+        threads=threads,
     )
 
 
@@ -242,6 +284,7 @@ def _run(
     *,
     model: str | None,
     datasets: list[str],
+    names: list[str] | None = None,
     retriever_urls: list[str],
     retriever_token: str | None,
     out: Path,
@@ -262,8 +305,9 @@ def _run(
     label: str | None,
     quiet: bool,
     overwrite: bool = False,
+    threads: int | None = None,
 ) -> None:
-    from pvpo.envs.datasets import resolve_dataset, sample_subset
+    from pvpo.envs.datasets import name_datasets, resolve_dataset, sample_subset
     from pvpo.envs.episode import MAX_QUESTION_CHARS
     from pvpo.envs.loaders import bound_questions, load_dataset
     from pvpo.evaluation.judge import JudgeCache, judge_run
@@ -271,7 +315,8 @@ def _run(
     from pvpo.evaluation.run import answered_note, check_out_dir, run_eval
     from pvpo.retriever.client import RetrieverClient
 
-    resolved = [resolve_dataset(d, split=split, data_dir=data_dir) for d in datasets]  # fail before loading a model
+    # fail before loading a model; two datasets of one name would share a results folder
+    resolved = name_datasets([resolve_dataset(d, split=split, data_dir=data_dir) for d in datasets], names or [])
     check_out_dir(out, [ds.name for ds in resolved], overwrite=overwrite)
     max_chars = MAX_QUESTION_CHARS  # the episode's prompt cuts at the same length
     subsets = [
@@ -289,14 +334,17 @@ def _run(
         policy: Any = OpenAIPolicy(
             OpenAIClient(base_url, model_name, api_key=api_key), api=api, concurrency=concurrency
         )
-        model_id = f"{base_url}#{model_name}"
+        model_id = f"{mask_url(base_url)}#{model_name}"  # credentials in the URL reach no file
     else:
         assert model is not None  # the command refuses a local engine without --model
+        from pvpo.hardware import choose_torch_threads
+
+        typer.echo(choose_torch_threads(threads)[1], err=True)
         policy = token_policy(model, engine, dtype=dtype, batch_size=settings.batch_size, engine_options=engine_options)
         model_id = _model_id(model)
     name = label or (model_name if engine == "openai" else _model_label(Path(model)))  # type: ignore[arg-type]
     with (
-        stop_on_sigterm(),
+        stop_on_signals(),
         RetrieverClient(retriever_urls, topk=settings.topk, token=retriever_token) as searcher,
     ):
         for ds, examples in zip(resolved, subsets, strict=True):

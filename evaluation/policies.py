@@ -42,6 +42,10 @@ class TokenPolicy:
     def __init__(self, engine: Any, tokenizer: Any) -> None:
         self.engine, self.tokenizer = engine, tokenizer
 
+    def sampled_tokens(self) -> int:
+        """The tokens the engine has sampled so far (read by the progress meter mid-turn)."""
+        return int(getattr(self.engine, "sampled_tokens", 0))
+
     def rollout(
         self,
         examples: Sequence[QAExample],
@@ -52,9 +56,10 @@ class TokenPolicy:
         seed: int,
         indices: Sequence[int] | None = None,
         on_done: Callable[[int, Outcome], None] | None = None,
+        on_start: Callable[[int, Any], None] | None = None,
     ) -> list[Outcome]:
         """The token-exact agent loop, at most `settings.batch_size` questions in flight;
-        `indices` / `on_done` as in `run_episodes_async`, with each question's Outcome."""
+        `indices` / `on_done` / `on_start` as in `run_episodes_async`, with each question's Outcome."""
         from pvpo.trainer.rollout.agent_loop import run_agent_loop
 
         loop = settings.loop(self.tokenizer)
@@ -73,6 +78,7 @@ class TokenPolicy:
             seed=seed,
             indices=indices,
             on_done=None if on_done is None else lambda i, t: on_done(i, outcome(t)),
+            on_start=on_start,
         )
         return [outcome(t) for t in trajs]
 
@@ -91,6 +97,7 @@ def _outcome(prompt: str, t: Trajectory, protocol: TagProtocol) -> Outcome:
         completion_tokens=t.completion_tokens,
         stop_reason=t.finish_reason,
         queries=search_queries(t.response_text, protocol, t.num_tool_calls),
+        passages=[list(found) for found in t.info.get("passages", [])],
     )
 
 
@@ -160,10 +167,11 @@ class OpenAIPolicy:
         seed: int,
         indices: Sequence[int] | None = None,
         on_done: Callable[[int, Outcome], None] | None = None,
+        on_start: Callable[[int, Any], None] | None = None,
     ) -> list[Outcome]:
         """The agent loop of `pvpo.trainer.rollout.agent_loop`, on text: the same env, turn limits
         and endings (answer, max turns, EOS without an answer, token budget); `indices` /
-        `on_done` as in `run_episodes_async`."""
+        `on_done` / `on_start` as in `run_episodes_async`."""
         from pvpo.trainer.rollout.agent_loop import run_episodes
         from pvpo.trainer.rollout.endpoint_turns import EndpointTurns
 
@@ -180,5 +188,6 @@ class OpenAIPolicy:
             on_done=None
             if on_done is None
             else lambda i, t: on_done(i, _outcome(episode.prompt(examples[i]), t, protocol)),
+            on_start=on_start,
         )
         return [_outcome(episode.prompt(ex), t, protocol) for ex, t in zip(examples, trajs, strict=True)]

@@ -5,7 +5,8 @@ answer is written in FlashRAG's item layout, resumably, with the run's metrics.
 items (`id`, `question`, `golden_answers`, `output: {query, final_response, pred, metric_score:
 {em, f1, acc}}`, acc = cover-EM; question and golden answers as the loader reads them: stripped,
 duplicates dropped, which FlashRAG's normalisation makes no difference to), plus what an agent run adds to `output`: `num_searches`,
-`queries`, `num_turns`, `prompt_tokens`, `completion_tokens`, `format_ok`, `stop_reason`.
+`queries`, `num_turns`, `prompt_tokens`, `completion_tokens`, `format_ok`, `stop_reason`, and
+`passages` (per search, the passages returned as `[{id, title, score}]`, for `pvpo view`).
 `<out>/metrics.json` holds the means, the standard error of EM, N, the subset's seed and the
 settings; `<out>/run.json` the settings, so a restarted run refuses to mix settings.
 
@@ -22,119 +23,44 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from pvpo.atomic import append_jsonl, atomic_write_json, atomic_write_jsonl, read_json, replaced_path
+from pvpo.atomic import append_jsonl, atomic_write_json, atomic_write_jsonl, read_json
 from pvpo.envs.data import QAExample
-from pvpo.envs.episode import DEFAULT_PROMPT, EpisodeConfig
+from pvpo.envs.episode import EpisodeConfig, bounded_query
 from pvpo.envs.loaders import read_records
-from pvpo.locks import folder_lock, is_lock_file
-from pvpo.progress import Progress
-from pvpo.retriever.types import Searcher
-from pvpo.reward import TagProtocol, answer_metrics, get_protocol
-from pvpo.stats import mean, standard_error
-from pvpo.trainer.rollout.agent_settings import AgentSettings
+from pvpo.evaluation.progress import EvalProgress
 
-if TYPE_CHECKING:
-    from pvpo.trainer.rollout.agent_loop import LoopConfig
+# the settings live in their own module; importers of this one find them here too
+from pvpo.evaluation.settings import EvalError as EvalError
+from pvpo.evaluation.settings import EvalSettings as EvalSettings
+from pvpo.evaluation.settings import resolve_template as resolve_template
+from pvpo.locks import folder_lock, is_lock_file
+from pvpo.owned import (
+    FolderError,
+    FolderKind,
+    Replacement,
+    check_folder_path,
+    claim,
+    is_ours,
+    recover,
+    refuse_clashes,
+    replacing,
+    shown,
+)
+from pvpo.retriever.types import Searcher
+from pvpo.reward import TagProtocol, answer_metrics
+from pvpo.stats import mean, standard_error
 
 log = logging.getLogger(__name__)
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
 RUN = "run.json"
-
-
-class EvalError(ValueError):
-    """A bad evaluation setting or an output folder that does not match the run."""
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """How the policy is sampled and the episode is run. Greedy by default; PVPO (arXiv:2508.21104)
-    evaluates at temperature 0.6, top-p 0.95. `max_new_tokens` bounds one turn,
-    `max_response_tokens` the whole response (model and env tokens). `chat_template`: None = use
-    the tokenizer's chat template when it has one (as Search-R1's inference script does)."""
-
-    template: str = "search_r1"
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_turns: int = 6
-    max_new_tokens: int = 512
-    max_response_tokens: int = 4096
-    topk: int = 3
-    max_obs_chars: int | None = None
-    batch_size: int = 32
-    seed: int = 0
-    chat_template: bool | None = None
-
-    def __post_init__(self) -> None:
-        checks = {
-            "temperature": self.temperature >= 0,
-            "top_p": 0 < self.top_p <= 1,
-            "max_turns": self.max_turns >= 1,
-            "max_new_tokens": self.max_new_tokens >= 1,
-            "max_response_tokens": self.max_response_tokens >= 1,
-            "topk": self.topk >= 1,
-            "batch_size": self.batch_size >= 1,
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise EvalError(f"bad evaluation setting {bad[0]}={getattr(self, bad[0])!r}")
-        resolve_template(self.template)
-
-    def agent(self, tokenizer: Any) -> AgentSettings:
-        """These settings as the trainer's one source of episode rules and loop limits: the env's
-        reward is Search-R1's EM (the prediction it extracts is what the metrics score); the chat
-        template is used when asked, or by default when `tokenizer` has one."""
-        protocol, prompt = resolve_template(self.template)
-        chat = self.chat_template if self.chat_template is not None else bool(getattr(tokenizer, "chat_template", None))
-        return AgentSettings(
-            protocol=protocol,
-            prompt_template=prompt,
-            reward="em",
-            max_turns=self.max_turns,
-            topk=self.topk,
-            max_obs_chars=self.max_obs_chars,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            max_new_tokens=self.max_new_tokens,
-            max_response_tokens=self.max_response_tokens,
-            chat_template=chat,
-            max_concurrency=self.batch_size,
-        )
-
-    def episode(self) -> EpisodeConfig:
-        """The episode rules of an evaluation."""
-        return self.agent(None).episode()
-
-    def loop(self, tokenizer: Any) -> LoopConfig:
-        """The agent loop's limits for a policy with `tokenizer`."""
-        return self.agent(tokenizer).loop()
-
-
-def resolve_template(name: str) -> tuple[TagProtocol, str]:
-    """(tag protocol, prompt template) of a name: a template of `pvpo.envs.templates` (e.g.
-    `search_r1`, Search-R1's exact training prompt, with its protocol), else a tag protocol (e.g.
-    `research`) with the default prompt (the protocol's instruction, then `Question: ...`)."""
-    from pvpo.envs.templates import available_templates, get_template
-    from pvpo.reward import available_protocols
-
-    if name in available_templates():
-        tpl = get_template(name)
-        return get_protocol(tpl.protocol), tpl.prompt_template
-    if name in available_protocols():
-        return get_protocol(name), DEFAULT_PROMPT
-    raise EvalError(
-        f"unknown template {name!r}; known templates: {available_templates()}, tag protocols: {available_protocols()}"
-    )
 
 
 @dataclass
@@ -151,6 +77,7 @@ class Outcome:
     stop_reason: str
     format_ok: bool = False
     queries: list[str] = field(default_factory=list)
+    passages: list[list[dict[str, Any]]] = field(default_factory=list)  # per search: [{id, title, score}]
 
 
 class EvalPolicy(Protocol):
@@ -167,7 +94,11 @@ class EvalPolicy(Protocol):
         seed: int,
         indices: Sequence[int] | None = None,
         on_done: Callable[[int, Outcome], None] | None = None,
-    ) -> list[Outcome]: ...
+        on_start: Callable[[int, Any], None] | None = None,
+    ) -> list[Outcome]:
+        """One Outcome per example; `on_done(i, outcome)` as question i ends, `on_start(i,
+        trajectory)` as it starts (the agent loop's live trajectory, for a progress meter)."""
+        ...
 
 
 def without_corrections(response: str, protocol: TagProtocol) -> str:
@@ -177,9 +108,9 @@ def without_corrections(response: str, protocol: TagProtocol) -> str:
 
 
 def search_queries(response: str, protocol: TagProtocol, n: int) -> list[str]:
-    """The first `n` search queries of a response (the ones the env ran)."""
+    """The first `n` search queries of a response, as the env ran them (an over-long one cut)."""
     text = without_corrections(response, protocol)
-    found = [s.content.strip() for s in protocol.segments(text) if s.tag == protocol.search and s.closed]
+    found = [bounded_query(s.content.strip()) for s in protocol.segments(text) if s.tag == protocol.search and s.closed]
     return found[:n]
 
 
@@ -208,6 +139,7 @@ def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
             "completion_tokens": outcome.completion_tokens,
             "format_ok": outcome.format_ok,
             "stop_reason": outcome.stop_reason,
+            "passages": outcome.passages,
         },
     }
 
@@ -322,26 +254,49 @@ def _held(path: Path) -> bool:
     return path.is_dir() and any(path.iterdir())
 
 
+# An evaluation's dataset folder under pvpo's one rule for the folders it writes (`pvpo.owned`).
+EVAL_KIND = FolderKind(
+    "evaluation", "an evaluation run", frozenset({PREDICTIONS, METRICS, RUN, "judge_cache.jsonl"}), (RUN,)
+)
+
+
 def check_out_dir(out: str | Path, datasets: Sequence[str], *, overwrite: bool) -> None:
     """Refuse (EvalError naming some files) an `--out` holding anything but evaluation runs of
     ours - a user's files, or a dataset's folder that is not a run - unless `overwrite`, before
-    anything is loaded or written. `overwrite` never deletes a user's file beside the runs; a
-    dataset's folder it replaces is kept until the new run's first answers (`run_eval`)."""
+    anything is loaded or written; and, with or without it, a dataset's place taken by a file or
+    by a user's file of a name an evaluation writes. `overwrite` never deletes a user's file; a
+    dataset's earlier run it replaces is kept until the new run's first answers (`run_eval`)."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise EvalError(f"--out {out} is a file: give a folder")
+    try:
+        check_folder_path(out, "--out")
+    except FolderError as e:
+        raise EvalError(str(e)) from None
+    for name in datasets:
+        place = out / name
+        if os.path.lexists(place) and not place.is_dir():
+            raise EvalError(
+                f"--out {out} holds a file {name!r} where dataset {name}'s results go: move it, or give the dataset "
+                "another name (--name)"
+            )
+        if place.is_dir() and not is_ours(place, EVAL_KIND):
+            users = sorted(p.name for p in place.iterdir())
+            refuse_clashes(place, EVAL_KIND, users, error=EvalError)
+            if users and not overwrite:
+                raise EvalError(
+                    f"{place} holds files pvpo did not write ({shown(users)}): give another --out, or --overwrite to "
+                    f"write dataset {name}'s results beside them (they are kept)"
+                )
     if overwrite or not out.is_dir():
         return
     wanted = set(datasets)
     foreign = sorted(
         p.name
         for p in out.iterdir()
-        if not (is_lock_file(p.name) or (p.is_dir() and (_is_run_folder(p) or (p.name in wanted and not _held(p)))))
+        if not (is_lock_file(p.name) or (p.is_dir() and (_is_run_folder(p) or p.name in wanted)))
     )
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise EvalError(
-            f"--out {out} holds files that are not evaluation runs ({shown}): give a new or empty folder, "
+            f"--out {out} holds files that are not evaluation runs ({shown(foreign)}): give a new or empty folder, "
             "or --overwrite to write into it anyway (those files are kept)"
         )
 
@@ -407,27 +362,24 @@ def _run_eval(
 ) -> dict[str, Any]:
     """`run_eval` with the folder's lock held."""
     run = {**dict(meta), "n": len(examples), "settings": asdict(settings)}
+    recover(out, EVAL_KIND)
     other = _other_run(out, run)
-    if other is not None and not overwrite:
-        raise EvalError(f"{out} holds {other}: use another --out, or --overwrite to replace it")
-    if other is None:
-        out.mkdir(parents=True, exist_ok=True)
+    if other is None:  # new, empty, or this very run: answer what is left
+        claim(out, EVAL_KIND)
         if not (out / RUN).exists():
             write_json(out / RUN, dict(run))
         return _answer(policy, examples, searcher, settings, out, run=run, show_progress=show_progress)
-    aside = replaced_path(out)
-    if aside.exists():
-        raise EvalError(f"{aside} holds a run an earlier --overwrite replaced: delete it or move it back to {out}")
-    os.replace(out, aside)
-    out.mkdir()
-    write_json(out / RUN, dict(run))
-    try:
-        return _answer(policy, examples, searcher, settings, out, run=run, show_progress=show_progress, aside=aside)
-    except BaseException:
-        if aside.exists():  # no answer written yet: the old folder comes back as it was
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(aside, out)
-        raise
+    with replacing(
+        out,
+        EVAL_KIND,
+        overwrite=overwrite,
+        refusal=f"{other}: use another --out, or --overwrite to replace it (kept until the new run's first answers)",
+        error=EvalError,
+    ) as replacement:
+        write_json(out / RUN, dict(run))
+        return _answer(
+            policy, examples, searcher, settings, out, run=run, show_progress=show_progress, replaced=replacement
+        )
 
 
 def _answer(
@@ -439,9 +391,9 @@ def _answer(
     *,
     run: Mapping[str, Any],
     show_progress: bool,
-    aside: Path | None = None,
+    replaced: Replacement | None = None,
 ) -> dict[str, Any]:
-    """`run_eval`'s loop; `aside` (a replaced folder) is deleted once the first answers are written."""
+    """`run_eval`'s loop; `replaced` (an earlier run moved aside) is dropped once the first answers are written."""
     meta = run
     episode = settings.episode()
     pred_path = out / PREDICTIONS
@@ -455,8 +407,15 @@ def _answer(
             f"{pred_path} has {len(stray)} ids not in this run's questions (e.g. {sorted(stray)[0]!r}); use another --out"
         )
     started = time.perf_counter()
-    bar = Progress(
-        total=len(examples), initial=len(done), desc=f"eval {meta.get('dataset', '')}", unit="q", enabled=show_progress
+    sampled = getattr(policy, "sampled_tokens", None)
+    bar = EvalProgress(
+        total=len(examples),
+        initial=len(done),
+        desc=f"eval {meta.get('dataset', '')}",
+        max_turns=settings.max_turns,
+        most_tokens=settings.most_model_tokens(),
+        sampled=sampled if callable(sampled) else None,
+        enabled=show_progress,
     )
     # No batch barrier: at most batch_size questions are in flight and each answer is saved as it
     # ends, so a long trajectory never holds up the next questions (and a crash loses none).
@@ -465,9 +424,9 @@ def _answer(
 
     def saved(i: int, outcome: Outcome) -> None:
         append_jsonl(pred_path, [prediction_item(todo[i][1], outcome)])
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
-        bar.update(1)
+        if replaced is not None:
+            replaced.commit()
+        bar.answered(i, outcome.completion_tokens)
 
     try:
         if todo:
@@ -479,6 +438,7 @@ def _answer(
                 seed=settings.seed,
                 indices=[p for p, _ in todo],
                 on_done=saved,
+                on_start=bar.started,
             )
     finally:
         bar.close()

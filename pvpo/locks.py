@@ -12,7 +12,9 @@ the file itself stays, and holds the PID and command of its last holder, which t
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import hashlib
 import os
 import time
 from collections.abc import Iterator
@@ -38,11 +40,26 @@ class FolderInUse(Exception):
         )
 
 
+# the longest file name most file systems take (ext4, xfs, btrfs, tmpfs: 255 bytes)
+_NAME_MAX = 255
+
+
 def lock_path(folder: str | Path) -> Path:
     """The lock file of `folder`: `.<name>.pvpo-lock` beside it (symlinks resolved, so two paths
-    to one folder share one lock)."""
-    folder = Path(folder).resolve()
-    return folder.parent / f".{folder.name or 'root'}{LOCK_SUFFIX}"
+    to one folder share one lock); a name too long for a file name of its own (a folder name of
+    over 244 bytes) is shortened and told apart by a hash of it. A symlink loop is an
+    OSError(ELOOP) naming `folder`."""
+    try:
+        folder = Path(folder).resolve()
+    except RuntimeError:  # a symlink loop, before Python 3.13 (which raises OSError)
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(folder)) from None
+    name = folder.name or "root"
+    if len(f".{name}{LOCK_SUFFIX}".encode()) > _NAME_MAX:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        room = _NAME_MAX - len(f".~{digest}{LOCK_SUFFIX}".encode())
+        head = name.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
+        name = f"{head}~{digest}"
+    return folder.parent / f".{name}{LOCK_SUFFIX}"
 
 
 def is_lock_file(name: str) -> bool:

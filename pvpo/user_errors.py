@@ -5,15 +5,15 @@ keeps the traceback. A command adds where it stopped and how to go on with `add_
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import signal
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import typer
 from typer.core import TyperGroup
+
+from pvpo.secrets import mask_url
 
 # exit status of a refused command (as a bad option, click's usage error)
 USER_ERROR_EXIT = 2
@@ -44,6 +44,15 @@ _OS_FAULTS = {
     errno.EACCES: ("permission denied", "check the owner and mode of the file and its folder, or write elsewhere"),
     errno.EPERM: ("operation not permitted", "check the owner and mode of the file and its folder, or write elsewhere"),
     errno.EIO: ("input/output error", "the disk may be failing: check it (dmesg), then run again"),
+    errno.ENAMETOOLONG: ("file name too long", "use a shorter name (at most 255 bytes per name on most file systems)"),
+    errno.ELOOP: (
+        "too many levels of symbolic links (a symlink loop)",
+        "fix or remove the link, or give a real folder",
+    ),
+    errno.EBUSY: ("device or resource busy (a mount point?)", "give a folder inside it, or another folder"),
+    errno.EXDEV: ("on another file system than its folder", "give a folder on one file system"),
+    errno.ENOTDIR: ("not a folder", "check the path: a part of it is a file"),
+    errno.EEXIST: ("already exists", "move it away, or give another path"),
 }
 
 
@@ -74,28 +83,6 @@ def os_fault(err: OSError) -> str | None:
     return f"error: {where}{cause}\n  fix: {fix}{'; ' + notes if notes else ''}"
 
 
-class Stopped(KeyboardInterrupt):
-    """SIGTERM, raised where the program is, so it ends as Ctrl-C (SIGINT) does: files closed,
-    temporary files removed, and one line saying where the command stopped."""
-
-    signum = signal.SIGTERM
-
-
-@contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """Within the block SIGTERM raises `Stopped` in the main thread (by default it kills the process
-    with no word and no clean-up); the previous handler comes back after it."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise Stopped()
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def describe_stop(err: KeyboardInterrupt) -> tuple[str, int]:
     """The line a command stopped by SIGINT or SIGTERM ends with (what its command noted about
     where it stopped and how to go on), and its exit status (128 + the signal's number)."""
@@ -109,15 +96,16 @@ def describe(err: BaseException) -> str | None:
     None for anything else, which should keep its traceback."""
     if _is_instance(err, "pvpo.retriever.client", "RetrieverError"):
         code = getattr(err, "status_code", None)
-        fix = (
-            "check the token (--token / PVPO_RETRIEVER_TOKEN / retriever.token)"
-            if code in (401, 403)
-            else "is the server running? start one with `pvpo retriever serve --index DIR`, or give the right --url / retriever.url"
-        )
-        return f"error: {err}\n  fix: {fix}"
+        if code in (401, 403):
+            fix = "check the token (--token / PVPO_RETRIEVER_TOKEN / retriever.token)"
+        elif isinstance(code, int) and 400 <= code < 500:
+            fix = "the server refused the request itself (the reason is above): check what was asked of it"
+        else:
+            fix = "is the server running? start one with `pvpo retriever serve --index DIR`, or give the right --url / retriever.url"
+        return f"error: {mask_url(str(err))}\n  fix: {fix}"
     if _is_instance(err, "httpx", "TransportError") or isinstance(err, ConnectionError):
         return (
-            f"error: cannot reach a server: {type(err).__name__}: {err}\n"
+            f"error: cannot reach a server: {type(err).__name__}: {mask_url(str(err))}\n"
             "  fix: check the URL and that the server is running"
         )
     if _is_instance(err, "pvpo.locks", "FolderInUse"):
@@ -146,7 +134,7 @@ class UserErrorGroup(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM within `stop_on_sigterm`
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM within `pvpo.signals.stop_on_signals`
             if ctx.params.get("debug") or _traceback_requested:
                 raise
             line, status = describe_stop(err)
@@ -158,7 +146,8 @@ class UserErrorGroup(TyperGroup):
             message = describe(err)
             if message is None:
                 raise
-            typer.echo(
-                f"{message}\n  (pvpo --debug {ctx.invoked_subcommand or '...'} ... shows the traceback)", err=True
+            typer.echo(  # a URL's credentials in any message are masked (`pvpo.secrets`)
+                mask_url(f"{message}\n  (pvpo --debug {ctx.invoked_subcommand or '...'} ... shows the traceback)"),
+                err=True,
             )
             ctx.exit(USER_ERROR_EXIT)

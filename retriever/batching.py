@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from pvpo.retriever.thread_budget import set_thread_budget
 from pvpo.retriever.types import Passage
 
 SearchFn = Callable[[Sequence[str], Sequence[int]], list[list[Passage]]]
@@ -108,7 +110,13 @@ class DynamicBatcher:
     A batch is searched one pad group at a time, shortest first, and each group's requests are
     answered as soon as it is done, so their clients' next requests arrive while the later groups
     encode. With `coalesce=False` each batch serves one request (the baseline the benchmark
-    compares), still cut to the batch bounds."""
+    compares), still cut to the batch bounds.
+
+    `workers` threads search a batch's groups at once, each with a budget of `worker_threads` CPU
+    threads (`thread_budget`); with several workers a batch is cut into about two groups a worker
+    (at most `pad_group` queries each), so each worker answers a group half-way through and those
+    clients come back while it computes its second. A batch of one distinct query goes instead to
+    a thread of its own with a budget of `solo_threads` (a lone query may use every core)."""
 
     def __init__(
         self,
@@ -121,9 +129,14 @@ class DynamicBatcher:
         coalesce: bool = True,
         max_pending: int = 16384,
         pad_group: int | None = None,
+        workers: int = 1,
+        worker_threads: int | None = None,
+        solo_threads: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
         if max_batch_chars < 1:
             raise ValueError("max_batch_chars must be >= 1")
         self.search_fn = search_fn
@@ -134,6 +147,10 @@ class DynamicBatcher:
         self.coalesce = coalesce
         self.max_pending = max_pending
         self.pad_group = pad_group
+        self.workers = workers
+        self.worker_threads = worker_threads
+        self.solo_threads = solo_threads
+        self._solo: ThreadPoolExecutor | None = None
         self._jobs: list[_Job] = []  # requests with queries not yet handed to a batch, oldest first
         self._pending_queries = 0  # their queries not yet searched
         self._wakeup: asyncio.Event | None = None
@@ -152,7 +169,19 @@ class DynamicBatcher:
     async def start(self) -> None:
         """Starts the worker on the running event loop."""
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-search")
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.workers,
+            thread_name_prefix="retriever-search",
+            initializer=set_thread_budget,
+            initargs=(self.worker_threads,),
+        )
+        if self.solo_threads is not None:
+            self._solo = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="retriever-solo",
+                initializer=set_thread_budget,
+                initargs=(self.solo_threads,),
+            )
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -168,9 +197,10 @@ class DynamicBatcher:
             if not job.future.done():
                 job.future.set_exception(RuntimeError("retriever server is shutting down"))
         self._jobs.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        for executor in (self._executor, self._solo):
+            if executor is not None:
+                executor.shutdown(wait=True)
+        self._executor = self._solo = None
 
     @property
     def pending(self) -> int:
@@ -289,11 +319,15 @@ class DynamicBatcher:
         sending 12 distinct questions: 1539 -> 1188 req/s, bench/load.py)."""
         items = [(s.job, i) for s in batch for i in range(s.start, s.stop)]
         items.sort(key=lambda it: (-query_cost(it[0].queries[it[1]]), it[0].queries[it[1]]))
+        size = self.pad_group
+        if self.workers > 1:  # two groups a worker (see the class docstring)
+            n = len({job.queries[i] for job, i in items})
+            size = min(size or n, max(1, -(-n // (2 * self.workers))))
         groups: list[list[tuple[_Job, int]]] = []
         distinct: set[str] = set()
         for job, i in items:
             query = job.queries[i]
-            if not groups or (query not in distinct and self.pad_group and len(distinct) >= self.pad_group):
+            if not groups or (query not in distinct and size and len(distinct) >= size):
                 groups.append([])
                 distinct = set()
             groups[-1].append((job, i))
@@ -304,17 +338,24 @@ class DynamicBatcher:
         self,
         loop: asyncio.AbstractEventLoop,
         groups: list[list[tuple[_Job, int]]],
+        todo: deque[int],
         delivered: list[int],
         cutoff: list[int],
     ) -> None:
-        """On the worker thread: searches the groups in turn, each answered as soon as it is done.
-        With the whole batch answered at its end, the search thread slept 7-10% of the time at
-        32-64 clients while the answered clients came back (1-6% with groups answered as they
-        finish and the /retrieve fast path; thread schedstat)."""
-        for g in groups:
+        """On a worker thread: searches the groups whose index it takes from `todo` (shared by
+        the batch's workers), each answered as soon as it is done. With the whole batch answered
+        at its end, the search thread slept 7-10% of the time at 32-64 clients while the answered
+        clients came back (1-6% with groups answered as they finish and the /retrieve fast path;
+        thread schedstat)."""
+        while True:
+            try:
+                k = todo.popleft()  # atomic: two workers never take one group
+            except IndexError:
+                return
+            g = groups[k]
             results = self.search_fn([job.queries[i] for job, i in g], [job.topk for job, i in g])
             loop.call_soon_threadsafe(self._deliver, g, results, cutoff)
-            delivered.append(len(g))
+            delivered.append(k)
 
     def _deliver(self, group: list[tuple[_Job, int]], results: list[list[Passage]], cutoff: list[int]) -> None:
         """Hands a searched group's results to their requests; a request whose queries are all
@@ -350,25 +391,35 @@ class DynamicBatcher:
             if not batch:
                 continue
             groups = self._groups(batch)
-            delivered: list[int] = []  # sizes of the groups answered
+            todo = deque(range(len(groups)))
+            delivered: list[int] = []  # the groups answered
             cutoff: list[int] = []  # the first request submitted after its first group was answered
             self.batches += 1
             started = loop.time()
-            try:
-                await loop.run_in_executor(self._executor, self._search_groups, loop, groups, delivered, cutoff)
-            except Exception as e:  # noqa: BLE001 - the error goes to every request not yet answered
-                self._account(loop.time() - started)
-                for g in groups[len(delivered) :]:
+            lone = self._solo is not None and len({job.queries[i] for g in groups for job, i in g}) == 1
+            runs = [
+                loop.run_in_executor(executor, self._search_groups, loop, groups, todo, delivered, cutoff)
+                for executor in ([self._solo] if lone else [self._executor] * min(self.workers, len(groups)))
+            ]
+            outcomes = await asyncio.gather(*runs, return_exceptions=True)
+            self._account(loop.time() - started)
+            error = next((o for o in outcomes if isinstance(o, BaseException)), None)
+            if error is not None:  # it goes to every request not yet answered
+                answered = set(delivered)
+                for k, g in enumerate(groups):
+                    if k in answered:
+                        continue
                     for job, _ in g:
                         self._pending_queries -= 1
                         self._forget(job)
                         if not job.future.done():
-                            job.future.set_exception(e)
+                            job.future.set_exception(error)
+                if not isinstance(error, Exception):
+                    raise error
                 continue
-            self._account(loop.time() - started)
             # The clients in flight: those answered now, expected back, and those that came
             # while this batch ran and before its first group was answered (later ones may be
             # its own clients back already). Counting only the previous batch let a batch cut
             # short split the clients for good (at 32 clients every batch then held 16).
             others = sum(job.left for job in self._jobs if job.seq < (cutoff[0] if cutoff else self._submitted + 1))
-            self._expected = sum(delivered) + others
+            self._expected = sum(len(groups[k]) for k in delivered) + others

@@ -89,7 +89,7 @@ def _encode_chunks(
         "n": n,
         "chunk_size": chunk_size,
         "dim": encoder.dim,
-        "max_length": encoder.model.max_seq_length,
+        "max_length": encoder.max_seq_length,
     }
     manifest_file = emb_dir / "manifest.json"
     if emb_dir.exists() and (not manifest_file.exists() or json.loads(manifest_file.read_text()) != manifest):
@@ -198,6 +198,23 @@ def write_dense_index(
     return meta
 
 
+def export_query_encoder(encoder: Any) -> None:
+    """Exports `encoder`'s model for the query backend a CPU server of the index will use (ONNX
+    Runtime by default) into the export cache, so that server starts without torch or
+    sentence-transformers; nothing when that backend is torch or its packages are missing (the
+    server then exports at its first start, or encodes with torch)."""
+    from pvpo.retriever.encoder import default_backend
+    from pvpo.retriever.runtimes import MissingRuntime, cached_export, exported_model
+
+    backend = default_backend("cpu", queries=True)[0]
+    if backend == "torch" or cached_export(encoder.path, encoder.max_seq_length, backend) is not None:
+        return
+    try:
+        exported_model(encoder.model, encoder.path, backend)
+    except MissingRuntime as e:
+        log.info("no %s export of the query encoder: %s", backend, e)
+
+
 def build_index(
     corpus: str | Path,
     out_dir: str | Path,
@@ -270,6 +287,7 @@ def build_index(
                 "passage_prefix": encoder.prefixes.passage,
                 "max_length": max_length,
             }
+            export_query_encoder(encoder)
             if not keep_embeddings:
                 shutil.rmtree(out / EMB_DIR)
     finally:
@@ -287,7 +305,7 @@ def link_prebuilt(
     model: str = "intfloat/e5-base-v2",
     index_type: str | None = None,
     max_length: int = 256,
-    mmap: bool = False,
+    mmap: bool | None = None,
 ) -> Path:
     """An index directory that points at an existing FAISS index and its corpus (same row order),
     e.g. Search-R1's `e5_Flat.index` + `wiki-18.jsonl`: nothing is re-encoded; a JSON-lines corpus
@@ -339,9 +357,9 @@ def link_prebuilt(
             "query_prefix": prefixes.query,
             "passage_prefix": prefixes.passage,
             "max_length": max_length,
-            "mmap": mmap,
             "search_params": DEFAULT_SEARCH_PARAMS,
-        },
+        }
+        | ({} if mmap is None else {"mmap": mmap}),  # absent: mapped on CPU, read for a GPU (load_retriever)
     )
     return out
 
@@ -416,8 +434,8 @@ def reindex_prebuilt(
         if created:  # not even the link is kept: the directory would not be the index asked for
             shutil.rmtree(out, ignore_errors=True)
         raise
+    meta.pop("mmap", None)  # the new index file is ours: mapped on CPU, read for a GPU (load_retriever)
     meta |= {
-        "mmap": False,
         "source_index": str(Path(faiss_index).resolve()),
         "build_seconds": round(time.perf_counter() - t0, 2),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -112,10 +113,11 @@ def build(
     encoder_dtype: str | None = typer.Option(None, "--encoder-dtype", callback=_dtype_option, help=ENCODER_DTYPE_HELP),
 ) -> None:
     """Encode a corpus (or re-index a prebuilt flat index's vectors) and build its index directory."""
+    from pvpo.locks import folder_lock
     from pvpo.retriever.build import build_index
     from pvpo.retriever.encoder import set_default_backend, set_default_dtype
     from pvpo.retriever.index import read_meta
-    from pvpo.retriever.outdir import build_into
+    from pvpo.retriever.outdir import build_into, checked_out
 
     set_default_backend(encoder_backend)
     set_default_dtype(encoder_dtype)
@@ -126,47 +128,49 @@ def build(
         except ValueError:
             raise typer.BadParameter(f"--hybrid-weights {hybrid_weights!r}: give two numbers, e.g. 1,0.5") from None
     params = None if nprobe is None else {"nprobe": nprobe}
-    with build_into(out, overwrite=overwrite, inputs=[corpus, from_faiss_index]) as target:
-        if hybrid:
-            from pvpo.retriever.hybrid import build_hybrid
+    # one build at a time per folder: a second one would mix its files into the first's and report its count
+    with folder_lock(checked_out(out), "pvpo retriever build"):
+        with build_into(out, overwrite=overwrite, inputs=[corpus, from_faiss_index]) as target:
+            if hybrid:
+                from pvpo.retriever.hybrid import build_hybrid
 
-            build_hybrid(
-                corpus,
-                target,
-                dense_index_type=index_type.partition(":")[2] or "Flat",
-                weights=weights,
-                model=model,
-                batch_size=batch_size,
-                device=device,
-                keep_embeddings=keep_embeddings,
-                show_progress=True,
-            )
-        elif from_faiss_index is not None:  # re-index a prebuilt flat index's vectors: nothing is encoded
-            from pvpo.retriever.build import reindex_prebuilt
+                build_hybrid(
+                    corpus,
+                    target,
+                    dense_index_type=index_type.partition(":")[2] or "Flat",
+                    weights=weights,
+                    model=model,
+                    batch_size=batch_size,
+                    device=device,
+                    keep_embeddings=keep_embeddings,
+                    show_progress=True,
+                )
+            elif from_faiss_index is not None:  # re-index a prebuilt flat index's vectors: nothing is encoded
+                from pvpo.retriever.build import reindex_prebuilt
 
-            reindex_prebuilt(
-                from_faiss_index,
-                corpus,
-                target,
-                index_type=index_type,
-                model=model or "intfloat/e5-base-v2",
-                rerank_depth=rerank_depth,
-                search_params=params,
-            )
-        else:
-            build_index(
-                corpus,
-                target,
-                model=model,
-                index_type=index_type,
-                batch_size=batch_size,
-                device=device,
-                keep_embeddings=keep_embeddings,
-                show_progress=True,
-                rerank_depth=rerank_depth,
-                search_params=params,
-            )
-    meta = read_meta(out)
+                reindex_prebuilt(
+                    from_faiss_index,
+                    corpus,
+                    target,
+                    index_type=index_type,
+                    model=model or "intfloat/e5-base-v2",
+                    rerank_depth=rerank_depth,
+                    search_params=params,
+                )
+            else:
+                build_index(
+                    corpus,
+                    target,
+                    model=model,
+                    index_type=index_type,
+                    batch_size=batch_size,
+                    device=device,
+                    keep_embeddings=keep_embeddings,
+                    show_progress=True,
+                    rerank_depth=rerank_depth,
+                    search_params=params,
+                )
+        meta = read_meta(out)
     if hybrid:
         typer.echo(f"built hybrid index (dense + bm25) of {meta['size']} passages in {out}")
     else:
@@ -190,14 +194,21 @@ def link(
         False, "--overwrite", help="Replace --out even if it holds other files (kept until the link is made)."
     ),
     model: str = typer.Option("intfloat/e5-base-v2", "--model", help="The encoder the index was built with."),
-    mmap: bool = typer.Option(False, "--mmap/--no-mmap", help="Memory-map the flat index instead of reading it."),
+    mmap: bool | None = typer.Option(
+        None,
+        "--mmap/--no-mmap",
+        help="Memory-map the index where FAISS can, or read it into memory at start (default: mapped on CPU, read "
+        "for a GPU).",
+    ),
 ) -> None:
     """Use a prebuilt Search-R1 / FlashRAG index with its corpus, without re-encoding."""
+    from pvpo.locks import folder_lock
     from pvpo.retriever.build import link_prebuilt
-    from pvpo.retriever.outdir import build_into
+    from pvpo.retriever.outdir import build_into, checked_out
 
-    with build_into(out, overwrite=overwrite, inputs=[index_file, corpus]) as target:
-        link_prebuilt(index_file, corpus, target, model=model, mmap=mmap)
+    with folder_lock(checked_out(out), "pvpo retriever link"):
+        with build_into(out, overwrite=overwrite, inputs=[index_file, corpus]) as target:
+            link_prebuilt(index_file, corpus, target, model=model, mmap=mmap)
     typer.echo(f"linked {index_file} + {corpus} as {out}")
 
 
@@ -223,7 +234,24 @@ def serve(
         20.0, "--max-delay-ms", min=0.0, help="...or this long after its first request, whichever comes first."
     ),
     threads: int | None = typer.Option(
-        None, "--threads", min=1, help="torch CPU threads (default: cores - 1, leaving one to HTTP)."
+        None,
+        "--threads",
+        min=1,
+        help="CPU threads a search worker computes with: an exported encoder's (default 1, a worker a core; a lone "
+        "query uses every core), or torch's for the whole process (default cores - 1, leaving one to HTTP).",
+    ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Batches searched at once (default: cores / --threads with an exported encoder on CPU, else 1).",
+    ),
+    solo_threads: int | None = typer.Option(
+        None,
+        "--solo-threads",
+        min=1,
+        help="CPU threads for a lone query, with an exported encoder on CPU (default: every core; 1 on a machine "
+        "busy with other jobs, where a second thread spins waiting for a core).",
     ),
     max_batch_chars: int = typer.Option(
         8192,
@@ -290,6 +318,10 @@ def serve(
             str(max_delay_ms),
             "--threads",
             str(replica_threads(replicas, threads)),
+            "--workers",
+            str(workers or 1),  # the replicas share the cores: one worker each, no lone query on all of them
+            "--solo-threads",
+            str(solo_threads or replica_threads(replicas, threads)),
             "--max-batch-chars",
             str(max_batch_chars),
             "--log-level",
@@ -313,17 +345,23 @@ def serve(
         raise typer.Exit(replica_set.wait())
     import uvicorn
 
-    from pvpo.retriever.connections import open_file_limit, uvicorn_config
+    from pvpo.retriever.connections import check_port_free, open_file_limit, uvicorn_config
     from pvpo.retriever.encoder import set_default_backend, set_default_dtype
     from pvpo.retriever.index import load_retriever
-    from pvpo.retriever.server import create_app, set_torch_threads
+    from pvpo.retriever.server import create_app, search_plan, set_torch_threads
 
+    check_port_free(host, port)  # before the index loads, which can take minutes
     set_default_backend(encoder_backend)
     set_default_dtype(encoder_dtype)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    set_torch_threads(threads)
+    # faiss-cpu's wheel ships one build (faiss.swigfaiss); its loader first tries CPU-specific ones
+    # and logs each missing one at INFO as a ModuleNotFoundError, which reads like a failure
+    logging.getLogger("faiss.loader").setLevel(max(logging.WARNING, logging.getLogger().level))
     open_file_limit(raise_soft=True)
     retriever = load_retriever(index, device=device)
+    plan = search_plan(retriever, workers=workers, threads=threads, solo_threads=solo_threads)
+    if plan.worker_threads is None and "torch" in sys.modules:  # torch encodes: its thread count is process-wide
+        set_torch_threads(threads)
     app = create_app(
         retriever,
         max_batch_size=max_batch_size,
@@ -333,6 +371,7 @@ def serve(
         batching=not no_batching,
         token=token,
         public_docs=public_docs,
+        plan=plan,
     )
     config = uvicorn_config(
         app,

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from pvpo.retriever.types import Passage, make_contents
+from pvpo.secrets import mask_url
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 # A server refuses a request of more queries than this (`schema.Limits.max_queries`, its default):
@@ -110,8 +111,8 @@ class _Base:
             "retriever attempt %d/%d to %s failed (%s); retrying in %.1f s",
             attempt + 1,
             self.retries + 1,
-            url,
-            cause,
+            mask_url(url),
+            mask_url(cause),
             delay,
         )
         return delay
@@ -122,8 +123,8 @@ class _Base:
     @staticmethod
     def _final(resp: httpx.Response | None, err: Exception | None, url: str) -> RetrieverError:
         if resp is not None:
-            return RetrieverError(f"{url} answered {resp.status_code}: {resp.text[:500]}", resp.status_code)
-        return RetrieverError(f"retriever unreachable (last tried {url}): {type(err).__name__}: {err}")
+            return RetrieverError(mask_url(f"{url} answered {resp.status_code}: {resp.text[:500]}"), resp.status_code)
+        return RetrieverError(mask_url(f"retriever unreachable (last tried {url}): {type(err).__name__}: {err}"))
 
     @staticmethod
     def _refused(resp: httpx.Response, url: str) -> RetrieverError:
@@ -131,7 +132,7 @@ class _Base:
             detail = resp.json().get("detail", resp.text)
         except ValueError:
             detail = resp.text
-        return RetrieverError(f"{url} refused the request ({resp.status_code}): {detail}", resp.status_code)
+        return RetrieverError(mask_url(f"{url} refused the request ({resp.status_code}): {detail}"), resp.status_code)
 
 
 class RetrieverClient(_Base):

@@ -4,14 +4,18 @@ keeps the number of open connections under a limit by closing the longest-idle o
 
 uvicorn's own keep-alive timeout only starts after a response, so a socket that connects and
 sends nothing (or a header byte now and then) was held forever: 200 idle sockets stayed open for
-40+ s, and under a low open-file limit 520 of them made every real request fail.
+40+ s, and under a low open-file limit 520 of them made every real request fail. Its httptools
+parser also keeps request headers of any size: a 40 MB header was answered 200, and 16 such
+clients grew the server by 270 MB; headers past MAX_HEADER_BYTES are answered 431 and closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import resource
+import socket
 import time
 from typing import Any
 
@@ -22,6 +26,29 @@ log = logging.getLogger(__name__)
 HEADER_TIMEOUT_S = 10.0  # from connecting (or the first byte of a keep-alive request) to the end of the headers
 KEEP_ALIVE_S = 5.0  # idle time allowed between requests on one connection
 FD_RESERVE = 64  # open files kept for the index, the corpus, logs and the worker threads
+# request line and headers of one request (h11's default is 16 KiB; a Search-R1 client sends < 1 KiB)
+MAX_HEADER_BYTES = 64 * 1024
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+    b"content-length: 55\r\nconnection: close\r\n\r\n"
+    b'{"detail": "request headers over 65536 bytes: refused"}'
+)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """OSError(EADDRINUSE) naming `host:port` when a server already listens there: checked
+    before an index is loaded (which takes a while), not after."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise ValueError(
+                    f"port {port} on {host} is in use (another server?): give another --port, or stop that server"
+                ) from None
+            raise
 
 
 def open_file_limit(raise_soft: bool = False) -> int:
@@ -54,6 +81,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
         self.idle_since: float | None = None  # set while no request is in progress
+        self._header_bytes: int | None = 0  # bytes since the request began; None once its headers are in
+
+    def data_received(self, data: bytes) -> None:
+        counting = self._header_bytes is not None
+        super().data_received(data)
+        if counting and self._header_bytes is not None:  # the headers did not end in this chunk
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                self.transport.write(_TOO_LARGE)
+                self.transport.close()
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -94,11 +131,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm_header_timer()
+        self._header_bytes = None
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self.idle_since = time.monotonic()
+        self._header_bytes = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()

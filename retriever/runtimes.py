@@ -17,18 +17,26 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pvpo.retriever.thread_budget import cpu_cores, thread_budget
+
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("onnx", "onnx-int8", "openvino")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 ONNX_OPSET = 17
-EXTRA_HINT = "pip install 'pvpo-search[onnx]'"
+# what installs each backend's packages (onnxruntime and onnx are dependencies of the project)
+INSTALL_HINT = {
+    "onnx": "pip install onnxruntime onnx",
+    "onnx-int8": "pip install onnxruntime onnx",
+    "openvino": "pip install 'pvpo-search[openvino]'",
+}
 # The exported graph materialises each layer's attention scores (batch x heads x len^2): one batch
 # of 256 musique passages grew ONNX Runtime and OpenVINO to 5.5 GB RSS (a bench run of 4 backends
 # was OOM-killed at 17 GB); 32 rows at a time stay under 1 GB and encode as fast on CPU.
@@ -66,7 +74,7 @@ def _require(module: str, backend: str) -> Any:
     except ImportError as e:
         raise MissingRuntime(
             f"encoder backend {backend!r} needs the {module} package ({e}); "
-            f"install it with: {EXTRA_HINT}, or use backend 'torch'"
+            f"install it with: {INSTALL_HINT[backend]}, or use backend 'torch'"
         ) from None
 
 
@@ -151,51 +159,134 @@ def exported_model(st_model: Any, model_path: str, backend: str, *, cache_dir: P
 
 
 class ExportedEncoderModel:
-    """Runs an exported model: tokenised batches in, unit-length float32 embeddings out."""
+    """Runs an exported model: tokenised batches in, unit-length float32 embeddings out. Each
+    call computes with the calling thread's budget (`thread_budget`, else `threads`): one ONNX
+    Runtime session, or OpenVINO compiled model, per thread count, made on first use. Calls from
+    several threads run at once (each thread has its own OpenVINO infer request)."""
 
     def __init__(self, path: Path, backend: str, *, threads: int | None = None) -> None:
         self.backend = backend
         self.path = path
-        n = threads or torch_threads()
-        if backend == "openvino":
-            ov = _require("openvino", backend)
-            core = ov.Core()
-            model = core.read_model(str(path))
-            self._compiled = core.compile_model(
+        self.threads = threads or cpu_cores()
+        self._runtime = _require("openvino" if backend == "openvino" else "onnxruntime", backend)
+        self._runners: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._names: list[str] = []
+        self.runner(self.threads)  # a model that does not load fails here, not at the first query
+
+    def runner(self, threads: int) -> Any:
+        """The session (compiled model) computing with `threads` threads, made on first use."""
+        runner = self._runners.get(threads)
+        if runner is None:
+            with self._lock:
+                runner = self._runners.get(threads)
+                if runner is None:
+                    runner = self._runners[threads] = self._load(threads)
+        return runner
+
+    def _load(self, threads: int) -> Any:
+        if self.backend == "openvino":
+            core = self._runtime.Core()
+            model = core.read_model(str(self.path))
+            self._names = [p.get_any_name() for p in model.inputs]
+            return core.compile_model(
                 model,
                 "CPU",
                 {
-                    "INFERENCE_NUM_THREADS": n,
+                    "INFERENCE_NUM_THREADS": threads,
                     "PERFORMANCE_HINT": "LATENCY",
                     # On AMX CPUs (this one) OpenVINO would run bf16 by
                     # default: 1e-3 off torch's vectors; f32 keeps it exact.
                     "INFERENCE_PRECISION_HINT": "f32",
                 },
             )
-            self._names = [p.get_any_name() for p in model.inputs]
-            self._request = self._compiled.create_infer_request()
-        else:
-            ort = _require("onnxruntime", backend)
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = n
-            opts.inter_op_num_threads = 1
-            opts.enable_cpu_mem_arena = False  # the arena keeps its peak (one per input shape) for good
-            self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-            self._names = [i.name for i in self._session.get_inputs()]
+        opts = self._runtime.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.enable_cpu_mem_arena = False  # the arena keeps its peak (one per input shape) for good
+        session = self._runtime.InferenceSession(str(self.path), opts, providers=["CPUExecutionProvider"])
+        self._names = [i.name for i in session.get_inputs()]
+        return session
 
     def __call__(self, features: dict[str, np.ndarray]) -> np.ndarray:
+        runner = self.runner(thread_budget() or self.threads)
         feeds = {n: np.ascontiguousarray(features[n], dtype=np.int64) for n in self._names}
         if self.backend == "openvino":
-            out = self._request.infer(feeds)
+            requests: dict[int, Any] = self._local.__dict__.setdefault("requests", {})
+            request = requests.get(id(runner))
+            if request is None:  # an infer request serves one thread at a time
+                request = requests[id(runner)] = runner.create_infer_request()
+            out = request.infer(feeds)
             return np.asarray(next(iter(out.values())), dtype=np.float32)
-        return np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
+        return np.asarray(runner.run(None, feeds)[0], dtype=np.float32)
 
 
-def torch_threads() -> int:
-    """torch's intra-op thread count (what `--threads` sets), so every backend uses the same."""
-    import torch
+class LocalTokenizer:
+    """A sentence-transformers model's tokenizer read from its own `tokenizer.json` by the
+    `tokenizers` library: the ids sentence-transformers gives (texts stripped, lower-cased where
+    the model asks, truncated to `max_length`, padded to the batch's longest) without importing
+    transformers. Configured once and never changed, so threads may share it (a transformers
+    tokenizer re-applies its settings on each call, which fails in concurrent threads)."""
 
-    return torch.get_num_threads()
+    def __init__(self, model_dir: Path, max_length: int, *, lower_case: bool = False) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.lower_case = lower_case
+        pad = _pad_token(model_dir)
+        pad_id = self._tok.token_to_id(pad) if pad is not None else None
+        if pad is None or pad_id is None:
+            raise ValueError(f"{model_dir}: the tokenizer names no pad token it knows")
+        self._tok.enable_truncation(max_length)
+        self._tok.enable_padding(pad_id=pad_id, pad_token=pad)
+
+    def __call__(self, texts: Sequence[str], **_: Any) -> dict[str, np.ndarray]:
+        """input_ids, attention_mask and token_type_ids of the texts, int64 (n, longest)."""
+        texts = [t.strip().lower() if self.lower_case else t.strip() for t in texts]
+        enc = self._tok.encode_batch(texts)
+        return {
+            "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64),
+        }
+
+
+def _pad_token(model_dir: Path) -> str | None:
+    """The pad token a Hugging Face tokenizer folder names (tokenizer_config.json, then
+    special_tokens_map.json)."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        f = model_dir / name
+        if f.is_file():
+            pad = json.loads(f.read_text()).get("pad_token")
+            if isinstance(pad, dict):
+                pad = pad.get("content")
+            if isinstance(pad, str):
+                return pad
+    return None
+
+
+def local_model_config(model_dir: Path) -> dict[str, Any] | None:
+    """A local sentence-transformers folder's `sentence_bert_config.json` when it names the
+    model's `max_seq_length` and the folder has a `tokenizer.json` (all a runtime needs to encode
+    without loading the model); None otherwise."""
+    cfg_file = model_dir / "sentence_bert_config.json"
+    if not (cfg_file.is_file() and (model_dir / "tokenizer.json").is_file()):
+        return None
+    cfg = json.loads(cfg_file.read_text())
+    return cfg if isinstance(cfg, dict) and isinstance(cfg.get("max_seq_length"), int) else None
+
+
+def cached_export(model_path: str, max_length: int, backend: str, *, cache_dir: Path | None = None) -> Path | None:
+    """The export `exported_model` made earlier for this model, sequence length and backend,
+    found without loading the model; None when there is none yet."""
+    folder = (cache_dir or cache_root()) / _model_key(model_path, max_length)
+    path = {
+        "onnx": folder / "model.onnx",
+        "onnx-int8": folder / "model.int8.onnx",
+        "openvino": folder / "openvino" / "model.xml",
+    }[backend]
+    return path if path.is_file() else None
 
 
 def encode_sorted(

@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from pvpo.retriever.types import MAX_QUERY_CHARS
+
 # At least one character that is not ASCII whitespace. Spelled out because `\s` differs between
 # pydantic's Rust regex, Python's `re` and JSON Schema's ECMA dialect (e.g. on \x1c-\x1f), and
 # the published schema must accept exactly what the server accepts.
@@ -40,7 +42,7 @@ class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_queries: int = Field(1024, ge=1)
-    max_query_chars: int = Field(2048, ge=1)
+    max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1)
     max_topk: int = Field(100, ge=1)
 
     @property

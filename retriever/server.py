@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,42 @@ def set_torch_threads(threads: int | None) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class SearchPlan:
+    """How a server searches: `workers` threads each computing a batch's groups with
+    `worker_threads` CPU threads, and a lone query with `solo_threads` (None: no budget, the
+    libraries' defaults; no solo thread)."""
+
+    workers: int
+    worker_threads: int | None
+    solo_threads: int | None
+
+
+def search_plan(
+    retriever: Retriever, *, workers: int | None = None, threads: int | None = None, solo_threads: int | None = None
+) -> SearchPlan:
+    """The plan for `retriever`. With an exported CPU encoder (ONNX Runtime, OpenVINO), whose
+    thread count is chosen per call: a worker a core with one thread each unless told otherwise,
+    and `solo_threads` (default every core) for a lone query, no solo lane when that is no more
+    than a worker's. One thread spends 9.9 ms of CPU a MiniLM query at batch 1 and 7.6 ms at batch
+    32 (bench/encoder.py, 2 loaded cores): batching saves a quarter, and a worker a core puts every
+    core to work where the small matrices of a query batch gain little from a second thread in one
+    worker. Otherwise
+    (torch, whose thread count is process-wide; BM25 and hybrid indexes, whose lexical search is
+    not known to be thread-safe; a GPU) one worker and no budget, as `threads` is then torch's
+    count (`set_torch_threads`)."""
+    from pvpo.retriever.index import DenseRetriever
+    from pvpo.retriever.thread_budget import cpu_cores
+
+    if not isinstance(retriever, DenseRetriever) or retriever.encoder.runtime is None:
+        return SearchPlan(workers or 1, None, None)
+    cores = cpu_cores()
+    workers = workers or max(1, cores // (threads or 1))
+    threads = threads or max(1, cores // workers)
+    solo = solo_threads or cores
+    return SearchPlan(workers, threads, solo if solo > threads else None)
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
@@ -88,14 +125,17 @@ def create_app(
     max_pending: int = 16384,
     body_timeout: float = 30.0,
     public_docs: bool = False,
+    plan: SearchPlan | None = None,
 ) -> FastAPI:
     """The app serving one retriever: POST /retrieve, GET /health, GET /info, behind a
     RequestGuard (token, content type, streamed body limit). With a token, every route but
     /health needs it, the OpenAPI schema and the docs pages included unless `public_docs`.
-    `token=""` is refused: an empty bearer would let everyone in."""
+    `token=""` is refused: an empty bearer would let everyone in. `plan`: the search workers and
+    their threads (default `search_plan(retriever)`)."""
     if token is not None and not token.strip():
         raise ValueError("token is empty: give a non-empty bearer token, or none to serve without one")
     limits = limits or Limits()
+    plan = plan or search_plan(retriever)
     batcher = DynamicBatcher(
         retriever.search_varying,
         max_batch_size=max_batch_size,
@@ -105,11 +145,15 @@ def create_app(
         coalesce=batching,
         max_pending=max_pending,
         pad_group=_pad_group(retriever),
+        workers=plan.workers,
+        worker_threads=plan.worker_threads,
+        solo_threads=plan.solo_threads,
     )
     RetrieveRequest = request_model(limits)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await _load_runners(retriever, plan)
         await batcher.start()
         yield
         await batcher.stop()
@@ -217,6 +261,9 @@ def create_app(
                 "max_batch_chars": max_batch_chars,
                 "max_wait_ms": max_wait_ms,
                 "max_delay_ms": max_delay_ms,
+                "workers": plan.workers,
+                "worker_threads": plan.worker_threads,
+                "solo_threads": plan.solo_threads,
                 "batches": batcher.batches,
                 "queries": batcher.queries,
                 "dropped": batcher.dropped,
@@ -243,6 +290,16 @@ def create_app(
 def _query_encoder(retriever: Retriever) -> Any:
     """The retriever's query encoder (a hybrid retriever's dense side); None for BM25."""
     return getattr(retriever, "encoder", None) or getattr(getattr(retriever, "dense", None), "encoder", None)
+
+
+async def _load_runners(retriever: Retriever, plan: SearchPlan) -> None:
+    """Makes the exported encoder's sessions for the plan's thread counts, at once on threads of
+    their own, before the server answers: the first queries do not wait for a session (0.4-0.7 s
+    each for MiniLM on 2 loaded cores)."""
+    runtime = getattr(_query_encoder(retriever), "runtime", None)
+    counts = {n for n in (plan.worker_threads, plan.solo_threads) if n is not None}
+    if runtime is not None and counts:
+        await asyncio.gather(*(asyncio.to_thread(runtime.runner, n) for n in counts))
 
 
 def _pad_group(retriever: Retriever) -> int | None:
@@ -277,7 +334,10 @@ def _add_bearer_scheme(app: FastAPI) -> None:
 
 class BackgroundServer:
     """The real uvicorn server on a background thread (loopback, free port by default), for tests,
-    demos and benchmarks. Use as a context manager, or call start() / stop()."""
+    demos and benchmarks. Use as a context manager, or call start() / stop(). `workers`,
+    `threads`, `solo_threads`: as `search_plan`; by default one worker with one thread and no solo
+    lane, as it shares its process with other work (a trainer's retriever on loopback): a lone
+    query's second thread would spin on a core the trainer uses."""
 
     def __init__(
         self,
@@ -299,8 +359,12 @@ class BackgroundServer:
         max_connections: int | None = None,
         body_timeout: float = 30.0,
         public_docs: bool = False,
+        workers: int | None = 1,
+        threads: int | None = 1,
+        solo_threads: int | None = 1,
     ) -> None:
         self._source = retriever_or_index_dir
+        self._plan_kw: dict[str, int | None] = dict(workers=workers, threads=threads, solo_threads=solo_threads)
         self.host = host
         self.port = port
         self._app_kw: dict[str, Any] = dict(
@@ -343,7 +407,7 @@ class BackgroundServer:
             self._owns_retriever = True
         else:
             self.retriever = self._source
-        app = create_app(self.retriever, **self._app_kw)
+        app = create_app(self.retriever, **self._app_kw, plan=search_plan(self.retriever, **self._plan_kw))
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

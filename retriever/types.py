@@ -8,6 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+# The longest query a server of ours answers (`schema.Limits.max_query_chars`, its default):
+# more than MiniLM (256 tokens) or e5 / bge (512) read of a query. A policy's query is the
+# model's output, so the environment cuts a longer one to this rather than have it refused.
+MAX_QUERY_CHARS = 2048
+
 
 def make_contents(title: str, text: str) -> str:
     """A passage's `contents`, as Search-R1's corpora hold it: the title, quoted, on the first

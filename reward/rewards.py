@@ -6,6 +6,8 @@ policy and whose `components` are kept apart for multi-reward estimators (GDPO).
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -60,13 +62,56 @@ def _total(fn: Callable[..., RewardResult]) -> Callable[..., RewardResult]:
 
     safe.__name__ = getattr(fn, "__name__", "reward")
     safe.__doc__ = fn.__doc__
+    safe.__wrapped__ = fn  # type: ignore[attr-defined]  # its signature, for check_reward_params
     return safe
+
+
+def reward_parameters(name: str) -> dict[str, inspect.Parameter]:
+    """The keyword parameters reward `name` takes beyond (response, golds, protocol)."""
+    fn = REWARDS.get(name)
+    params = list(inspect.signature(getattr(fn, "__wrapped__", fn)).parameters.values())[3:]
+    return {p.name: p for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+_NUMBER = (int, float)
+
+
+def _fits(value: Any, annotation: Any) -> bool:
+    """Whether `value` is of a parameter's plain annotation (float, int, bool, str); True for any other."""
+    kinds = {"float": _NUMBER, "int": (int,), "bool": (bool,), "str": (str,)}
+    want = kinds.get(annotation if isinstance(annotation, str) else getattr(annotation, "__name__", ""))
+    if want is None:
+        return True
+    return isinstance(value, want) and (want == (bool,) or not isinstance(value, bool))
+
+
+def check_reward_params(name: str, params: Mapping[str, Any]) -> None:
+    """ValueError when `params` do not fit reward `name`: a keyword its function does not take
+    (the message lists those it takes, and the nearest to the one given), or a value of the wrong
+    type. A total reward turns a bad keyword into a 0 for every answer, which trains nothing
+    without a word, so this is checked where the parameters are given (config, env)."""
+    takes = reward_parameters(name)
+    fn = REWARDS.get(name)
+    var_kw = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(getattr(fn, "__wrapped__", fn)).parameters.values())
+    for key, value in params.items():
+        if key not in takes:
+            if var_kw:
+                continue
+            near = difflib.get_close_matches(key, list(takes), n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            known = ", ".join(sorted(takes)) or "none"
+            raise ValueError(f"reward {name!r} takes no parameter {key!r}{hint}; its parameters: {known}")
+        if not _fits(value, takes[key].annotation):
+            raise ValueError(f"reward {name!r}: parameter {key!r} must be a {takes[key].annotation}, got {value!r}")
 
 
 def get_reward(name: str, **params: Any) -> RewardFn:
     """A registered reward by name, with its parameters bound (e.g. `get_reward("pvpo", length_ratio=4)`).
-    Unknown names raise UnknownNameError listing the known ones."""
+    Unknown names raise UnknownNameError listing the known ones; parameters the reward does not
+    take, or of the wrong type, a ValueError (`check_reward_params`)."""
     fn = REWARDS.get(name)
+    if params:
+        check_reward_params(name, params)
     return partial(fn, **params) if params else fn
 
 

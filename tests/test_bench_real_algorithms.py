@@ -108,3 +108,31 @@ def test_the_report_pairs_the_arms_on_the_same_questions_and_states_the_power(tm
     runs["grpo_n4"] = ra.load_arm(tmp_path / "other" / "grpo_n4")
     with pytest.raises(ValueError, match="other validation questions"):
         ra.report(arms, runs, command="cmd", machine="m")
+
+
+def test_an_arms_validation_curve_is_shown_by_step_with_its_best_step():
+    curve = {
+        "best": {"step": 8, "accuracy": 0.18, "checkpoint": "step_000008"},
+        "points": [
+            {"step": 16.0, "accuracy": 0.173},
+            {"step": 0.0, "accuracy": 0.153},
+            {"step": 8.0, "accuracy": 0.18},
+        ],
+    }
+    assert ra.curve_cell(curve) == "0: 0.153, 8: 0.180, 16: 0.173 (8)"
+    assert ra.curve_cell({}) == "n/a"
+
+
+def test_an_arms_last_validation_point_is_paired_with_the_reference_runs_at_the_same_step():
+    qs = ["a/1", "a/2", "a/3", "a/4"]
+    ref = {
+        "questions": qs,
+        "points": [{"step": 0, "accuracy": 0.25, "em": [1, 0, 0, 0]}, {"step": 8, "accuracy": 0.5, "em": [1, 1, 0, 0]}],
+    }
+    arm = {"questions": qs, "points": [{"step": 8, "accuracy": 0.75, "em": [1, 1, 1, 0]}]}
+    lines = ra.curve_comparison(ref, {"x": {"curve": arm}}, {"x": "lr 5e-5"})
+    assert lines == [
+        "- lr 5e-5 at step 8: validation EM 0.750 against the reference's 0.500: +0.250 (paired s.e. 0.250, +1.0 s.e.)"
+    ]
+    late = {"questions": qs, "points": [{"step": 16, "accuracy": 0.75, "em": [1, 1, 1, 0]}]}
+    assert "no validation point at step 16" in ra.curve_comparison(ref, {"x": {"curve": late}}, {"x": "x"})[0]

@@ -132,3 +132,47 @@ def test_no_python_file_names_an_issue_number_in_its_comments_or_docstrings() ->
         if pattern.search(line)
     ]
     assert not hits, "say why the code is as it is, not which issue changed it:\n" + "\n".join(hits)
+
+
+def test_searchenvs_options_are_documented_in_its_api_entry() -> None:
+    import inspect
+
+    from pvpo.envs.search_env import SearchEnv, set_up_episodes
+
+    doc = inspect.getdoc(SearchEnv.__init__) or ""
+    section = doc.partition("Keyword Args:")[2]
+    options = [n for n, p in inspect.signature(set_up_episodes).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    assert options and [n for n in options if not re.search(rf"^\s+{n} \(", section, re.M)] == []
+    # the __init__ docstring is rendered under the class only when mkdocstrings merges it there
+    assert re.search(r"^\s+merge_init_into_class: true", (REPO / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+
+
+def test_the_site_wraps_long_lines_of_code_blocks() -> None:
+    config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    sheets = re.findall(r"^extra_css:\n((?:\s+- .*\n)+)", config, re.M)
+    paths = [REPO / "docs" / line.split("- ", 1)[1].split("#")[0].strip() for line in "".join(sheets).splitlines()]
+    css = " ".join(p.read_text(encoding="utf-8") for p in paths if p.is_file())
+    assert re.search(r"pre\s*>\s*code\s*\{[^}]*white-space:\s*pre-wrap", css), paths
+
+
+def test_every_benchmark_page_leads_with_a_result_table() -> None:
+    late = []
+    for page in sorted((REPO / "docs" / "benchmarks").glob("*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        heading = next((i for i, line in enumerate(lines[1:], 1) if line.startswith("#")), len(lines))
+        table = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
+        if table > min(heading, 12):
+            late.append(f"{page.relative_to(REPO)}: first table at line {table + 1}")
+    assert not late, "put a short result table first, the lab notes under it:\n" + "\n".join(late)
+
+
+def test_the_sites_install_and_quick_start_pages_include_the_readmes_blocks() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for page, name in (("install.md", "install"), ("quickstart.md", "quickstart")):
+        assert f'--8<-- "README.md:{name}"' in (REPO / "docs" / page).read_text(encoding="utf-8")
+        assert f"--8<-- [start:{name}]" in readme and f"--8<-- [end:{name}]" in readme
+
+
+def test_make_docs_serve_serves_the_site_over_http_for_its_search() -> None:
+    dry = subprocess.run(["make", "-n", "docs-serve"], cwd=REPO, capture_output=True, text=True, check=False)
+    assert dry.returncode == 0 and "mkdocs serve" in dry.stdout, dry.stderr

@@ -252,6 +252,17 @@ def test_step_info_holds_the_retrieved_ids_titles_and_scores(world, searcher) ->
     assert term and info["retrieved_ids"] == [[p.id for p in hits]]
 
 
+def test_the_last_steps_info_holds_each_searchs_passages_with_ids_titles_and_scores(world, searcher) -> None:
+    env = make_env(world, searcher, topk=2)
+    env.reset(seed=0)
+    queries = ["the rival of Zaro", "the home of Zaro"]
+    for q in queries:
+        env.step(f"<search>{q}</search>")
+    _, _, term, _, info = env.step("<answer>x</answer>")
+    hits = searcher.search(queries, 2)
+    assert term and info["passages"] == [[{"id": p.id, "title": p.title, "score": p.score} for p in h] for h in hits]
+
+
 def test_sequential_order_walks_the_dataset_in_file_order_for_evaluation(world, searcher) -> None:
     questions = world.questions("test")[:3]
     env = SearchEnv(questions, retriever=searcher, order="sequential")

@@ -190,8 +190,8 @@ def test_a_record_that_is_not_an_object_names_its_line(tmp_path: Path) -> None:
 
 
 def test_parquet_datasets_read_like_jsonl(tmp_path: Path) -> None:
-    pq = pytest.importorskip("pyarrow.parquet")
-    import pyarrow as pa
+    import pyarrow as pa  # a dependency of the package (parquet question files)
+    import pyarrow.parquet as pq
 
     pq.write_table(
         pa.Table.from_pylist([{"id": "1", "question": "q?", "golden_answers": ["a"]}]), tmp_path / "qa.parquet"
@@ -220,3 +220,28 @@ def test_questions_longer_than_the_limit_are_cut_with_a_warning_counting_them(
     # a question that reaches the env another way is cut in the prompt too
     prompt = EpisodeConfig().prompt(QAExample("x/1", huge, ("a",)))
     assert len(prompt) < MAX_QUESTION_CHARS + 1000
+
+
+def test_a_file_mixing_formats_reads_each_row_in_its_own_format(tmp_path: Path, caplog) -> None:
+    """A MuSiQue row after a FlashRAG one was read as FlashRAG and "skipped ... without golden
+    answers" though it has them."""
+    import logging
+
+    rows = [
+        {"id": "1", "question": "q1?", "golden_answers": ["a"]},
+        {"id": "2", "question": "q2?", "answer": "b", "paragraphs": [], "question_decomposition": []},
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING):
+        examples = load_dataset(path)
+    assert [(e.uid, e.golden_answers) for e in examples] == [("mixed/1", ("a",)), ("mixed/2", ("b",))]
+    assert not [r for r in caplog.records if "skipped" in r.getMessage()]
+
+
+def test_a_generic_or_empty_file_name_names_the_dataset_by_its_folder(tmp_path: Path) -> None:
+    from pvpo.envs.loaders import dataset_name_for
+
+    assert dataset_name_for(tmp_path / "musique_mini" / "questions.json") == "musique_mini"
+    assert dataset_name_for(tmp_path / "qa" / ".jsonl") == "qa"
+    assert dataset_name_for(tmp_path / "bamboogle.test.jsonl") == "bamboogle"

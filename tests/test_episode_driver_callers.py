@@ -174,8 +174,14 @@ def through_eval(tok: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, An
         return make_outcome(prompt, t, protocol)
 
     monkeypatch.setattr(policies, "_outcome", spy)
-    settings = EvalSettings(
-        max_turns=MAX_TURNS, max_new_tokens=BUDGET, max_response_tokens=BUDGET, chat_template=True, topk=2
+    settings = EvalSettings(  # the trainer's limits: no per-question token cap, no repetition stop (eval's defaults)
+        max_turns=MAX_TURNS,
+        max_new_tokens=BUDGET,
+        max_response_tokens=BUDGET,
+        chat_template=True,
+        topk=2,
+        max_completion_tokens=None,
+        repetition_stop=0,
     )
     outcomes = policies.TokenPolicy(ScriptedEngine(Script(tok)), tok).rollout(
         EXAMPLES, StubSearcher(), episode_config(), settings, seed=0

@@ -46,6 +46,7 @@ class AnsweringPolicy:
         seed: int,
         indices: Sequence[int] | None = None,
         on_done: Callable[[int, Outcome], None] | None = None,
+        on_start: Callable[[int, Any], None] | None = None,
     ) -> list[Outcome]:
         out = []
         for i, _ in enumerate(examples):
@@ -232,3 +233,69 @@ def test_a_model_folder_that_cannot_load_is_one_line_naming_what_it_lacks(
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert expected in res.output and str(broken) in res.output, res.output
     assert "empty prompt" not in res.output and "sentencepiece" not in res.output
+
+
+# ---- a user's files and the names of results folders -------------------------------------------------
+def test_overwrite_of_a_dataset_folder_holding_a_users_file_keeps_the_file(tmp_path: Path) -> None:
+    """`pvpo eval --overwrite` promised "those files are kept" and deleted a thesis.txt in OUT/<dataset>/."""
+    from pvpo.evaluation.run import EvalError
+
+    out = tmp_path / "qa"
+    out.mkdir()
+    (out / "thesis.txt").write_text("chapter 1")
+    with pytest.raises(EvalError, match="thesis.txt.*--overwrite"):
+        evaluate(out)
+    meta = {"dataset": "qa", "model": "m"}
+    m = run_eval(
+        AnsweringPolicy(), questions(), None, EvalSettings(), out, meta=meta, show_progress=False, overwrite=True
+    )
+    assert m["n"] == N and (out / "thesis.txt").read_text() == "chapter 1"
+    # and again over that run, with other settings: the earlier answers are replaced, the thesis stays
+    m = run_eval(
+        AnsweringPolicy(), questions(), None, EvalSettings(), out, meta={**meta, "model": "m2"}, show_progress=False,
+        overwrite=True,
+    )  # fmt: skip
+    assert m["model"] == "m2" and (out / "thesis.txt").read_text() == "chapter 1"
+
+
+def _qa(path: Path, question: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"id": "1", "question": question, "golden_answers": ["a"]}) + "\n")
+    return path
+
+
+def test_datasets_in_files_of_one_name_are_named_by_their_folders_as_the_env_names_them(tmp_path: Path) -> None:
+    from pvpo.envs.datasets import name_datasets, resolve_dataset
+    from pvpo.envs.loaders import load_dataset
+
+    a = _qa(tmp_path / "hotpotqa_mini" / "questions.json", "qa?")
+    b = _qa(tmp_path / "musique_mini" / "questions.json", "qb?")
+    named = name_datasets([resolve_dataset(str(a)), resolve_dataset(str(b))])
+    assert [d.name for d in named] == ["hotpotqa_mini", "musique_mini"]
+    assert [e.uid for e in load_dataset(a)] == ["hotpotqa_mini/1"]  # the env's uids: the same name
+
+
+def test_two_datasets_of_one_name_are_refused_before_anything_runs_and_named_apart_with_name(tmp_path: Path) -> None:
+    x = _qa(tmp_path / "x" / "hp" / "questions.json", "qx?")
+    y = _qa(tmp_path / "y" / "hp" / "questions.json", "qy?")
+    out = tmp_path / "out"
+    args = ["eval", "--model", str(tmp_path / "no-model"), "--dataset", str(x), "--dataset", str(y)]
+    args += ["--retriever-url", "http://127.0.0.1:9", "--out", str(out)]
+    res = runner.invoke(app, args, env=ENV)
+    assert res.exit_code == 2 and "both named 'hp'" in res.output and "--name" in res.output, res.output
+    assert not out.exists()
+    res = runner.invoke(app, [*args, "--name", "hp_x", "--name", "hp_y"], env=ENV)
+    assert "both named" not in res.output and "no-model" in res.output, res.output  # got as far as the model
+    res = runner.invoke(app, [*args, "--name", "a/b", "--name", "c"], env=ENV)
+    assert res.exit_code == 2 and "'a/b'" in res.output, res.output
+
+
+def test_a_users_file_where_a_datasets_results_go_is_refused_and_kept(tmp_path: Path) -> None:
+    data = _qa(tmp_path / "qa.jsonl", "q?")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "qa").write_text("my notes")
+    args = ["eval", "--model", str(tmp_path / "no-model"), "--dataset", str(data), "--retriever-url"]
+    res = runner.invoke(app, [*args, "http://127.0.0.1:9", "--out", str(out), "--overwrite"], env=ENV)
+    assert res.exit_code == 2 and "holds a file 'qa'" in res.output, res.output
+    assert (out / "qa").read_text() == "my notes"

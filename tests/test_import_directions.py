@@ -21,7 +21,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # What any component may use from the namespace root: the registry type, progress, user errors,
-# crash-safe files, folder locks and the statistics helpers (pvpo/*.py, none of which imports a component).
+# crash-safe files, folder locks, the machine's native dtypes and spare threads, the folder rule,
+# stop signals, secrets' masks, bounded YAML and the statistics helpers (pvpo/*.py, none of which
+# imports a component).
 ROOT_UTILITIES = {
     "pvpo",
     "pvpo.registry",
@@ -29,6 +31,11 @@ ROOT_UTILITIES = {
     "pvpo.user_errors",
     "pvpo.atomic",
     "pvpo.locks",
+    "pvpo.hardware",
+    "pvpo.owned",
+    "pvpo.signals",
+    "pvpo.secrets",
+    "pvpo.bounded_yaml",
     "pvpo.stats",
     "pvpo.lazy_exports",
     "pvpo.model_catalog",
@@ -196,3 +203,23 @@ def test_nothing_imports_the_integrations_and_they_use_only_public_pieces() -> N
     )
     bad = [v for v in _violations("integrations", allowed) if not v.endswith(" imports pvpo.trainer")]
     assert bad == []
+
+
+def test_the_viewer_reads_what_evaluation_and_training_write_and_nothing_imports_it() -> None:
+    # pvpo.viewer sits on top, a reader: the evaluation's item layout, the run dir's names, the episode log
+    users = [
+        f"{_module_name(path)} imports {target}"
+        for component in ("reward", "retriever", "envs", "trainer", "evaluation", "integrations")
+        for path in _sources(component)
+        for target in _imports(path)
+        if target.startswith("pvpo.viewer")
+    ]
+    assert users == []
+    allowed = (
+        "pvpo.viewer",
+        "pvpo.reward",
+        "pvpo.evaluation.run",
+        "pvpo.trainer.episode_log",
+        "pvpo.trainer.state.run_dir",
+    )
+    assert _violations("viewer", allowed) == []

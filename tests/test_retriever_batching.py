@@ -341,3 +341,83 @@ def test_a_large_request_gets_a_third_of_the_workers_time_not_every_third_batch(
     runs = [len(r) for r in "".join(order).strip("s").split("B") if r]  # small batches between large ones
     # 2 x 40 ms of small batches (about 20) between large ones, not 2 small batches as per batch count
     assert runs and min(runs) >= 5, order
+
+
+class BudgetRecorder:
+    """A search function that sleeps, and records each call's queries, thread budget and how
+    many calls were running at once."""
+
+    def __init__(self, seconds: float) -> None:
+        import threading
+
+        self.seconds = seconds
+        self.calls: list[tuple[list[str], int | None]] = []
+        self.running = self.most_at_once = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        from pvpo.retriever.thread_budget import thread_budget
+
+        with self.lock:
+            self.calls.append((list(queries), thread_budget()))
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+        return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
+
+
+def test_workers_search_a_batchs_groups_at_once_each_with_its_thread_budget() -> None:
+    search = BudgetRecorder(0.2)
+
+    async def run() -> float:
+        b = DynamicBatcher(search, max_wait_ms=50, max_delay_ms=100, pad_group=16, workers=2, worker_threads=1)
+        await b.start()
+        t0 = time.perf_counter()
+        await asyncio.gather(*[b.submit([f"q{i}"], 1) for i in range(8)])
+        took = time.perf_counter() - t0
+        await b.stop()
+        return took
+
+    took = asyncio.run(run())
+    # two groups a worker (2 queries each), two workers at once: 2 rounds of 0.2 s, not 4
+    assert sorted(len(q) for q, _ in search.calls) == [2, 2, 2, 2]
+    assert search.most_at_once == 2 and took < 0.7
+    assert {budget for _, budget in search.calls} == {1}
+
+
+def test_a_lone_query_uses_the_solo_budget_and_a_batch_the_workers() -> None:
+    search = BudgetRecorder(0.01)
+
+    async def run() -> None:
+        b = DynamicBatcher(search, max_wait_ms=50, max_delay_ms=100, workers=2, worker_threads=1, solo_threads=4)
+        await b.start()
+        await b.submit(["alone"], 1)
+        await b.submit(["same", "same"], 1)  # one distinct query: still a lone query
+        await asyncio.gather(*[b.submit([f"q{i}"], 1) for i in range(4)])
+        await b.stop()
+
+    asyncio.run(run())
+    assert search.calls[0] == (["alone"], 4) and search.calls[1] == (["same", "same"], 4)
+    assert sorted(q for qs, budget in search.calls[2:] if budget == 1 for q in qs) == ["q0", "q1", "q2", "q3"]
+
+
+def test_a_failing_group_fails_only_the_requests_not_yet_answered() -> None:
+    def search(queries: Sequence[str], topks: Sequence[int]) -> list[list[Passage]]:
+        if "bad" in queries:
+            raise RuntimeError("shard down")
+        time.sleep(0.05)
+        return [[Passage(id=q, contents=q, score=1.0)] for q in queries]
+
+    async def run() -> list[object]:
+        b = DynamicBatcher(search, max_wait_ms=50, max_delay_ms=100, pad_group=16, workers=2)
+        await b.start()
+        out = await asyncio.gather(*[b.submit([q], 1) for q in ("a", "b", "bad", "c")], return_exceptions=True)
+        again = await b.submit(["after"], 1)  # the worker pool survives the failure
+        await b.stop()
+        return [*out, again]
+
+    out = asyncio.run(run())
+    assert isinstance(out[2], RuntimeError) and str(out[2]) == "shard down"
+    assert [o[0][0].id for o in (out[0], out[1], out[3], out[4])] == ["a", "b", "c", "after"]  # type: ignore[index]

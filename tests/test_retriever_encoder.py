@@ -29,8 +29,10 @@ PASSAGES = [f'"{d["title"]}"\n{d["text"]}' for d in TINY_CORPUS]
 
 
 def _needs(module: str, backend: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"encoder backend {backend!r} needs {module}, not installed here (pip install 'pvpo-search[onnx]')")
+    from pvpo.retriever.runtimes import INSTALL_HINT
+
+    if importlib.util.find_spec(module) is None:  # `make test` (CI) installs every backend's packages
+        pytest.skip(f"encoder backend {backend!r} needs {module}, not installed here ({INSTALL_HINT[backend]})")
 
 
 @pytest.fixture(scope="module")
@@ -94,13 +96,13 @@ def test_backend_precedence_process_then_env_then_default(monkeypatch) -> None:
 def test_missing_runtime_falls_back_to_torch_only_for_the_default(monkeypatch, caplog, cache: Path) -> None:
     from pvpo.retriever import runtimes
 
-    def missing(*a, **k):
-        raise runtimes.MissingRuntime("encoder backend 'onnx' needs the onnxruntime package")
+    def missing(module: str, backend: str):  # the package is not installed (the export may be cached)
+        raise runtimes.MissingRuntime(f"encoder backend {backend!r} needs the {module} package")
 
-    monkeypatch.setattr(runtimes, "exported_model", missing)
+    monkeypatch.setattr(runtimes, "_require", missing)
     monkeypatch.delenv(encoder_mod.BACKEND_ENV, raising=False)
-    monkeypatch.setattr(encoder_mod, "DEFAULT_BACKEND", "onnx")
-    assert Encoder(device="cpu", cache_dir=cache).backend == "torch"
+    monkeypatch.setattr(encoder_mod, "DEFAULT_QUERY_BACKEND", "onnx")
+    assert Encoder(device="cpu", cache_dir=cache, queries=True).backend == "torch"
     assert "encoding with torch instead" in caplog.text
     with pytest.raises(runtimes.MissingRuntime, match="needs the onnxruntime package"):
         Encoder(device="cpu", backend="onnx", cache_dir=cache)
@@ -135,3 +137,67 @@ def test_half_precision_on_gpu_stays_close_to_fp32(dtype: str, reference) -> Non
     q = enc.encode_passages(PASSAGES * 64, batch_size=1024)[: len(PASSAGES)]
     assert q.dtype == np.float32
     assert float(np.min(np.sum(q * reference[1], axis=1))) > 0.99
+
+
+def test_local_tokenizer_gives_the_ids_sentence_transformers_gives() -> None:
+    from pvpo.retriever.runtimes import LocalTokenizer, local_model_config
+
+    enc = Encoder(device="cpu", backend="torch")
+    folder = Path(enc.path)
+    config = local_model_config(folder)
+    assert config is not None
+    texts = [*QUERIES, "  Leading and TRAILING spaces  ", "Ünïcödé naïve café", "", "tab\tseparated\nlines"]
+    texts.append("a passage of many words " * 100)  # past max_seq_length: truncated
+    ours = LocalTokenizer(folder, enc.max_seq_length, lower_case=bool(config.get("do_lower_case")))(texts)
+    theirs = (enc.model.preprocess if hasattr(enc.model, "preprocess") else enc.model.tokenize)(texts)
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        assert ours[name].tolist() == theirs[name].tolist(), name
+    assert ours["input_ids"].shape[1] == enc.max_seq_length  # the long text is truncated as theirs
+
+
+def test_a_cached_export_encodes_queries_without_importing_torch(cache: Path, reference) -> None:
+    import subprocess
+    import sys
+
+    Encoder(device="cpu", backend="onnx", cache_dir=cache)  # exports into the cache once
+    code = (
+        "import sys, numpy as np\n"
+        "from pvpo.retriever.encoder import Encoder\n"
+        f"enc = Encoder(device='cpu', queries=True, cache_dir={str(cache)!r})\n"
+        f"np.save(sys.argv[1], enc.encode_queries({QUERIES!r}))\n"
+        "print(enc.backend, sorted(m for m in ('torch', 'transformers', 'sentence_transformers') if m in sys.modules))\n"
+    )
+    out = cache / "queries.npy"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)], capture_output=True, text=True, env={**os.environ}, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[0] == "onnx []"
+    assert np.abs(np.load(out) - reference[0]).max() < 1e-5
+
+
+def test_served_query_vectors_rank_as_search_r1s_mean_pooled_encoder(reference) -> None:
+    """Search-R1's retrieval_server.py encodes a query with transformers' AutoModel, mean pooling
+    over the attention mask and L2 normalisation, in float32, one request at a time: the served
+    encoder (the exported runtime) must give the same top-k passages."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    enc = Encoder(device="cpu", queries=True)
+    assert enc.backend == encoder_mod.DEFAULT_QUERY_BACKEND
+    model, tok = AutoModel.from_pretrained(enc.path).eval(), AutoTokenizer.from_pretrained(enc.path)
+    theirs = []
+    with torch.no_grad():
+        for q in QUERIES:
+            inputs = tok([q], max_length=256, padding=True, truncation=True, return_tensors="pt")
+            hidden = model(**inputs).last_hidden_state.masked_fill(~inputs["attention_mask"][..., None].bool(), 0.0)
+            pooled = hidden.sum(dim=1) / inputs["attention_mask"].sum(dim=1)[..., None]
+            theirs.append(torch.nn.functional.normalize(pooled, dim=-1)[0].numpy())
+    ours = np.stack([enc.encode_queries([q])[0] for q in QUERIES])
+    passages = reference[1]
+    assert np.abs(ours - np.stack(theirs)).max() < 1e-5
+
+    def top5(queries: np.ndarray) -> np.ndarray:
+        return np.argsort(-(queries @ passages.T), axis=1)[:, :5]
+
+    assert (top5(ours) == top5(np.stack(theirs))).all()

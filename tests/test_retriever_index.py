@@ -79,6 +79,22 @@ def test_other_faiss_types_build_and_answer(retriever_base: Path, index_type: st
     r.close()
 
 
+def test_a_loaded_index_is_memory_mapped_read_only_where_faiss_allows(retriever_base: Path, tiny_flat) -> None:
+    import faiss
+
+    assert not tiny_flat.index.codes.is_owned  # Flat: its codes are the file's pages, not a copy
+    hnsw = load_retriever(build_tiny_index(retriever_base, index_type="HNSW32"), device="cpu")
+    assert not faiss.downcast_index(hnsw.index.storage).codes.is_owned
+    ivf_dir = build_tiny_index(retriever_base, index_type="IVF4,Flat")
+    ivf = load_retriever(ivf_dir, device="cpu")
+    assert type(faiss.downcast_InvertedLists(ivf.index.invlists)).__name__ == "OnDiskInvertedLists"
+    read = load_retriever(ivf_dir, device="cpu", mmap=False)  # meta.json's "mmap": false reads it
+    assert type(faiss.downcast_InvertedLists(read.index.invlists)).__name__ == "ArrayInvertedLists"
+    assert [t[0] for t in _top_titles(ivf)] == [t[0] for t in _top_titles(read)]
+    for r in (hnsw, ivf, read):
+        r.close()
+
+
 def test_bad_index_type_fails_before_encoding(tmp_path: Path, monkeypatch) -> None:
     from pvpo.retriever import encoder as encoder_mod
     from pvpo.retriever.testing import write_tiny_corpus

@@ -55,17 +55,19 @@ def test_overwrite_with_bad_inputs_fails_and_leaves_the_folder_as_it_was(tmp_pat
     code, output = _build(*args)
     assert code != 0, output
     assert _files(out) == {"notes.txt": b"my notes"}
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mine")]  # no staging folder left
+    # no staging folder left (the lock file beside the folder is the lock's, kept)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".mine") and not p.name.endswith(".pvpo-lock")]
 
 
-def test_overwrite_with_good_inputs_replaces_the_folder_with_a_working_index(tmp_path) -> None:
+def test_overwrite_with_good_inputs_builds_a_working_index_beside_the_users_file_it_keeps(tmp_path) -> None:
     from pvpo.retriever.index import load_retriever
 
     corpus, out = write_tiny_corpus(tmp_path / "corpus.json"), _user_folder(tmp_path)
     code, output = _build("--corpus", str(corpus), "--out", str(out), "--overwrite")
     assert code == 0, output
-    assert not (out / "notes.txt").exists() and (out / "meta.json").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.json", "mine"]  # no staging folder left
+    assert (out / "notes.txt").read_text() == "my notes" and (out / "meta.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mine.pvpo-lock", "corpus.json", "mine"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".pvpo-") and p.name != ".pvpo-folder.json"]
     query, title = TINY_QUERIES[0]
     retriever = load_retriever(out, device="cpu")
     try:
@@ -96,12 +98,20 @@ def test_an_earlier_build_of_ours_is_rebuilt_in_place_without_overwrite_keeping_
     assert (out / "notes.txt").read_text() == "added later"
 
 
-def test_overwrite_refuses_to_replace_a_folder_holding_its_own_corpus(tmp_path) -> None:
+def test_overwrite_refuses_to_replace_the_build_whose_corpus_it_reads_and_builds_beside_a_users_corpus(
+    tmp_path,
+) -> None:
     out = _user_folder(tmp_path)
-    corpus = write_tiny_corpus(out / "corpus.json")
+    corpus = write_tiny_corpus(out / "corpus.json")  # the user's file: kept, so reading it is fine
     code, output = _build("--corpus", str(corpus), "--out", str(out), "--overwrite", "--index-type", "bm25")
+    assert code == 0 and (out / "corpus.json").read_bytes() == corpus.read_bytes(), output
+    before = _files(out)
+    # the build's own corpus.jsonl is what --overwrite replaces: reading it from there is refused
+    code, output = _build(
+        "--corpus", str(out / "corpus.jsonl"), "--out", str(out), "--overwrite", "--index-type", "bm25"
+    )
     assert code == 2 and "inside --out" in output, output
-    assert set(_files(out)) == {"notes.txt", "corpus.json"}
+    assert _files(out) == before
 
 
 def test_an_out_path_that_is_a_file_is_a_one_line_error(tmp_path) -> None:
@@ -148,3 +158,29 @@ def test_an_interrupted_hybrid_build_counts_as_ours_and_a_stray_index_below_does
     (mine / "old_index" / "meta.json").write_text("{}")
     assert out_dir_state(mine) == "foreign"
     assert out_dir_state(tmp_path / "absent") == "new"
+
+
+def test_a_build_into_a_folder_another_build_writes_is_refused_naming_its_pid(tmp_path) -> None:
+    """Two builds into one folder both succeeded, the first reporting the second's passage count."""
+    import os
+    import signal
+
+    from tests.test_locks import hold_in_another_process
+
+    corpus, out = write_tiny_corpus(tmp_path / "corpus.json"), tmp_path / "idx"
+    holder = hold_in_another_process(out)
+    try:
+        code, output = _build("--corpus", str(corpus), "--out", str(out), "--index-type", "bm25")
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert code == 2 and f"in use by another pvpo process (PID {holder.pid}" in output, output
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_an_encoder_neither_local_nor_cached_offline_is_one_line(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    corpus = write_tiny_corpus(tmp_path / "corpus.json")
+    code, output = _build("--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--model", "no-such-org/no-model")
+    assert code == 2 and "not in the Hugging Face cache" in output and "Traceback" not in output, output
+    assert len(output.strip().splitlines()) <= 3

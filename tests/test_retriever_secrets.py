@@ -88,3 +88,31 @@ def test_a_failing_serve_does_not_print_the_token_even_with_debug(tmp_path) -> N
         )
         assert res.returncode != 0 and "Traceback" in res.stderr  # an unexpected error: the full traceback
         assert token not in res.stdout + res.stderr
+
+
+def test_the_password_of_a_retriever_url_is_masked_in_every_message_of_the_client() -> None:
+    """`last tried http://admin:PASSWORD99@...` echoed the credentials."""
+    import logging
+
+    import pytest
+
+    from pvpo.retriever.client import RetrieverClient, RetrieverError
+    from pvpo.user_errors import describe
+
+    url = "http://admin:PASSWORD99@127.0.0.1:9"
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    handler = Keep()
+    logging.getLogger("pvpo.retriever.client").addHandler(handler)
+    try:
+        with RetrieverClient(url, retries=1, backoff=0.01) as client, pytest.raises(RetrieverError) as info:
+            client.search(["q"])
+    finally:
+        logging.getLogger("pvpo.retriever.client").removeHandler(handler)
+    shown = [str(info.value), describe(info.value) or "", *records]
+    assert records and not [m for m in shown if "PASSWORD99" in m]
+    assert "admin:***@127.0.0.1:9" in str(info.value)

@@ -142,6 +142,27 @@ def test_health_and_info_describe_the_index(server: BackgroundServer) -> None:
     }
 
 
+def test_an_exported_encoder_is_served_by_a_worker_a_core_and_a_lone_query_by_every_core(
+    server: BackgroundServer, tiny, monkeypatch
+) -> None:
+    from pvpo.retriever.encoder import BACKEND_ENV
+    from pvpo.retriever.index import load_retriever
+    from pvpo.retriever.server import SearchPlan, search_plan
+    from pvpo.retriever.thread_budget import cpu_cores
+
+    assert tiny.encoder.backend == "onnx"
+    cores = cpu_cores()
+    assert search_plan(tiny) == SearchPlan(cores, 1, cores if cores > 1 else None)  # `pvpo retriever serve`'s
+    assert search_plan(tiny, threads=2, solo_threads=2) == SearchPlan(max(1, cores // 2), 2, None)
+    b = httpx.get(server.url + "/info").json()["batching"]  # in process, beside other work: one thread
+    assert (b["workers"], b["worker_threads"], b["solo_threads"]) == (1, 1, None)
+    assert search_plan(FailingRetriever(tiny, failures=0)) == SearchPlan(1, None, None)  # not a dense index
+    monkeypatch.setenv(BACKEND_ENV, "torch")  # torch's thread count is process-wide: one worker
+    torch_encoded = load_retriever(Path(tiny.corpus.path).parent, device="cpu")
+    assert search_plan(torch_encoded) == SearchPlan(1, None, None)
+    torch_encoded.close()
+
+
 def test_bearer_token_guards_retrieve_and_info(tiny) -> None:
     with BackgroundServer(tiny, token="s3cret") as s:
         body = {"queries": ["chess"], "topk": 1}

@@ -432,3 +432,35 @@ def test_past_max_pending_a_request_gets_503_with_retry_after(tiny) -> None:
         ok = client.post("/retrieve", json={"queries": ["chess"]})
     assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["detail"].startswith("overloaded")
     assert ok.status_code == 200
+
+
+def test_request_headers_past_the_limit_get_431_and_the_connection_closed_unread(tiny) -> None:
+    """A 40 MB header was answered 200 (httptools keeps headers of any size); 16 such clients grew
+    the server by 270 MB."""
+    from pvpo.retriever.connections import MAX_HEADER_BYTES
+
+    with BackgroundServer(tiny, header_timeout=60) as server:
+        s = _connect(server)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent = 0
+        try:
+            while sent < 8 * MAX_HEADER_BYTES:
+                s.sendall(b"a" * 65536)
+                sent += 65536
+        except OSError:
+            pass
+        s.settimeout(5)
+        assert s.recv(64).startswith(b"HTTP/1.1 431")
+        s.close()
+        small = {"X-Small": "a" * 4096}  # a header of ordinary size still passes
+        assert httpx.get(server.url + "/health", headers=small, timeout=5).status_code == 200
+
+
+def test_serve_on_a_port_in_use_is_refused_in_one_line_before_the_index_loads(tiny, tmp_path) -> None:
+    from pvpo.cli import app
+
+    with BackgroundServer(tiny) as server:
+        t0 = time.monotonic()
+        res = CliRunner().invoke(app, ["retriever", "serve", "--index", str(tmp_path), "--port", str(server.port)])
+    assert res.exit_code == 2 and f"port {server.port} on 127.0.0.1 is in use" in res.output, res.output
+    assert time.monotonic() - t0 < 10 and "Traceback" not in res.output

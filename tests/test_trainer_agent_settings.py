@@ -64,6 +64,8 @@ def test_pvpo_evals_settings_and_a_runs_config_give_the_same_episode_and_loop(ch
         max_response_tokens=512,
         batch_size=8,
         chat_template=chat,
+        max_completion_tokens=None,  # eval's own bounds of a degenerate answer; a run's config has none
+        repetition_stop=0,
     )
     assert ev.episode() == run.episode()
     assert ev.loop(None) == run.loop()

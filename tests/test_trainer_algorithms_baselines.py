@@ -190,10 +190,11 @@ GT_POLICY = torch.tensor([True, True, True, False, True, True])
 
 
 def test_group_baselines_are_taken_over_the_policy_rows_and_the_gt_row_is_measured_against_them():
-    # p's policy rows: mean 0.5, unbiased std 0.5; q: mean 0.3, std 0.141421
+    # p's policy rows: mean 0.5, unbiased std 0.5; q: mean 0.3, std 0.141421. The GT row (1.0): its
+    # policy rows' mean, scaled by p's std over all four rows (0, 0.5, 1, 1: sqrt(0.6875 / 3))
     grpo = get_estimator("grpo")(GT_R, GT_UIDS, policy_rows=GT_POLICY, eps=0.0)
     q_std = 0.2 / 2**0.5
-    torch.testing.assert_close(grpo, t(-1.0, 0.0, 1.0, 1.0, -0.1 / q_std, 0.1 / q_std))
+    torch.testing.assert_close(grpo, t(-1.0, 0.0, 1.0, 0.5 / (0.6875 / 3) ** 0.5, -0.1 / q_std, 0.1 / q_std))
     dr = get_estimator("dr_grpo")(GT_R, GT_UIDS, policy_rows=GT_POLICY)
     torch.testing.assert_close(dr, t(-0.5, 0.0, 0.5, 0.5, -0.1, 0.1))
     # RLOO: each policy row against the other policy rows; the GT row against all of them (0.5)
@@ -215,18 +216,49 @@ def test_pvpo_is_unaffected_by_gt_rows_its_anchor_comes_from_reference_rollouts(
     torch.testing.assert_close(fb[:4], GT_R[:4] - 0.5)
 
 
-def test_a_group_with_fewer_than_two_policy_rows_gets_no_group_signal():
+def test_one_policy_row_gets_no_group_signal_and_its_gt_row_is_scaled_by_the_pair():
     r, uids, rows = t(1.0, 0.0, 1.0), ["p", "p", "q"], torch.tensor([False, True, False])
-    # GRPO: no std from one row; q has no policy row at all
-    torch.testing.assert_close(get_estimator("grpo")(r, uids, policy_rows=rows), t(0.0, 0.0, 0.0))
+    # GRPO: the lone policy row has no baseline but itself (0); the GT row is 1 over the pair's std
+    # (1 / sqrt(2)): sqrt(2), so N = 2 with one GT row still injects; q has no policy row at all (0)
+    torch.testing.assert_close(get_estimator("grpo")(r, uids, policy_rows=rows, eps=0.0), t(2**0.5, 0.0, 0.0))
     # Dr.GRPO and RLOO: the GT row against the one policy row (1 - 0); that row has no other: 0
     for name in ("dr_grpo", "rloo"):
         torch.testing.assert_close(get_estimator(name)(r, uids, policy_rows=rows), t(1.0, 0.0, 0.0))
 
 
-def test_the_trainer_passes_the_policy_rows_to_every_estimator():
-    import inspect
+def test_a_training_step_with_gt_rows_gives_the_estimator_the_policy_rows_alone(tmp_path, monkeypatch):
+    """Through `Trainer.train_step`, with Group Sampling injecting GT rows: the estimator is asked
+    with `policy_rows` true on the policy's own rollouts and false on exactly the injected rows."""
+    import dataclasses
+
+    from trainer_support import TINY, WORLD, OverlapSearcher
 
     from pvpo.trainer import loop
 
-    assert "policy_rows=~batch.is_gt" in inspect.getsource(loop.Trainer.train_step)
+    asked: list[torch.Tensor | None] = []
+    batches: list[torch.Tensor] = []  # each step's batch's is_gt, as collated for its advantages
+    real_get_spec, real_collate = loop.get_spec, loop.collate
+
+    def spied(name: str):
+        spec = real_get_spec(name)
+
+        def fn(rewards, uids, **kwargs):
+            asked.append(kwargs.get("policy_rows"))
+            return spec.fn(rewards, uids, **kwargs)
+
+        return dataclasses.replace(spec, fn=fn)
+
+    def collate(trajs, pad_id):
+        batch = real_collate(trajs, pad_id)
+        batches.append(batch.is_gt.clone())
+        return batch
+
+    monkeypatch.setattr(loop, "get_spec", spied)
+    monkeypatch.setattr(loop, "collate", collate)
+    gt_rows = ["algorithm.group_sampling.enabled=true", "rollout.n=3", "algorithm.gt.replace_per_group=1"]
+    cfg = load_config(None, [*TINY, *gt_rows, "algorithm.estimator=grpo", "run.steps=1", "run.checkpoint_every=0"])
+    loop.train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    assert len(asked) == len(batches) == 1
+    (rows,), (is_gt,) = asked, batches
+    assert is_gt.any() and not is_gt.all()  # a random policy solves nothing: every group has a GT row
+    assert rows is not None and torch.equal(rows, ~is_gt)

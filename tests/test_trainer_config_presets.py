@@ -93,3 +93,33 @@ def test_the_real_data_recipe_needs_its_qa_files_and_splits_them_three_ways(tmp_
     assert d.held_out_examples and d.held_out_examples >= 40 and d.warm_start_examples and cfg.model.warm_start_steps
     assert (cfg.model.path, cfg.model.chat_template, cfg.run.eval_base) == ("smollm2-135m-instruct", True, True)
     assert (alg.estimator, alg.group_sampling.enabled, alg.gt.source) == ("pvpo", True, "dataset")
+
+
+def test_the_pvpo_paper_presets_response_length_can_bind_no_per_turn_cap_stops_it_first():
+    from pvpo.trainer.config.presets import resolve_config
+
+    r = load_config(resolve_config("pvpo_paper"), []).rollout
+    assert r.max_response_tokens == 8192
+    # one turn may generate the whole budget: 8,192 is what ends a long response, not max_new_tokens x turns
+    assert r.max_new_tokens >= r.max_response_tokens
+
+
+def test_a_presets_aggregation_never_silently_replaces_dr_grpos_own():
+    import pytest
+
+    from pvpo.trainer.algorithms.spec import get_spec, own_aggregation
+    from pvpo.trainer.config.presets import resolve_config
+    from pvpo.trainer.config.schema import ConfigError
+
+    preset = resolve_config("pvpo_paper")
+    with pytest.raises(
+        ConfigError, match=r"dr_grpo aggregates its loss with seq-mean-token-sum-norm.*optim\.loss_agg=null"
+    ):
+        load_config(preset, ["algorithm.estimator=dr_grpo"])
+    # followed when asked, kept when asked
+    assert load_config(preset, ["algorithm.estimator=dr_grpo", "optim.loss_agg=null"]).optim.loss_agg is None
+    kept = load_config(preset, ["algorithm.estimator=dr_grpo", "optim.loss_agg=seq-mean-token-mean"])
+    assert kept.optim.loss_agg == "seq-mean-token-mean"
+    # an estimator without an aggregation of its own takes the preset's; the registry agrees with the table
+    assert load_config(preset, ["algorithm.estimator=grpo"]).optim.loss_agg == "seq-mean-token-mean"
+    assert get_spec("dr_grpo").loss_agg == own_aggregation("dr_grpo") == "seq-mean-token-sum-norm"

@@ -46,3 +46,57 @@ def test_config_names_bad_placement_keys_and_lists_the_choices():
         None, ["model.device=cuda:1", "optim.max_tokens_per_micro_batch=4096", "env.prompt_template=search_r1"]
     )
     assert (cfg.model.device, cfg.optim.max_tokens_per_micro_batch) == ("cuda:1", 4096)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_its_line_before_anything_expands_it(tmp_path) -> None:
+    import time
+
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi", strict=True)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"bomb.yaml: line \d+, column \d+: YAML refused .*alias bomb"):
+        load_config(bomb)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ConfigError, match="override run.steps=...: its value is not YAML"):
+        load_config(None, ["run.steps=&a [*a]"])
+
+
+def test_a_section_given_twice_in_a_config_is_refused_naming_the_key_and_both_lines(tmp_path) -> None:
+    cfg = tmp_path / "twice.yaml"
+    cfg.write_text("run:\n  steps: 3\nrollout:\n  n: 4\nrun:\n  seed: 7\n")
+    with pytest.raises(
+        ConfigError, match=r"line 5, column 1: YAML refused \(key 'run' is given twice \(first on line 1\)"
+    ):
+        load_config(cfg)
+
+
+def test_a_reward_parameter_the_reward_does_not_take_is_refused_at_load_naming_those_it_takes() -> None:
+    """`algorithm.reward_params.foramt_score=0.1` once trained with every reward 0 (the total
+    reward swallowed the TypeError), grad norm 0, rc 0."""
+    with pytest.raises(ConfigError, match="reward 'pvpo' takes no parameter 'foramt_score'; its parameters: floor"):
+        load_config(None, ["algorithm.reward_params.foramt_score=0.1"])
+    with pytest.raises(ConfigError, match="parameter 'floor' must be a float"):
+        load_config(None, ["algorithm.reward_params.floor=high"])
+    assert load_config(None, ["algorithm.reward_params.floor=0.2"]).algorithm.reward_params == {"floor": 0.2}
+
+
+def test_a_retriever_token_is_never_echoed_and_an_all_digit_one_is_a_token() -> None:
+    digits = "8731129940215566"
+    assert load_config(None, [f"retriever.token={digits}"]).retriever.token == digits
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"retriever.token=[{digits}]"])
+    assert digits not in str(info.value) and "retriever.token" in str(info.value)
+
+
+def test_config_show_masks_the_token_and_a_urls_password() -> None:
+    from typer.testing import CliRunner
+
+    from pvpo.cli import app
+
+    res = CliRunner().invoke(
+        app, ["config", "show", "retriever.token=s3cret", "retriever.url=http://admin:PASSWORD99@h:1"]
+    )
+    assert res.exit_code == 0 and "s3cret" not in res.output and "PASSWORD99" not in res.output, res.output
+    assert "token: '***'" in res.output and "http://admin:***@h:1" in res.output

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pvpo.envs.synthetic import synthetic_world
-from pvpo.trainer.config.schema import config_from_dict
+from pvpo.trainer.config.schema import config_from_dict, dump_config
 from pvpo.trainer.data import disjoint_splits, load_data
 from pvpo.trainer.heldout import eval_metrics
 from pvpo.trainer.rollout.trajectory import Trajectory
@@ -205,12 +205,15 @@ def test_demo_refuses_a_run_dir_holding_a_users_file_and_keeps_it(tmp_path):
     assert not (tmp_path / ".demo.pvpo-replaced").exists()
 
 
-def test_only_what_a_run_writes_counts_as_an_earlier_run_a_fresh_demo_may_replace(tmp_path):
+def test_only_what_a_run_writes_in_a_run_counts_as_an_earlier_run_a_fresh_demo_may_replace(tmp_path):
     from pvpo.trainer.state.run_dir import foreign_entries
 
     for name in ("config.yaml", "metrics.jsonl", "summary.md", ".metrics.jsonl.abc123.tmp"):
         (tmp_path / name).write_text("x")
     (tmp_path / "checkpoints").mkdir()
+    # a run's names in a folder that is no run (no record, no checkpoint, no config of ours): the user's
+    assert foreign_entries(tmp_path) == sorted(p.name for p in tmp_path.iterdir())
+    (tmp_path / "checkpoints" / "latest").write_text("step_000001")  # a run written before the folder record
     assert foreign_entries(tmp_path) == []
     (tmp_path / "index.html").write_text("mine")
     assert foreign_entries(tmp_path) == ["index.html"]
@@ -275,8 +278,8 @@ def test_a_fresh_demo_over_a_checkpointed_run_says_it_starts_over_and_how_to_con
 
     run_dir = tmp_path / "demo"
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.yaml").write_text("x")
     cfg = config_from_dict({})
+    dump_config(cfg, run_dir / "config.yaml")
     with caplog.at_level(logging.WARNING, logger="pvpo.trainer.demo"):
         with _replace_demo(run_dir, fresh=True, overwrite=False, cfg=cfg):
             pass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fault_support import copy_run, error_lines, train_tiny, use_overlap_searcher
+from fault_support import TINY_RUN, copy_run, error_lines, train_tiny, use_overlap_searcher
 from typer.testing import CliRunner
 
 from pvpo.cli import app
@@ -230,3 +230,167 @@ def test_sigterm_and_ctrl_c_end_training_with_one_line_saying_where_it_stopped_a
         f"continue it with `pvpo train --run-dir {run} --resume`"
     )
     assert checkpoint_entries(run) == ["latest", "step_000001", "step_000002"]
+
+
+# ---- nothing a user owns is deleted (pvpo.owned) --------------------------------------------------
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` but pvpo's folder record."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".pvpo-folder.json"
+    }
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_storm_during_overwrite_puts_the_old_run_back_and_a_resume_continues_it_without_deleting_it(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 SIGINTs 5 ms apart before the new run's first checkpoint once left the old run in a hidden
+    folder that the next --resume deleted at its first checkpoint."""
+    run = copy_run(trained, tmp_path / "run")
+    (run / "notes.txt").write_text("mine")
+    before = _tree(run)
+    args = [sys.executable, "tests/fault_support.py", "train", "--run-dir", str(run), "--overwrite", *TINY_RUN]
+    # SIGINT as a terminal's Ctrl-C delivers it, also when the suite runs as a background job (whose
+    # children start with SIGINT ignored, which pvpo respects)
+    sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=sigint
+    )
+    t0 = time.perf_counter()
+    # the old run's config.yaml moved aside (inside the run dir, or beside it) and the new run's written
+    aside = (run / ".pvpo-replaced" / "config.yaml", tmp_path / ".run.pvpo-replaced" / "config.yaml")
+    while proc.poll() is None and not (any(a.exists() for a in aside) and (run / "config.yaml").exists()):
+        assert time.perf_counter() - t0 < 240, "the new run never started"
+        time.sleep(0.005)
+    assert not (run / "checkpoints" / "latest").exists()  # before the new run's first checkpoint
+    for _ in range(40):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+    out = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 130 and "Exception ignored" not in out and "Traceback" not in out, out
+    assert _tree(run) == before
+    use_overlap_searcher(monkeypatch)
+    res = resume(run, "run.steps=2")
+    assert res.exit_code == 0, res.output
+    assert steps_logged(run) == [1, 2] and (run / "notes.txt").read_text() == "mine"
+    assert all(_tree(run).get(k) == v for k, v in before.items() if k.startswith("checkpoints/step_000001/"))
+
+
+def test_a_resume_after_an_overwrite_cut_by_sigkill_puts_the_old_run_back_and_never_deletes_it(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pvpo.owned import move_aside, replaceable
+    from pvpo.trainer.state.run_dir import RUN_KIND, RunDir
+
+    use_overlap_searcher(monkeypatch)
+    run = copy_run(trained, tmp_path / "run")
+    before = _tree(run)
+    # what a SIGKILL leaves in the middle of `pvpo train --overwrite`: the old run aside, the new one begun
+    move_aside(run, replaceable([p.name for p in run.iterdir() if RUN_KIND.writes(p.name)]))
+    (run / "config.yaml").write_text("run: {steps: 99}\n")
+    (run / "metrics.jsonl").write_text("")
+    res = resume(run, "run.steps=2")
+    assert res.exit_code == 0, res.output
+    assert steps_logged(run) == [1, 2]
+    kept = _tree(run)
+    assert all(kept.get(k) == v for k, v in before.items() if k.startswith("checkpoints/step_000001/"))
+    assert not (run / ".pvpo-replaced").exists() and RunDir(run).config.read_text() != "run: {steps: 99}\n"
+
+
+def test_overwrite_of_a_folder_that_is_no_run_trains_beside_the_users_file_which_alone_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_overlap_searcher(monkeypatch)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("chapter 1")
+    res = runner.invoke(app, ["train", "--run-dir", str(mine), *TINY_RUN, "run.steps=1"])
+    assert res.exit_code == 2 and "thesis.txt" in res.output and "--overwrite" in res.output, res.output
+    res = runner.invoke(app, ["train", "--run-dir", str(mine), "--overwrite", *TINY_RUN, "run.steps=1"])
+    assert res.exit_code == 0, res.output
+    assert (mine / "thesis.txt").read_text() == "chapter 1" and steps_logged(mine) == [1]
+
+
+def test_a_damaged_state_file_in_a_checkpoint_is_named_and_the_runs_own_copy_is_left_as_it_was(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_overlap_searcher(monkeypatch)
+    run = copy_run(trained, tmp_path / "run")
+    saved = run / "checkpoints" / "step_000001" / "run_state" / "anchor.json"
+    saved.write_bytes(saved.read_bytes()[: saved.stat().st_size // 2])
+    top = (run / "anchor.json").read_bytes()
+    res = resume(run, "run.steps=2")
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "run_state/anchor.json is damaged" in error_lines(res.output)[0], res.output
+    assert (run / "anchor.json").read_bytes() == top
+    # a layout error (a list where a number goes) is named the same way
+    saved.write_text(json.dumps({**json.loads(top), "computed_at_step": [1]}))
+    res = resume(run, "run.steps=2")
+    assert res.exit_code == 2 and "anchor.json is damaged (computed_at_step" in res.output, res.output
+
+
+@pytest.mark.parametrize("damage", ["5", '{"step": "1"}'])
+def test_a_metrics_row_that_is_no_steps_metrics_is_named_at_resume(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    use_overlap_searcher(monkeypatch)
+    run = copy_run(trained, tmp_path / "run")
+    (run / "metrics.jsonl").write_text(damage + "\n" + (run / "metrics.jsonl").read_text())
+    res = resume(run, "run.steps=2")
+    assert res.exit_code == 2 and "metrics.jsonl: row 1" in res.output and "Traceback" not in res.output, res.output
+
+
+def test_temporary_files_of_killed_writes_are_removed_at_resume(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_overlap_searcher(monkeypatch)
+    run = copy_run(trained, tmp_path / "run")
+    planted = [run / "checkpoints" / ".latest.k2j4x9.tmp", run / ".anchor.json.a8d3q1.tmp", run / "notes.txt"]
+    for p in planted:
+        p.write_text("x")
+    res = resume(run, "run.steps=1")
+    assert res.exit_code == 0, res.output
+    assert [p.exists() for p in planted] == [False, False, True]  # the user's notes.txt is no temporary file
+
+
+def test_a_resume_without_a_checkpoint_counts_the_reference_state_it_reuses_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed after its anchor and GT cache were saved but before its first checkpoint logged
+    their rollouts as 0 once resumed: the state was reused and its cost never counted."""
+    from trainer_support import WORLD, OverlapSearcher
+
+    from pvpo.trainer.loop import train
+    from pvpo.trainer.reference.pipeline import Reference
+    from pvpo.trainer.state.resume import resume_config
+
+    gs = [*TINY_RUN, "algorithm.group_sampling.enabled=true", "rollout.max_turns=3", "rollout.max_response_tokens=200",
+          "rollout.n=3", "algorithm.gt.replace_per_group=2", "run.steps=1"]  # fmt: skip
+    searcher = OverlapSearcher(WORLD.passages)
+    whole = train(load_config(None, gs), tmp_path / "whole", searcher=searcher, show_progress=False).metrics[0]
+    real = Reference.ensure_group_sampling
+
+    def then_killed(self: Reference, *args: object, **kwargs: object) -> None:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(Reference, "ensure_group_sampling", then_killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        train(load_config(None, gs), tmp_path / "cut", searcher=searcher, show_progress=False)
+    assert (tmp_path / "cut" / "gt_cache.json").exists() and not (tmp_path / "cut" / "checkpoints").exists()
+    monkeypatch.setattr(Reference, "ensure_group_sampling", real)
+    cfg = resume_config(tmp_path / "cut", [])
+    resumed = train(cfg, tmp_path / "cut", resume=True, searcher=searcher, show_progress=False).metrics[0]
+    keys = [k for k in whole if k.startswith("cost/")]
+    assert whole["cost/cum_anchor_rollouts"] > 0 and whole["cost/cum_gt_rollouts"] > 0
+    assert {k: resumed[k] for k in keys} == {k: whole[k] for k in keys}
+
+
+def test_a_resume_under_torchrun_of_a_one_process_run_is_refused_in_one_line_before_launching(trained: Path) -> None:
+    res = runner.invoke(app, ["train", "--run-dir", str(trained), "--resume", "--nproc", "2"])
+    assert res.exit_code == 2 and "saved by 1 process(es), this resume asks for 2" in res.output, res.output
+    assert len(error_lines(res.output)) <= 3 and "Traceback" not in res.output

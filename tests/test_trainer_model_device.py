@@ -121,12 +121,37 @@ def test_one_training_step_in_bf16_with_checkpointing_and_token_micro_batches(tm
     assert row["step"] == 1 and torch.isfinite(torch.tensor(row["loss/mini_batch"])) and row["grad_norm"] > 0
 
 
-def test_auto_device_is_cpu_without_cuda_and_flash_attention_falls_back_to_sdpa():
-    where = placement("auto", "bfloat16", "flash_attention_2")
-    if not torch.cuda.is_available():
-        assert where.device.type == "cpu" and where.attn_implementation == "sdpa"
+@pytest.mark.parametrize("cuda", [False, True])
+def test_auto_device_follows_cuda_and_flash_attention_needs_cuda_and_its_package(cuda: bool, monkeypatch):
+    """Both branches on any machine: whether CUDA is there is what `torch.cuda.is_available` says
+    (patched), and whether flash-attn is installed what `importlib.util.find_spec` says."""
+    import importlib.util
+
+    from pvpo.trainer.model.device import resolve_attn_implementation, resolve_device
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args, flash: bool = True):
+        if name == "flash_attn":
+            return object() if flash else None
+        return real_find_spec(name, *args)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # under torchrun: this process's GPU
+    if not cuda:
+        where = placement("auto", "bfloat16", "flash_attention_2")
+        assert where.device.type == "cpu" and where.attn_implementation == "sdpa"  # installed, but no CUDA
         with pytest.raises(ValueError, match="CUDA is not available"):
             placement("cuda")
+        return
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0) and resolve_device("cpu") == torch.device("cpu")
+    gpu = torch.device("cuda", 1)
+    assert resolve_attn_implementation("flash_attention_2", gpu) == "flash_attention_2"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: find_spec(name, *a, flash=False))
+    assert resolve_attn_implementation("flash_attention_2", gpu) == "sdpa"  # CUDA, but no flash-attn
+    assert resolve_attn_implementation("eager", gpu) == "eager"
 
 
 def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(monkeypatch):

@@ -351,7 +351,7 @@ def test_the_batched_pick_samples_and_scores_bit_for_bit_as_row_by_row():
 
     from pvpo.trainer.rollout.hf_scheduler import _Row
 
-    engine = SimpleNamespace(stop_ids=frozenset(), _decode_tail=lambda tokens, n: "")
+    engine = SimpleNamespace(stop_ids=frozenset(), _decode_tail=lambda tokens, n: "", sampled_tokens=0)
     settings = [
         SamplingConfig(temperature=0.0, max_new_tokens=99),
         SamplingConfig(temperature=0.8, max_new_tokens=99),

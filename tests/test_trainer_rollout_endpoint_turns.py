@@ -21,13 +21,29 @@ from pvpo.trainer.rollout.openai_client import OpenAIClient
 EPISODE = EpisodeConfig(protocol="search_r1", reward="pvpo", max_turns=4, topk=2, max_obs_chars=120)
 
 
+def resplit(pieces: list[str]) -> list[str]:
+    """The same text in as many pieces, one boundary moved: the first piece followed by one of two
+    or more characters gives that piece's first character to the piece before it."""
+    i = next(k for k in range(1, len(pieces)) if len(pieces[k]) >= 2)
+    out = list(pieces)
+    out[i - 1], out[i] = out[i - 1] + out[i][0], out[i][1:]
+    return out
+
+
 def fake_client(
-    tok, *, logprobs: bool, api: str = "chat", answer: str = "Kelmo", misaligned_first: bool = False
+    tok,
+    *,
+    logprobs: bool,
+    api: str = "chat",
+    answer: str = "Kelmo",
+    misaligned_first: bool = False,
+    resplit_first: bool = False,
 ) -> tuple[OpenAIClient, list]:
     """A client whose endpoint searches on the first turn and answers on the next, as vLLM does:
     the stop string stripped from the text and named in `stop_reason`; per-token log-probs -0.5
     over the policy's tokenization (the stop string's tokens included) when `logprobs`, over
-    single characters (another tokenizer's split) on the first turn when `misaligned_first`."""
+    single characters (another tokenizer's split) on the first turn when `misaligned_first`, over as
+    many pieces as the policy's with one boundary moved (`resplit`) when `resplit_first`."""
     bodies: list[dict] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -45,6 +61,8 @@ def fake_client(
             choice["text"] = text
         if logprobs and body.get("logprobs"):
             pieces = list(full) if first and misaligned_first else [tok.decode([t]) for t in ids]
+            if first and resplit_first:
+                pieces = resplit(pieces)
             if api == "chat":
                 choice["logprobs"] = {"content": [{"token": p, "logprob": -0.5} for p in pieces]}
             else:
@@ -143,6 +161,16 @@ def test_gt_endpoint_pi_gt_is_set_per_turn_and_never_cached_as_placeholders(poli
     with pytest.raises(ValueError, match=r"1 model turn\(s\) without log-probs.*gt\.logprobs=reference"):
         fetch_gt(ex, src, bare, attempts=1, min_reward=1.0)
     assert not bare.records and not (tmp_path / "bare.json").exists()
+
+
+def test_an_endpoint_turn_split_otherwise_with_the_same_count_and_text_falls_back_to_the_reference(policy):
+    """`["a", "bcd"]` from the endpoint must not lend its log-probs to the policy's `["ab", "cd"]`:
+    alignment is token by token, not by the joined text and the count."""
+    tok = policy.tokenizer
+    ex = WORLD.questions("train")[:1]
+    client, _ = fake_client(tok, logprobs=True, answer=ex[0].golden_answers[0], resplit_first=True)
+    t = _gt_source(policy, client).generate(ex, attempt=0)[0]
+    assert [s for _, _, s in t.model_turns] == ["", "endpoint"]
 
 
 def test_gt_endpoint_source_enforces_the_response_budget(policy):

@@ -275,3 +275,74 @@ def test_agent_loop_on_vllms_step_scheduler_matches_the_transformers_engine_gree
     assert [t.finish_reason for t in got] == [t.finish_reason for t in ref]
     for a, b in zip(got, ref, strict=True):
         assert max((abs(x - y) for x, y in zip(a.old_logprobs, b.old_logprobs, strict=True)), default=0) < 1e-3
+
+
+@needs_vllm
+@pytest.mark.vllm
+def test_vllm_in_the_rollout_thread_takes_new_weights_between_two_turns_of_an_episode(policy, engine) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from pvpo.envs.episode import EpisodeConfig
+    from pvpo.envs.synthetic import SyntheticWorld
+    from pvpo.retriever.types import Passage
+    from pvpo.trainer.rollout.agent_loop import LoopConfig
+    from pvpo.trainer.rollout.engine import AsyncGenerate, ViewSyncEngine
+    from pvpo.trainer.rollout.episode_stream import EpisodeStream, Planned
+
+    class FirstPassages:
+        def search(self, queries, topk=None):  # type: ignore[no-untyped-def]
+            return [[Passage(id="1", contents="Doc: Oslo is the capital.", title="Oslo")] for _ in queries]
+
+    class Signalling(ViewSyncEngine):  # sets `first` once a turn has been sampled
+        first = threading.Event()
+
+        def async_session(self, executor):  # type: ignore[no-untyped-def]
+            inner = self.inner.async_session(executor)
+
+            async def generate(prompt, sampling):  # type: ignore[no-untyped-def]
+                out = await inner.generate(prompt, sampling)
+                self.first.set()
+                return out
+
+            return AsyncGenerate(generate, inner.close, inner.reset)
+
+    examples = SyntheticWorld.generate(0, 8, n_relations=2, max_hops=1, questions_per_hop=10).questions("train")[:6]
+    assert len(examples) == 6
+    epcfg = EpisodeConfig(
+        protocol="search_r1", reward="pvpo", max_turns=6, topk=1, max_obs_chars=80, prompt_template="Q: {question}\n"
+    )
+    loop = LoopConfig(temperature=0.0, max_new_tokens=4, max_response_tokens=400)
+    trained = _perturbed(policy.model, 3)
+    stream = EpisodeStream(
+        Signalling(engine, lambda m: m),
+        policy.tokenizer,
+        FirstPassages(),
+        epcfg,
+        loop,
+        eta=1,
+        per_turn=True,
+        concurrency=8,
+    )
+    try:
+        stream.plan(1, [Planned(1, j, ex, seed=0, index=j) for j, ex in enumerate(examples)])
+        assert Signalling.first.wait(120)
+        stream.gate.pause(timeout=120)  # the turns in flight end; the next ones wait for the new weights
+        stream.publish(1, lambda: engine.sync_weights(trained))
+        stream.gate.wait_applied(timeout=120)
+        stream.gate.resume()
+        taken = stream.take(lambda buffer, outstanding: list(range(6)) if len(buffer) == 6 else None, timeout=300)
+    finally:
+        stream.close()
+        engine.sync_weights(policy.model)  # back to the shared starting point for other tests
+    went_on = 0
+    for f in taken:
+        t, versions = f.trajectory, []
+        for start, end, _ in t.model_turns:
+            (version,) = set(t.versions[start:end])  # one version a turn
+            context, ids = t.prompt_ids + t.response_ids[:start], t.response_ids[start:end]
+            # each turn is the greedy continuation of the weights its version names
+            assert ids == _hf_greedy(trained if version else policy.model, context, len(ids))
+            versions.append(version)
+        assert versions == sorted(versions)
+        went_on += versions[0] == 0 and versions[-1] == 1
+    assert went_on, "no episode went on with the new weights after a turn with the old ones"

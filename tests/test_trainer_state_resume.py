@@ -5,7 +5,6 @@ overwrite it."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from trainer_support import TINY, WORLD, OverlapSearcher
 from typer.testing import CliRunner
 
 from pvpo.atomic import replaced_path
+from pvpo.owned import ASIDE, RECORD
 from pvpo.trainer.config.schema import dump_config, load_config
 from pvpo.trainer.state.checkpoint import save_checkpoint
 from pvpo.trainer.state.resume import RunDirError, check_resume_config, fresh_run_dir, resume_config
@@ -65,49 +65,75 @@ def test_resume_without_a_saved_config_needs_one(tmp_path: Path) -> None:
         resume_config(tmp_path, [])
 
 
-def test_a_fresh_run_refuses_a_non_empty_run_dir_and_overwrite_moves_it_aside_until_a_checkpoint(
-    tmp_path: Path,
-) -> None:
+def _earlier_run(tmp_path: Path) -> Path:
+    """A run dir holding an earlier run (its `latest`) and a user's notes.txt."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step_000001")
     (run / "notes.txt").write_text("mine")
+    return run
+
+
+def test_a_fresh_run_refuses_a_run_dir_holding_a_run_and_overwrite_moves_only_the_run_aside_until_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run = _earlier_run(tmp_path)
     with pytest.raises(RunDirError, match="--resume .* --overwrite"), fresh_run_dir(run):
         pass
     assert (run / "notes.txt").read_text() == "mine"
     # the new run fails before its first checkpoint: the old one comes back as it was
     with pytest.raises(ValueError, match="bad data"), fresh_run_dir(run, overwrite=True):
-        assert not (run / "notes.txt").exists() and replaced_path(run).is_dir()
+        assert (run / "notes.txt").read_text() == "mine" and (run / ASIDE / "checkpoints").is_dir()
         (run / "config.yaml").write_text("new")
         raise ValueError("bad data")
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "notes.txt"]
-    assert not replaced_path(run).exists()
-    # it reaches a checkpoint: the old one is deleted then, not before
-    with fresh_run_dir(run, overwrite=True):
-        assert replaced_path(run).is_dir()
+    assert sorted(p.name for p in run.iterdir()) == [RECORD, "checkpoints", "notes.txt"]
+    assert (run / "checkpoints" / "latest").read_text() == "step_000001"
+    # it reaches a checkpoint: the old run is dropped then, not before; the user's file stays
+    with fresh_run_dir(run, overwrite=True) as replacement:
+        assert (run / ASIDE).is_dir()
         (run / "checkpoints").mkdir()
-        (run / "checkpoints" / "latest").write_text("step_000001")
-        shutil.rmtree(replaced_path(run))  # what save_checkpoint does
-    assert not replaced_path(run).exists() and not (run / "notes.txt").exists()
+        (run / "checkpoints" / "latest").write_text("step_000002")
+        replacement.commit()  # what save_checkpoint does
+        assert not (run / ASIDE).exists()
+    assert (run / "notes.txt").read_text() == "mine" and (run / "checkpoints" / "latest").read_text() == "step_000002"
     with fresh_run_dir(tmp_path / "absent"):  # nothing there: nothing to refuse
         pass
 
 
-def test_overwrite_refuses_a_run_dir_holding_an_input_of_the_new_run(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "data.jsonl").write_text("{}\n")
+def test_a_fresh_run_refuses_a_folder_of_a_users_files_and_with_overwrite_trains_beside_them(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("chapter 1")
+    with pytest.raises(RunDirError, match="thesis.txt.*--overwrite"), fresh_run_dir(mine):
+        pass
+    with fresh_run_dir(mine, overwrite=True):
+        (mine / "config.yaml").write_text("new")
+    assert (mine / "thesis.txt").read_text() == "chapter 1"
+    # a user's file bearing a name a run writes is refused even with --overwrite
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "index").mkdir()
     with (
-        pytest.raises(RunDirError, match="data.jsonl is inside"),
-        fresh_run_dir(run, overwrite=True, inputs=[run / "data.jsonl"]),
+        pytest.raises(RunDirError, match="index, which pvpo did not write"),
+        fresh_run_dir(tmp_path / "other", overwrite=True),
     ):
         pass
-    assert (run / "data.jsonl").exists() and not replaced_path(run).exists()
 
 
-def test_save_checkpoint_deletes_the_run_overwrite_moved_aside(tmp_path: Path) -> None:
+def test_overwrite_refuses_a_run_dir_holding_an_input_of_the_new_run(tmp_path: Path) -> None:
+    run = _earlier_run(tmp_path)
+    (run / "index").mkdir()
+    (run / "index" / "meta.json").write_text("{}")
+    with (
+        pytest.raises(RunDirError, match="meta.json is inside"),
+        fresh_run_dir(run, overwrite=True, inputs=[run / "index" / "meta.json"]),
+    ):
+        pass
+    assert (run / "index" / "meta.json").exists() and not (run / ASIDE).exists()
+
+
+def test_save_checkpoint_drops_the_run_overwrite_moved_aside(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    run.mkdir()
-    replaced_path(run).mkdir()
+    (run / ASIDE).mkdir(parents=True)
     model = torch.nn.Linear(2, 2)
 
     class _Saves:
@@ -115,7 +141,7 @@ def test_save_checkpoint_deletes_the_run_overwrite_moved_aside(tmp_path: Path) -
             Path(path).mkdir(parents=True, exist_ok=True)
 
     save_checkpoint(run, 1, model=_Saves(), tokenizer=_Saves(), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    assert not replaced_path(run).exists() and (run / "checkpoints" / "latest").read_text() == "step_000001"
+    assert not (run / ASIDE).exists() and (run / "checkpoints" / "latest").read_text() == "step_000001"
 
 
 def test_cli_refuses_a_conflicting_resume_and_an_occupied_run_dir_with_exit_2(tmp_path: Path) -> None:
@@ -181,7 +207,7 @@ def test_overwrite_replaces_the_run_once_the_new_one_has_a_checkpoint_and_no_fil
     run, _ = _user_run(tmp_path)
     cfg = load_config(None, TINY + ["run.steps=1", "retriever.token=s3cret-run-token"])
     train(cfg, run, overwrite=True, searcher=OverlapSearcher(WORLD.passages), show_progress=False)
-    assert not (run / "notes.txt").exists() and not replaced_path(run).exists()
+    assert (run / "notes.txt").read_text() == "my notes" and not (run / ASIDE).exists()
     assert (run / "checkpoints" / "latest").read_text() == "step_000001" and (run / "config.yaml").exists()
     written = [p for p in run.rglob("*") if p.is_file()]
     assert len(written) > 5 and not [p for p in written if b"s3cret-run-token" in p.read_bytes()]

@@ -47,8 +47,8 @@ def scripted_validation(monkeypatch: pytest.MonkeyPatch, ems: dict[str, float]) 
     asked: list[str] = []
     real = loop.Trainer.evaluate
 
-    def evaluate(self, tag, examples=None):
-        out = real(self, tag, examples)
+    def evaluate(self, tag, examples=None, *args):
+        out = real(self, tag, examples, *args)
         if examples is not None:  # the validation split
             asked.append(tag)
             out = {**out, "eval/accuracy": ems[tag]}
@@ -70,12 +70,15 @@ def test_validation_is_watched_every_k_steps_and_the_held_out_set_only_at_the_en
     assert set(result.eval_em) == {"before", "after"}
     curve = json.loads((tmp_path / "run" / "checkpoints" / "best.json").read_text())
     assert [p["step"] for p in curve["points"]] == [0, 1, 2]
+    # each point keeps every validation question's EM, in the order the curve names them: steps pair up
+    assert len(curve["questions"]) == 2 and all(len(p["em"]) == 2 for p in curve["points"])
     assert result.validation == curve
 
 
 def test_the_best_validation_checkpoint_survives_pruning_and_a_resume(source, tmp_path, monkeypatch) -> None:
-    from pvpo.trainer.loop import train
     from test_trainer_loop import Crash, crash_after_logging
+
+    from pvpo.trainer.loop import train
 
     ems = {"val_before": 0.2, "val_step1": 0.5, "val_step2": 0.3, "val_step3": 0.5, "val_step4": 0.1, "val_step5": 0.7}
     asked = scripted_validation(monkeypatch, ems)
@@ -109,6 +112,8 @@ def test_a_damaged_best_record_keeps_every_checkpoint_instead_of_pruning_blind(t
     (tmp_path / "best.json").write_text("{not json")
     prune_checkpoints(tmp_path, keep=1)
     assert len(list(tmp_path.glob("step_*"))) == 3
-    (tmp_path / "best.json").write_text(json.dumps({"best": {"step": 1, "accuracy": 0.3, "checkpoint": "step_000001"}, "points": []}))
+    (tmp_path / "best.json").write_text(
+        json.dumps({"best": {"step": 1, "accuracy": 0.3, "checkpoint": "step_000001"}, "points": []})
+    )
     prune_checkpoints(tmp_path, keep=1)
     assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_000001", "step_000003"]

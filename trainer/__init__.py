@@ -22,7 +22,7 @@ _EXPORTS = {
     "config_from_dict": "config.schema",
     # training and the demo
     "Trainer": "loop",
-    "TrainResult": "loop",
+    "TrainResult": "result",
     "train": "loop",
     "run_demo": "demo",
     # advantage estimators by name

@@ -14,6 +14,16 @@ if TYPE_CHECKING:
     from pvpo.trainer.config.schema import TrainConfig
 
 
+def _preset_names() -> list[str]:
+    """The shipped presets' names, for the help text, read without importing the config schema
+    (`presets.available_presets` would load pydantic on every `pvpo --help`)."""
+    from importlib import resources
+
+    return sorted(
+        p.name.removesuffix(".yaml") for p in resources.files("pvpo.configs").iterdir() if p.name.endswith(".yaml")
+    )
+
+
 def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
     """The config: a file or a shipped preset's name (`demo`, `smoke`), or the defaults (None).
     A bad file, key or value raises (ConfigError / FileNotFoundError): `pvpo`'s one-line error."""
@@ -27,16 +37,23 @@ def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
 def _run_dir_session(run_dir: Path, command: str) -> Iterator[None]:
     """The run dir's lock held (`pvpo.locks`; under torchrun by rank 0 alone, for all ranks) before
     anything in it is read, so a second writer is refused before it reads a half-written run;
-    SIGTERM ends the block as Ctrl-C does (`pvpo.user_errors.stop_on_sigterm`); and a stop or a
+    an `--overwrite` a kill cut short undone (`resume.recover_run_dir`); SIGTERM ends the block as
+    Ctrl-C does, and a second signal cannot cut the first one's clean-up (`pvpo.signals`); and a stop or a
     fault of the file system (a full disk, ...) ends the command with a line saying where the run
     stands and how to continue it."""
     from pvpo.locks import folder_lock
-    from pvpo.trainer.state.resume import where_stopped
-    from pvpo.user_errors import add_note, stop_on_sigterm
+    from pvpo.owned import check_folder_path
+    from pvpo.signals import stop_on_signals
+    from pvpo.trainer.state.resume import recover_run_dir, where_stopped
+    from pvpo.user_errors import add_note
 
-    lock = folder_lock(run_dir, command) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext()
+    check_folder_path(run_dir, "--run-dir")  # a file, a symlink loop: one line before any lock is taken
+    main = os.environ.get("RANK", "0") == "0"
+    lock = folder_lock(run_dir, command) if main else contextlib.nullcontext()
     try:
-        with lock, stop_on_sigterm():
+        with lock, stop_on_signals():
+            if main:
+                recover_run_dir(run_dir)
             yield
     except (KeyboardInterrupt, OSError) as err:
         add_note(err, where_stopped(run_dir, command))
@@ -53,7 +70,7 @@ def train_cmd(
         typer.Option(
             "--config",
             "-c",
-            help="YAML config file, or a shipped preset's name: demo, smoke, search_r1_nq_hotpotqa_qwen2.5_3b",
+            help=f"YAML config file, or a shipped preset's name: {', '.join(_preset_names())}",
         ),
     ] = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
@@ -69,7 +86,8 @@ def train_cmd(
         bool,
         typer.Option(
             "--overwrite",
-            help="replace what the run dir holds: checked first, kept until the new run's first checkpoint",
+            help="replace the run the run dir holds (checked first, kept until the new run's first checkpoint); "
+            "files pvpo did not write there are kept",
         ),
     ] = False,
     nproc: Annotated[
@@ -88,6 +106,11 @@ def train_cmd(
         import sys
 
         from pvpo.trainer.parallel.distributed import torchrun_command
+
+        if resume:
+            from pvpo.trainer.parallel.checkpoint import check_resume_world
+
+            check_resume_world(run_dir or Path("runs") / (config.stem if config else "default"), nproc)
 
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
     from pvpo.trainer.loop import train
@@ -128,7 +151,7 @@ def demo_cmd(
         bool,
         typer.Option(
             "--overwrite",
-            help="replace a --run-dir that holds files a run does not write (kept until the new run's first checkpoint)",
+            help="run in a --run-dir that holds files a run does not write (they are kept)",
         ),
     ] = False,
 ) -> None:

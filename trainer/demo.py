@@ -188,7 +188,9 @@ def paired_gain(em_from: Sequence[float], em_to: Sequence[float], *, what: str, 
 
 def validation_row(curve: dict[str, Any]) -> str:
     """`0: 0.153, 8: 0.180, 16: 0.173; best step 8 (checkpoints/step_000008)` from best.json's record."""
-    points = ", ".join(f"{int(p['step'])}: {p['accuracy']:.3f}" for p in sorted(curve["points"], key=lambda p: p["step"]))
+    points = ", ".join(
+        f"{int(p['step'])}: {p['accuracy']:.3f}" for p in sorted(curve["points"], key=lambda p: p["step"])
+    )
     best = curve.get("best")
     if not best:
         return points
@@ -342,9 +344,10 @@ def _load() -> str:
 
 def _replace_demo(
     run_dir: Path, *, fresh: bool, overwrite: bool, cfg: TrainConfig
-) -> contextlib.AbstractContextManager[None]:
+) -> contextlib.AbstractContextManager[object]:
     """A fresh demo replaces an earlier run in `run_dir` (kept until the new run's first
-    checkpoint); a folder holding anything a run does not write is refused unless `overwrite`."""
+    checkpoint); a folder holding anything a run does not write is refused unless `overwrite`,
+    and those files are kept either way (`pvpo.owned`)."""
     if not fresh:
         return contextlib.nullcontext()
     foreign = foreign_entries(run_dir)
@@ -352,7 +355,8 @@ def _replace_demo(
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise RunDirError(
             f"--run-dir {run_dir} holds files a demo run does not write ({shown}): give a new or empty folder, "
-            "or --overwrite to replace its contents (kept until the new run's first checkpoint)"
+            "or --overwrite to run beside them (they are kept; an earlier run there is kept until the new run's "
+            "first checkpoint)"
         )
     latest = RunDir(run_dir).checkpoints / "latest"
     if latest.is_file():  # a crashed or stopped demo re-run without --resume would start over unannounced

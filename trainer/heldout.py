@@ -4,6 +4,7 @@ searches, the standard error of EM, and EM per hop count when the questions carr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import zlib
@@ -163,3 +164,100 @@ def load_eval_before(path: Path) -> tuple[dict[str, float], list[float], list[di
         return {}, [], []
     saved = json.loads(path.read_text())
     return saved.get("metrics", {}), saved.get("em") or [], saved.get("scores") or []
+
+
+def as_validation(metrics: dict[str, float]) -> dict[str, float]:
+    """`eval/*` metrics of a validation evaluation under the `val/*` names."""
+    return {"val/" + k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("eval/")}
+
+
+def evaluate_trainer(
+    trainer: Any,
+    tag: str,
+    examples: Sequence[QAExample] | None = None,
+    per_question_out: list[float] | None = None,
+) -> dict[str, float]:
+    """Held-out metrics (`eval/*`) of a `Trainer`'s current policy, one rollout per question of
+    `examples` (default: the run's evaluation set, whose per-question scores the trainer keeps),
+    each rank its share, the metrics weighted by share size; `per_question_out` receives each
+    question's EM (one process only)."""
+    from pvpo.trainer.parallel import distributed as ddp
+
+    questions = trainer.data.eval if examples is None else examples
+    if not questions:
+        return {}
+    share = ddp.rank_share(questions)
+    per_question: list[float] = []
+    scores: list[dict[str, float]] = []
+    pipeline = getattr(trainer, "pipeline", None)  # rollouts beside the update wait meanwhile
+    paused = pipeline.paused() if pipeline is not None else contextlib.nullcontext()
+    with paused, trainer.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows (run)
+        metrics = (
+            evaluate_policy(
+                trainer.cfg,
+                trainer.engine,
+                trainer.tokenizer,
+                trainer.where,
+                share,
+                trainer.searcher,
+                tag,
+                per_question,
+                scores,
+                show_progress=trainer.show_progress,
+            )
+            if share
+            else {}
+        )
+    if not ddp.is_distributed() and examples is None:
+        trainer.result.eval_em[tag] = per_question
+        trainer.result.eval_scores[tag] = scores
+    if not ddp.is_distributed() and per_question_out is not None:
+        per_question_out[:] = per_question
+    return ddp.reduce_metrics(metrics, len(share))
+
+
+def watches_validation(trainer: Any) -> bool:
+    """Whether the run watches a validation split (`run.eval_every` and `data.validation_examples`)."""
+    return bool(trainer.cfg.run.eval_every and trainer.data.validation)
+
+
+def validation_point(trainer: Any, step: int, last: bool) -> tuple[dict[str, float], list[float]]:
+    """The validation metrics (`val/*`) and each validation question's EM at `step` (0: before RL)
+    when the run watches its validation split and the step is due (every `run.eval_every`, and the
+    last); empty otherwise. With `data.evaluate_on=validation` the evaluation before and after RL
+    are the validation ones and are reused, not run twice."""
+    every = trainer.cfg.run.eval_every
+    if not watches_validation(trainer) or not (step == 0 or last or step % every == 0):
+        return {}, []
+    result = trainer.result
+    if trainer.data.validation is trainer.data.eval and (step == 0 or last):
+        tag = "before" if step == 0 else "after"
+        return as_validation(result.eval_before if step == 0 else result.eval_after), result.eval_em.get(tag, [])
+    em: list[float] = []
+    tag = "val_before" if step == 0 else f"val_step{step}"
+    return as_validation(trainer.evaluate(tag, trainer.data.validation, em)), em
+
+
+def evaluation_before(trainer: Any) -> None:
+    """A `Trainer`'s evaluation before RL into its result: measured (and saved to eval_before.json
+    by the main rank) on a fresh run, read back from that file on a resumed one."""
+    from pvpo.atomic import atomic_write_json
+    from pvpo.trainer.parallel import distributed as ddp
+
+    result = trainer.result
+    if trainer.start_step == 0:
+        result.eval_before = trainer.evaluate("before")
+        if ddp.is_main():
+            atomic_write_json(
+                trainer.files.eval_before,
+                {
+                    "metrics": result.eval_before,
+                    "em": result.eval_em.get("before", []),
+                    "scores": result.eval_scores.get("before", []),
+                },
+            )
+        return
+    result.eval_before, em, scores = load_eval_before(trainer.files.eval_before)
+    if not ddp.is_distributed():
+        result.eval_em.update({"before": em} if em else {})
+        result.eval_scores.update({"before": scores} if scores else {})

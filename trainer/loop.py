@@ -17,31 +17,36 @@ import logging
 import time
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from pvpo.atomic import atomic_write_json, read_jsonl
+from pvpo.atomic import read_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.locks import folder_lock
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
+from pvpo.trainer.async_loop import AsyncSteps
 from pvpo.trainer.config.schema import TrainConfig, dump_config
 from pvpo.trainer.data import Data, agent_settings, load_data, retriever_session, step_examples
-from pvpo.trainer.heldout import evaluate_policy, load_eval_before
+from pvpo.trainer.episode_log import log_step_episodes
+from pvpo.trainer.heldout import evaluate_trainer, evaluation_before, validation_point, watches_validation
 from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
 from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
-from pvpo.trainer.model.update import batch_logprobs, policy_update, update_token_budget
+from pvpo.trainer.model.update import importance_for, policy_update, reference_logprobs
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
+from pvpo.trainer.policy_engine import engine_asleep
 from pvpo.trainer.reference.gt_registry import GTContext
 from pvpo.trainer.reference.pipeline import Reference
+from pvpo.trainer.reference.reuse import reuse_if_asked
+from pvpo.trainer.result import TrainResult
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
@@ -66,22 +71,6 @@ from pvpo.trainer.state.resume import (
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    steps_done: int
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    eval_before: dict[str, float] = field(default_factory=dict)
-    eval_after: dict[str, float] = field(default_factory=dict)
-    warm_start_losses: list[float] = field(default_factory=list)
-    warm_start_seconds: float = 0.0
-    eval_em: dict[str, list[float]] = field(default_factory=dict)  # evaluation tag -> each question's EM (one process)
-    eval_scores: dict[str, list[dict[str, float]]] = field(default_factory=dict)  # tag -> each question's scores
-    eval_base: dict[str, float] = field(default_factory=dict)  # before the warm start (run.eval_base)
-    resumed_from: int = 0  # the checkpoint's step this process resumed from; 0 for a fresh run
-    validation: dict[str, Any] = field(default_factory=dict)  # run.eval_every's curve and best step (best.json)
 
 
 def _seed(*parts: int | str) -> int:
@@ -142,22 +131,18 @@ class Trainer:
             check_checkpoint_config(ckpt, cfg)
         if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
             restore_state_files(ckpt, self.files.state_files())
-        elif ckpt is None and cfg.algorithm.anchor.reuse_from and ddp.is_main() and not self.files.anchor.exists():
-            from pvpo.trainer.reference.reuse import reuse_reference
-
-            copied = reuse_reference(
-                cfg.algorithm.anchor.reuse_from,
-                self.files,
-                [q.uid for q in data.train],
-                group_sampling=cfg.algorithm.group_sampling.enabled,
-                num_rollouts=cfg.algorithm.anchor.num_rollouts,
-            )
-            log.info("reference state from %s: %s", cfg.algorithm.anchor.reuse_from, ", ".join(copied))
+        elif ckpt is None and ddp.is_main():  # a sweep's arms may share one reference (anchor.reuse_from)
+            reuse_if_asked(cfg.algorithm, self.files, data.train)
         ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
         self.reference = Reference(cfg, self.run_dir, uses_anchor=uses_anchor(cfg, self.spec))
+        if resume and ckpt is None and ddp.is_main():  # state a killed first attempt saved: its cost is unlogged
+            self.cost.count_saved(self.reference.saved_cost())
         self.estimator_state = estimator_state(cfg, self.spec, m, self.run_dir)
         self.curve = ValidationCurve()  # validation EM by step (run.eval_every), restored with the checkpoint
+        self.pipeline_record: dict[str, Any] = {}  # what a checkpoint's pipelined rollouts left (async_loop.py)
         self.start_step = self._restore(ckpt) if ckpt is not None else 0
+        # rollout.max_staleness > 0: rollouts beside the update (async_loop.py), with the decoupled objective
+        self.pipeline = AsyncSteps(self, _seed, self.pipeline_record) if cfg.rollout.max_staleness else None
         self.result.resumed_from = self.start_step
         if ddp.is_main():
             dump_config(cfg, self.files.config)
@@ -180,11 +165,14 @@ class Trainer:
             self.cost.load_state_dict(extra["cost"])
         if "validation" in extra:
             self.curve = ValidationCurve.from_json(extra["validation"])
+        self.pipeline_record = extra.get("pipeline", {})
         return int(state["step"])
 
     def close(self) -> None:
         """Shut the rollout engines down (vLLM: its engine process and its temporary copy of the
         model); `with Trainer(...) as trainer:` does it on leaving."""
+        if self.pipeline is not None:  # its rollouts first: they use the engine
+            self.pipeline.close()
         for engine in (self.engine, self._ref_engine):
             if engine is not None:
                 engine.close()
@@ -249,84 +237,46 @@ class Trainer:
             brief=True,
         )
 
-    def reference_logprobs(self, trajs: list[Trajectory]) -> None:
-        """Set each trajectory's `old_logprobs` (pi_gt) to the frozen reference policy's, at the
-        rollout temperature, 0 on env tokens."""
-        assert self.ref_model is not None  # built whenever gt.logprobs == "reference"
-        batch = collate(trajs, self.tokenizer.pad_token_id)
-        budget = update_token_budget(self.model, self.cfg.optim, batch.input_ids.shape[1])
-        lp = batch_logprobs(self.ref_model, batch, self.cfg.rollout.temperature, max_tokens=budget)
-        for i, t in enumerate(trajs):
-            n = len(t.response_ids)
-            t.old_logprobs = [float(x) if m else 0.0 for x, m in zip(lp[i, :n].tolist(), t.loss_mask, strict=True)]
-
     def ensure_reference(self, step: int) -> None:
         """PVPO's anchor (built before step 1, refreshed when due) and Group Sampling's partition
-        and GT trajectories for it."""
-        with self.memory.phase("reference"):  # mem/reference_peak_rss_gib: the anchor, Group Sampling and GT
-            self._ensure_reference(step)
-
-    def _ensure_reference(self, step: int) -> None:
-        ref = self.reference
-        ref.ensure_anchor(
-            step,
-            self.data.train,
-            lambda exs, seed, engine, temperature: self.rollout(
-                exs, seed=seed, engine=engine, temperature=temperature, kind="anchor"
-            ),
-            policy_engine=self.engine,
-            reference_engine=lambda: self.ref_engine,
-            # before this run's first update (and not resumed) the policy is the reference
-            is_reference=self.start_step == 0 and self.result.steps_done == 0,
-            seed=_seed,
-            show_progress=self.show_progress,
-        )
-        context = GTContext(self.tokenizer, self.searcher, self.epcfg, self.loop, self.data.world)
-        ref.ensure_group_sampling(
-            self.data.train,
-            context,
-            on_generated=lambda ts: self.cost.add("gt", ts, policy_tokens=False),
-            reference_logprobs=self.reference_logprobs if self.ref_model is not None else None,
-        )
-
-    def evaluate(self, tag: str, examples: Sequence[QAExample] | None = None) -> dict[str, float]:
-        """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question of
-        `examples` (default: the run's evaluation set, whose per-question scores are kept)."""
-        questions = self.data.eval if examples is None else examples
-        if not questions:
-            return {}
-        share = ddp.rank_share(questions)  # each rank evaluates its share; metrics weighted by share size
-        per_question: list[float] = []
-        scores: list[dict[str, float]] = []
-        with self.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows (run)
-            metrics = (
-                evaluate_policy(
-                    self.cfg,
-                    self.engine,
-                    self.tokenizer,
-                    self.where,
-                    share,
-                    self.searcher,
-                    tag,
-                    per_question,
-                    scores,
-                    show_progress=self.show_progress,
-                )
-                if share
-                else {}
+        and GT trajectories for it (mem/reference_peak_rss_gib: their peak)."""
+        ref, ref_model, pad = self.reference, self.ref_model, self.tokenizer.pad_token_id
+        with self.memory.phase("reference"):
+            ref.ensure_anchor(
+                step,
+                self.data.train,
+                lambda exs, seed, engine, temperature: self.rollout(
+                    exs, seed=seed, engine=engine, temperature=temperature, kind="anchor"
+                ),
+                policy_engine=self.engine,
+                reference_engine=lambda: self.ref_engine,
+                # before this run's first update (and not resumed) the policy is the reference
+                is_reference=self.start_step == 0 and self.result.steps_done == 0,
+                seed=_seed,
+                show_progress=self.show_progress,
             )
-        if not ddp.is_distributed() and examples is None:
-            self.result.eval_em[tag] = per_question
-            self.result.eval_scores[tag] = scores
-        return ddp.reduce_metrics(metrics, len(share))
+            ref.ensure_group_sampling(
+                self.data.train,
+                GTContext(self.tokenizer, self.searcher, self.epcfg, self.loop, self.data.world),
+                on_generated=lambda ts: self.cost.add("gt", ts, policy_tokens=False),
+                # pi_gt by the frozen reference (gt.logprobs: reference)
+                reference_logprobs=None
+                if ref_model is None
+                else lambda ts: reference_logprobs(ref_model, self.model, ts, pad, self.cfg),
+            )
 
-    def validate(self, tag: str) -> dict[str, float]:
-        """Validation metrics (`val/*`) of the current policy on the validation split."""
-        return as_validation(self.evaluate(tag, self.data.validation))
-
+    def evaluate(
+        self, tag: str, examples: Sequence[QAExample] | None = None, per_question_out: list[float] | None = None
+    ) -> dict[str, float]:
+        """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question of
+        `examples` (default: the run's evaluation set, whose per-question scores are kept);
+        `per_question_out` receives each question's EM."""
+        return evaluate_trainer(self, tag, examples, per_question_out)  # rollouts beside the update pause
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
+        if self.pipeline is not None:  # rollouts beside the update: 1-2 in async_loop.py, then `learn`
+            return self.pipeline.step(step)
         cfg, seed = self.cfg, self.cfg.run.seed
         # 1. PVPO's reference: the anchor, and Group Sampling's pool and GT trajectories
         self.ensure_reference(step - 1)
@@ -351,15 +301,31 @@ class Trainer:
                 anchors,
             )
             trajs += injected
-        t1 = time.perf_counter()
+        return self.learn(step, trajs, injected, prompts, anchors, t0, time.perf_counter())
+
+    def learn(
+        self,
+        step: int,
+        trajs: list[Trajectory],
+        injected: list[Trajectory],
+        prompts: Sequence[QAExample],
+        anchors: dict[str, float] | None,
+        t0: float,
+        t1: float,
+    ) -> dict[str, float]:
+        """Steps 3-5 of `step` on its trajectories (the policy's rollouts of `prompts`, then the
+        `injected` GT rows), awaited from `t0` to `t1`: advantages, the update, metrics. With rollouts
+        beside the update (`self.pipeline`) the engine neither sleeps nor takes each optimizer step's
+        weights: the pipeline gets the new policy once the update is done."""
+        cfg, seed = self.cfg, self.cfg.run.seed
         # 3. advantages
         batch = collate(trajs, self.tokenizer.pad_token_id)
         adv_kwargs = self.estimator_state.kwargs(trajs, batch)
         # group baselines over the policy's own rollouts; injected GT rows are measured against them
         adv = self.spec(batch.rewards, batch.uids, anchors=anchors, policy_rows=~batch.is_gt, **adv_kwargs)
+        log_step_episodes(self.files.episodes, step, trajs, adv, batch.loss_mask, prompts, self.tokenizer, cfg.run)
         # 4. the policy update (and what the estimator learns from the step)
-        self.engine.sleep()  # the KV cache is free while the trainer holds activations and grads
-        try:
+        with engine_asleep(self.engine) if self.pipeline is None else contextlib.nullcontext():
             with self.memory.phase("train"), self.where.autocast(), self._phase(step, "update", "micro-batch") as meter:
                 stats = {}
                 if self.estimator_state.trains_policy(step):
@@ -371,16 +337,17 @@ class Trainer:
                         cfg.optim,
                         temperature=cfg.rollout.temperature,
                         seed=_seed(seed, "update", step),
-                        engine=self.engine,
+                        engine=self.engine if self.pipeline is None else None,
                         ref_model=self.ref_model,
-                        importance=cfg.rollout.importance_correction,
+                        importance=importance_for(cfg.rollout),  # with rollouts ahead: the decoupled objective
                         default_agg=self.spec.loss_agg,
                         norm_len=cfg.rollout.max_response_tokens,
                         progress=meter,
                     )
                 stats.update(self.estimator_state.after_step(batch, adv_kwargs, seed=_seed(seed, "critic", step)))
-        finally:
-            self.engine.wake_up()  # evaluation and the next rollouts sample again
+        if self.pipeline is not None:
+            self.pipeline.after_update(step)
+        idle = self.pipeline.idle_seconds() if self.pipeline is not None else None  # no episode in flight
         t2 = time.perf_counter()
         # 5. metrics (under torchrun the rollouts' own are weighted by each rank's sampled rollouts)
         sampled = trajs[: len(trajs) - len(injected)]
@@ -388,10 +355,12 @@ class Trainer:
         if anchors is not None:  # over the sampled rollouts' prompts, so reward - anchor compares like with like
             per_rollout["anchor/mean"] = float(np.mean([anchors[t.uid] for t in sampled])) if sampled else 0.0
         metrics = {
-            **advantage_stats(adv, batch.uids, mask=batch.loss_mask),
+            **advantage_stats(adv, batch.uids, mask=batch.loss_mask, gt_rows=batch.is_gt),
             **stats,
             "time/rollout_s": t1 - t0,
             "time/train_s": t2 - t1,
+            "time/update_wait_s": t1 - t0,
+            "time/engine_idle_frac": (t2 - t1 if idle is None else idle) / max(t2 - t0, 1e-9),
         }
         if self.reference.partition is not None:
             metrics["gt/fraction"] = len(injected) / len(trajs)
@@ -417,6 +386,7 @@ class Trainer:
                 "config": config_record(self.cfg),
                 "validation": self.curve.to_json(),
                 **self.estimator_state.state_dict(),
+                **(self.pipeline.state_dict() if self.pipeline is not None else {}),
             },
             state_files=self.files.state_files(),
             modules=self.estimator_state.sharded_modules(),
@@ -424,27 +394,13 @@ class Trainer:
 
     def run(self) -> TrainResult:
         cfg = self.cfg
-        if self.start_step == 0 and self.data.eval:
-            self.result.eval_before = self.evaluate("before")
-            if ddp.is_main():
-                atomic_write_json(
-                    self.files.eval_before,
-                    {
-                        "metrics": self.result.eval_before,
-                        "em": self.result.eval_em.get("before", []),
-                        "scores": self.result.eval_scores.get("before", []),
-                    },
-                )
-        elif self.data.eval:
-            self.result.eval_before, em, scores = load_eval_before(self.files.eval_before)
-            if not ddp.is_distributed():
-                self.result.eval_em.update({"before": em} if em else {})
-                self.result.eval_scores.update({"before": scores} if scores else {})
+        if self.data.eval:  # measured on a fresh run, read back on a resumed one
+            evaluation_before(self)
         # with a validation split, run.eval_every watches it: val/* by step, the best step's checkpoint kept
-        watch = bool(cfg.run.eval_every and self.data.validation)
-        same = self.data.validation is self.data.eval  # data.evaluate_on=validation: before/after are validation
+        watch = watches_validation(self)
         if watch and self.start_step == 0:  # step 0: the policy RL starts from (no checkpoint kept for it)
-            self.curve.record(0, as_validation(self.result.eval_before) if same else self.validate("val_before"))
+            self.curve.questions = [q.uid for q in self.data.validation]
+            self.curve.record(0, *validation_point(self, 0, last=False))
             if ddp.is_main():
                 self.curve.save(self.files.best)
         budget = cfg.run.rollout_budget  # when set, the run usually ends before run.steps: no step total to show
@@ -460,16 +416,14 @@ class Trainer:
             if last and self.data.eval:
                 self.result.eval_after = self.evaluate("after")
                 metrics.update(self.result.eval_after)
-            val: dict[str, float] = {}
-            if watch and (due or last):
-                val = as_validation(self.result.eval_after) if last and same else self.validate(f"val_step{step}")
-                metrics.update(val)
+            val, val_em = validation_point(self, step, last)
+            metrics.update(val)
             metrics.update(self.memory.pop())  # the evaluation's peaks (the one before step 1 pops in step 1)
             whole = process_peak_rss_gib()  # the run so far: /usr/bin/time sees only the last phase's (memory.py)
             if whole is not None:
                 metrics["mem/process_peak_rss_gib"] = whole
             self.logger.log(step, metrics)
-            best = bool(val) and self.curve.record(step, val)
+            best = bool(val) and self.curve.record(step, val, val_em)
             if best:  # the best so far: its checkpoint is kept beside the newest
                 self.curve.kept(step, step_name(step))
             if best or last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):
@@ -487,6 +441,7 @@ class Trainer:
                 postfix["val_em"] = f"{val['val/accuracy']:.3f}"
             if budget is not None:
                 postfix["rollouts"] = f"{metrics['cost/cum_rollouts']:.0f}/{budget}"
+            postfix.update(self.pipeline.postfix(metrics) if self.pipeline is not None else {})  # stale, clamp, idle
             bar.set_postfix(**postfix)
             bar.update(1)
             self.result.steps_done = step
@@ -497,11 +452,6 @@ class Trainer:
         self.result.validation = self.curve.to_json() if self.curve.points else {}
         self.result.metrics = read_jsonl(self.files.metrics)
         return self.result
-
-
-def as_validation(metrics: dict[str, float]) -> dict[str, float]:
-    """`eval/*` metrics of a validation evaluation under the `val/*` names."""
-    return {"val/" + k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("eval/")}
 
 
 def train(

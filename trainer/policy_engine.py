@@ -5,7 +5,8 @@ Here, above the model and parallel rooms, because it joins them with the rollout
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -28,16 +29,19 @@ def engine_for(
     spec: EngineSpec,
     dtype: str,
     options: Mapping[str, Any],
+    own_copy: bool = False,
 ) -> RolloutEngine:
     """A rollout engine over `model`: `build(model=..., **options)` in a single process; under
     torchrun, over whole weights behind `gathered_weights_engine`: an engine with its own weights
     is given the module (a sharded one as an unsharded copy) and joins torchrun's launcher, one
     that samples from its module is given an unsharded copy. The run decides `dtype: auto` where
-    the engine's spec asks (`EngineSpec.options`)."""
+    the engine's spec asks (`EngineSpec.options`). `own_copy`: never sample from `model` itself
+    (rollouts beside the update, which writes it), in a single process through the spec's
+    `copy_options`."""
     distributed = ddp.is_distributed()
     opts = spec.options(options, dtype=dtype, distributed=distributed)
     if not distributed:
-        return build(model=model, **opts)
+        return build(model=model, **opts, **(spec.copy_options if own_copy else {}))
     if spec.own_weights and not ddp.is_sharded(model):
         return gathered_weights_engine(build(model=model, **opts))
     return gathered_weights_engine(build(model=ddp.unsharded_copy(model), **opts))
@@ -45,7 +49,8 @@ def engine_for(
 
 def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:
     """`make(model)`: the configured rollout engine over `model`, with its `rollout.<engine>`
-    options (under torchrun: over this rank's whole copy of the weights, `engine_for`)."""
+    options (under torchrun: over this rank's whole copy of the weights, `engine_for`), over its
+    own copy of the weights when rollouts run beside the update (`rollout.max_staleness > 0`)."""
     r = cfg.rollout
 
     def make(model: torch.nn.Module) -> RolloutEngine:
@@ -55,6 +60,7 @@ def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Modul
             spec=engine_spec(r.engine),
             dtype=cfg.model.dtype,
             options=r.engine_options(),
+            own_copy=r.max_staleness > 0,
         )
 
     return make
@@ -81,3 +87,14 @@ def with_lora(model: torch.nn.Module, engine: RolloutEngine, cfg: Any) -> tuple[
         engine.model = peft_model  # type: ignore[attr-defined]
         return peft_model, engine
     return peft_model, lora_engine(engine)
+
+
+@contextlib.contextmanager
+def engine_asleep(engine: RolloutEngine) -> Iterator[None]:
+    """`engine` asleep for the block (its KV cache free while the trainer holds activations and
+    grads), awake again after it (evaluation and the next rollouts sample)."""
+    engine.sleep()
+    try:
+        yield
+    finally:
+        engine.wake_up()

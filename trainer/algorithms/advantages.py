@@ -26,12 +26,18 @@ def broadcast_to_tokens(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def advantage_stats(
-    adv: torch.Tensor, uids: Sequence[str], *, atol: float = 1e-8, mask: torch.Tensor | None = None
+    adv: torch.Tensor,
+    uids: Sequence[str],
+    *,
+    atol: float = 1e-8,
+    mask: torch.Tensor | None = None,
+    gt_rows: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Batch metrics for logging: mean/std/min/max of the per-trajectory advantages and the
     fraction of groups whose advantages are all (numerically) zero, i.e. groups that give no
     learning signal. Token-level advantages `[B, T]` with their loss `mask` are summarised over
-    the model tokens only (padding and env tokens are not advantages)."""
+    the model tokens only (padding and env tokens are not advantages). With `gt_rows` (bool `[B]`,
+    the injected GT trajectories) holding any: `adv/gt_abs_max`, the largest |advantage| of a GT row."""
     check_rewards(adv, uids)
     flat = adv.detach().double().reshape(adv.shape[0], -1)
     idx, groups = group_index(uids, adv.device)
@@ -42,7 +48,13 @@ def advantage_stats(
         if mask is not None and adv.dim() == 2 and bool((mask > 0).any())
         else flat.reshape(-1)
     )
-    return {
+    out = {}
+    if gt_rows is not None and bool(gt_rows.any()):
+        gt = flat[gt_rows.to(adv.device)]
+        if mask is not None and adv.dim() == 2:
+            gt = gt * (mask.to(adv.device)[gt_rows.to(adv.device)] > 0)
+        out["adv/gt_abs_max"] = float(gt.abs().max())
+    return out | {
         "adv/mean": float(vals.mean()),
         "adv/std": float(vals.std()) if vals.numel() > 1 else 0.0,
         "adv/min": float(vals.min()),

@@ -4,7 +4,8 @@ under PVPO, whose baseline is the reference anchor.
 
 `policy_rows` (bool `[B]`, the trainer passes `~batch.is_gt`): the group statistics (mean, std,
 leave-one-out mean) are taken over the policy's own rollouts only; an injected GT row gets its
-reward measured against that same baseline (a GT row is not a rollout of the policy).
+reward measured against that same baseline (a GT row is not a rollout of the policy), and under
+GRPO is scaled by its whole group's std (`groups.normalised`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std, row_weights
+from pvpo.trainer.algorithms.groups import check_rewards, group_stats, normalised, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
 
 
@@ -29,16 +30,18 @@ def grpo(
     **kwargs: Any,
 ) -> torch.Tensor:
     """GRPO: `(r - mean_group) / (std_group + eps)` with the unbiased (n-1) group std, like
-    `torch.std` in TRL and verl, over the group's `policy_rows`. A group of fewer than 2 policy
-    rows (no baseline to compare with) gets 0."""
-    _, count, mean = group_stats(rewards, uids, policy_rows)
-    adv = (rewards - mean) / (group_std(rewards, uids, policy_rows) + eps)
-    return torch.where(count > 1, adv, torch.zeros_like(adv))
+    `torch.std` in TRL and verl, over the group's `policy_rows`; an injected GT row is measured
+    against the policy rows' mean and scaled by its whole group's std (`groups.normalised`: LUFFY's
+    mixed-group std, so it cannot reach 1 / eps). A policy row with fewer than 2 policy rows in its
+    group (no baseline to compare with) gets 0."""
+    check_rewards(rewards, uids)
+    return normalised(rewards, uids, policy_rows, eps)
 
 
 # Dr.GRPO's loss divides each sequence's token sum by one constant (the generation budget), so
-# neither a response's length nor the batch's longest response rescales a token's gradient.
-@register_estimator("dr_grpo", loss_agg="seq-mean-token-sum-norm")
+# neither a response's length nor the batch's longest response rescales a token's gradient
+# (`spec.OWN_AGGREGATION`).
+@register_estimator("dr_grpo")
 def dr_grpo(
     rewards: torch.Tensor,
     uids: Sequence[str],

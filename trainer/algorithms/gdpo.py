@@ -7,7 +7,8 @@ rollouts with two binary rewards, summed rewards (0, 1), (0, 2) and (1, 2) all g
     A_k = (r_k - mean_group(r_k)) / (std_group(r_k) + eps),
 
 sums them with the component weights, A = sum_k w_k A_k (Eq. 5), and normalises A over the
-whole batch (Eq. 6; its mean and std over the policy's own rollouts, as the group step's), so
+whole batch (Eq. 6; its mean and std over the policy's own rollouts, as the group step's; an
+injected GT row is scaled by the std of its group, and of the batch, GT rows included), so
 (0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of the patterns where one
 reward differs. Conditioned rewards (Sec. 3.2): a component counts only
 where another reaches a threshold (r_k <- r_k * 1[r_l >= t]), applied before normalisation.
@@ -22,7 +23,7 @@ import torch
 
 from pvpo.trainer.algorithms.data_parallel import SINGLE, pooled_mean_std
 from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState
-from pvpo.trainer.algorithms.groups import check_rewards, group_stats, group_std, row_weights
+from pvpo.trainer.algorithms.groups import check_rewards, normalised, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
 from pvpo.trainer.rollout.trajectory import Batch, Trajectory
 
@@ -123,8 +124,9 @@ def gdpo(
     **kwargs: Any,
 ) -> torch.Tensor:
     """GDPO advantages `[B]` (arXiv:2601.05242, Eqs. 4-6): per-component group normalisation
-    (unbiased group std over the group's `policy_rows`, as our `grpo`: an injected GT row is
-    normalised by the policy rows' statistics; a group of fewer than 2 policy rows gets 0),
+    (`groups.normalised`, as our `grpo`: mean and unbiased std over the group's `policy_rows`; an
+    injected GT row is measured against the policy rows' mean and scaled by its whole group's std; a
+    policy row with fewer than 2 policy rows in its group gets 0),
     weighted sum over components,
     then `(A - mean_batch) / (std_batch + eps)` over the batch's policy rows when `batch_norm`
     (`batch_normalise`).
@@ -146,9 +148,7 @@ def gdpo(
         raise ValueError(f"{len(names)} component names for {comps.shape[1]} columns")
     if conditions:
         comps = condition(comps, names, conditions)
-    _, count, mean = group_stats(comps, uids, policy_rows)
-    per = (comps - mean) / (group_std(comps, uids, policy_rows) + eps)
-    per = torch.where(count > 1, per, torch.zeros_like(per))
+    per = normalised(comps, uids, policy_rows, eps)
     adv = per @ weight_vector(names, weights, per)
     if batch_norm:
         adv = batch_normalise(adv, policy_rows, eps, all_sum)
@@ -161,13 +161,17 @@ def batch_normalise(
     eps: float,
     all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """GDPO's batch step (arXiv:2601.05242, Eq. 6), `(A - mean) / (std + eps)`, with the mean and
-    unbiased std over `rows` (the policy's own rollouts; all rows when None), as the group step: an
-    injected GT row is scaled by the policy rows' statistics and moves none of them. `all_sum` (a
-    tensor summed over the ranks of a torchrun run): the batch is every rank's. Fewer than 2
-    counted rows: `adv` unchanged (no spread to divide by)."""
-    counted = adv[row_weights(adv, rows) > 0]
-    mean, std, n = pooled_mean_std(counted, all_sum or SINGLE.all_sum)
-    if n < 2:
-        return adv
-    return (adv - mean) / (std + eps)
+    """GDPO's batch step (arXiv:2601.05242, Eq. 6), `(A - mean) / (std + eps)`, as the group step:
+    the mean over `rows` (the policy's own rollouts; all rows when None) for every row, the unbiased
+    std over them for a policy row and over the whole batch (GT rows included) for an injected GT
+    row, so a GT row moves none of the policy rows and is never scaled by 1 / eps where the policy
+    rows have no spread. `all_sum` (a tensor summed over the ranks of a torchrun run): the batch is
+    every rank's. Fewer than 2 rows in the statistics a row is scaled by: that row unchanged (no
+    spread to divide by)."""
+    total = all_sum or SINGLE.all_sum
+    own = row_weights(adv, rows) > 0
+    mean, std, n = pooled_mean_std(adv[own], total)
+    _, mixed_std, n_all = pooled_mean_std(adv, total)
+    policy = (adv - mean) / (std + eps) if n > 1 else adv
+    injected = (adv - mean) / (mixed_std + eps) if n > 0 and n_all > 1 else adv
+    return torch.where(own, policy, injected)

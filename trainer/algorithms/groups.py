@@ -5,7 +5,17 @@ reduce over dim 0 and work on `[B]` as well as `[B, K]` (K reward components, GD
 `rows` (bool `[B]`, optional) names the rows the statistics are taken over; every row still gets
 its group's figures. The trainer passes the policy's own rollouts (not the injected GT rows): a
 group baseline is "the empirical mean of the rollouts" (V0.5, GRPO), and a GT trajectory is not a
-rollout of the policy."""
+rollout of the policy.
+
+A normalised estimator (GRPO, GDPO) divides by a spread, and the group a GT row is injected into
+is usually one the policy never solves, whose rows all sit at the format floor: spread 0. The
+policy rows' std would then scale the GT row by 1 / eps (10^6). `normalised` scales a GT row by
+the std of its whole group, GT rows included, as LUFFY scales the off-policy traces it mixes into
+a group (Yan et al. 2025, arXiv:2504.14945, Sec. 3: the advantage's mean and std over the mixed
+group); a policy row keeps its policy rows' mean and std, so a GT row changes none of them. The
+GT row's advantage is then at most sqrt(n) in a group of n rows (n - 1 policy rows at one value,
+the GT row apart: d / (d / sqrt(n))).
+"""
 
 from __future__ import annotations
 
@@ -68,3 +78,20 @@ def group_std(rewards: torch.Tensor, uids: Sequence[str], rows: torch.Tensor | N
     sq.index_add_(0, idx, wt * (rewards - mean) ** 2)
     var = sq[idx] / (count - 1).clamp(min=1)
     return var.sqrt()
+
+
+def normalised(
+    values: torch.Tensor, uids: Sequence[str], rows: torch.Tensor | None = None, eps: float = 1e-6
+) -> torch.Tensor:
+    """`(v - mean) / (std + eps)` per group (`[B]` or `[B, K]`), the mean over the group's `rows`
+    (the policy's own rollouts) and the unbiased std over them for a row among them, over the whole
+    group (GT rows included: module docstring) for a row outside them. 0 where no signal is defined:
+    a policy row with fewer than 2 policy rows in its group, a GT row in a group without a policy row
+    or of a single row."""
+    _, count, mean = group_stats(values, uids, rows)
+    _, n_all, _ = group_stats(values, uids)
+    own = row_weights(values, rows).view(-1, *([1] * (values.dim() - 1))) > 0
+    scale = torch.where(own, group_std(values, uids, rows), group_std(values, uids))
+    defined = torch.where(own, count > 1, (count > 0) & (n_all > 1))
+    adv = (values - mean) / (scale + eps)
+    return torch.where(defined, adv, torch.zeros_like(adv))

@@ -51,6 +51,18 @@ class Estimator(Protocol):
 AGGREGATION_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+# An estimator's own loss aggregation where its paper pairs it with one other than token-mean; read
+# without torch by the config (a preset's aggregation must not silently replace it) and by the
+# registration, so the two never disagree.
+OWN_AGGREGATION: dict[str, str] = {"dr_grpo": "seq-mean-token-sum-norm"}
+
+
+def own_aggregation(name: str) -> str:
+    """The loss aggregation the estimator `name` is paired with by its paper (`OWN_AGGREGATION`,
+    token-mean otherwise)."""
+    return OWN_AGGREGATION.get(name, "token-mean")
+
+
 def check_aggregation(mode: str) -> str:
     """`mode` if it is a loss aggregation mode; a ValueError listing the modes otherwise."""
     if mode not in AGGREGATION_MODES:
@@ -120,12 +132,11 @@ def register_estimator(
     needs_anchors: bool = False,
     needs_critic: bool = False,
     extra_rollouts: bool = False,
-    loss_agg: str = "token-mean",
     sharded: bool = True,
     state: Callable[[EstimatorContext], EstimatorState] | None = None,
 ) -> Callable[[Estimator], Estimator]:
-    """Decorator: register the decorated estimator under `name` with its spec (`EstimatorSpec`);
-    the function itself is returned unchanged."""
+    """Decorator: register the decorated estimator under `name` with its spec (`EstimatorSpec`;
+    its loss aggregation is `own_aggregation(name)`); the function itself is returned unchanged."""
 
     def decorate(fn: Estimator) -> Estimator:
         spec = EstimatorSpec(
@@ -135,7 +146,7 @@ def register_estimator(
             needs_anchors=needs_anchors,
             needs_critic=needs_critic,
             extra_rollouts=extra_rollouts,
-            loss_agg=loss_agg,
+            loss_agg=own_aggregation(name),
             sharded=sharded,
             state=state,
         )

@@ -16,14 +16,15 @@ on the others).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from pvpo.atomic import atomic_write_json
+from pvpo.atomic import DamagedFileError, atomic_write_json, read_json
 from pvpo.registry import Registry
+
+_REDO = "delete it and resume: the run learns it again"
 
 Embed = Callable[[Sequence[str]], np.ndarray]
 Predictor = Callable[..., np.ndarray]  # (queries [Q, D], stored [N, D], values [N], k=, alpha=) -> [Q]
@@ -72,9 +73,12 @@ class PromptValueModel:
         self.vectors: dict[str, np.ndarray] = {}
         self.values: dict[str, float] = {}
         if self.path is not None and self.path.exists():
-            doc = json.loads(self.path.read_text())
-            for uid, (vec, val) in doc["entries"].items():
-                self.vectors[uid], self.values[uid] = np.asarray(vec, dtype=np.float32), float(val)
+            doc = read_json(self.path, fix=_REDO)
+            try:
+                for uid, (vec, val) in doc["entries"].items():
+                    self.vectors[uid], self.values[uid] = np.asarray(vec, dtype=np.float32), float(val)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise DamagedFileError(self.path, f"not a value model ({type(e).__name__}: {e})", _REDO) from None
 
     def _vectors(self, uids: Sequence[str], texts: Sequence[str]) -> np.ndarray:
         todo = [i for i, u in enumerate(uids) if u not in self.vectors]

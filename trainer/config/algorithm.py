@@ -114,6 +114,13 @@ class AlgorithmConfig(Section):
     ppo: PPOConfig = PPOConfig()
 
     @model_validator(mode="after")
+    def _reward_takes_its_params(self) -> AlgorithmConfig:
+        from pvpo.reward.rewards import check_reward_params
+
+        check_reward_params(self.reward, self.reward_params)  # a typo would zero every reward silently
+        return self
+
+    @model_validator(mode="after")
     def _gt_fits_group(self) -> AlgorithmConfig:
         if (
             self.group_sampling.enabled

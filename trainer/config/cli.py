@@ -40,14 +40,15 @@ def show_cmd(
         typer.Option("--config", "-c", help="YAML file or shipped preset name (default: the built-in defaults)"),
     ] = None,
 ) -> None:
-    """The config `pvpo train` would run with, every key resolved, as YAML."""
+    """The config `pvpo train` would run with, every key resolved, as YAML (a secret shown as ***)."""
     import yaml
 
+    from pvpo.secrets import mask_config
     from pvpo.trainer.config.presets import resolve_config
     from pvpo.trainer.config.schema import load_config
 
     cfg = load_config(None if config is None else resolve_config(config), list(overrides or []))
-    typer.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip())
+    typer.echo(yaml.safe_dump(mask_config(cfg.model_dump(mode="json")), sort_keys=False).rstrip())
 
 
 def register(app: typer.Typer) -> None:

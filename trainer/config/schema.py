@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from pvpo.atomic import atomic_write_text
+from pvpo.bounded_yaml import YAMLBoundsError, load_yaml
+from pvpo.secrets import mask_value
 from pvpo.trainer.algorithms.spec import check_aggregation
 from pvpo.trainer.config.algorithm import AlgorithmConfig
 from pvpo.trainer.config.policy import ModelConfig
@@ -136,6 +138,12 @@ class RetrieverConfig(Section):
     )
     max_backoff: float = Field(4.0, gt=0, description="the longest wait between two retries, in seconds")
 
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token_as_text(cls, v: Any) -> Any:
+        # YAML reads an all-digit token as a number; it is a token all the same
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("encoder_backend")
     @classmethod
     def _known_encoder_backend(cls, v: str | None) -> str | None:
@@ -202,12 +210,21 @@ class VLLMConfig(Section):
 class ImportanceCorrectionConfig(Section):
     """Truncated importance sampling for sampler/trainer log-prob mismatch (TRL, verl): when
     enabled, the PPO ratio's denominator is the trainer's log-prob of each sampled token and the
-    per-token loss is weighted by `min(exp(lp_train - lp_sampler), cap)`."""
+    per-token loss is weighted by `min(exp(lp_train - lp_sampler), cap)`. With
+    `rollout.max_staleness > 0` it is always on: AReaL's decoupled objective, whose behaviour
+    weight pi_prox / pi_behav is this ratio (`algorithms/importance.py`)."""
 
     enabled: bool = Field(
-        False, description="weight each token's loss by the truncated trainer/sampler probability ratio"
+        False,
+        description="weight each token's loss by the truncated trainer/sampler probability ratio (always on when "
+        "rollout.max_staleness > 0: the decoupled objective's behaviour weight)",
     )
-    cap: float = Field(2.0, ge=1, description="the weight's upper bound")
+    cap: float = Field(2.0, ge=1, description="the weight's upper bound (the clamp)")
+    mode: Literal["truncate", "mask"] = Field(
+        "truncate",
+        description="above the cap: truncate the weight to it (TIS), or drop the token (weight 0, AReaL's "
+        "behav_imp_weight_cap)",
+    )
 
 
 class RolloutConfig(Section):
@@ -228,6 +245,12 @@ class RolloutConfig(Section):
         None,
         gt=0,
         description="a search's time limit; past it (and one retry alone) the trajectory ends (search_timeout)",
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="eta: rollouts may run ahead of the update by this many policy versions (AReaL's admission rule, "
+        "the decoupled objective, weights synced between turns: trainer/async_loop.py); 0 = the synchronous loop",
     )
 
     @field_validator("engine")
@@ -313,6 +336,12 @@ class RunConfig(Section):
         "null = run.steps only (estimators compared at equal rollout cost)",
     )
     tensorboard: bool = Field(True, description="write TensorBoard events")
+    keep_episodes: int = Field(
+        8,
+        ge=0,
+        description="sampled episodes kept per step in episodes.jsonl for `pvpo view` (whole groups drawn at random, "
+        "GT rows with their pi_gt), beside every row's reward and advantage; 0 = write no episodes.jsonl",
+    )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch's default")
     eval_base: bool = Field(
         False,
@@ -365,7 +394,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"override {text!r} has an empty key")
-    return parts, yaml.safe_load(raw) if raw.strip() else None
+    try:
+        return parts, load_yaml(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        what = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"override {key.strip()}=...: its value is not YAML ({what}): quote it, or fix it") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -387,9 +420,8 @@ def _format_errors(err: ValidationError) -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(
-            f"  {key}: {msg} (got {e.get('input')!r})" if e["type"] != "extra_forbidden" else f"  {key}: {msg}"
-        )
+        shown = mask_value(".".join(str(p) for p in e["loc"]), e.get("input"))  # a secret is never echoed
+        lines.append(f"  {key}: {msg} (got {shown!r})" if e["type"] != "extra_forbidden" else f"  {key}: {msg}")
     return "invalid config:\n" + "\n".join(lines)
 
 
@@ -405,14 +437,15 @@ def _read_yaml(path: Path) -> Any:
     """A YAML file's content; a syntax error or a non-UTF-8 byte is a ConfigError naming the file,
     line and column."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return load_yaml(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: byte {e.start}: not UTF-8: re-save the config as UTF-8") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
         what = " ".join(str(x) for x in (getattr(e, "problem", None), getattr(e, "context", None)) if x) or str(e)
-        raise ConfigError(f"{path}: {where}: YAML syntax error ({what}): fix the file there") from None
+        kind = "YAML refused" if isinstance(e, YAMLBoundsError) else "YAML syntax error"
+        raise ConfigError(f"{path}: {where}: {kind} ({what}): fix the file there") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -423,7 +456,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}
-    return config_from_dict(apply_overrides(data, list(overrides or [])))
+    optim = data.get("optim")
+    file_agg = optim.get("loss_agg") if isinstance(optim, dict) else None
+    cfg = config_from_dict(apply_overrides(data, list(overrides or [])))
+    check_preset_aggregation(file_agg, list(overrides or []), cfg, path)
+    return cfg
+
+
+def check_preset_aggregation(file_agg: Any, overrides: list[str], cfg: TrainConfig, path: str | Path | None) -> None:
+    """Refuse an estimator given on the command line whose own loss aggregation (Dr.GRPO's
+    constant-length one) the config file's `optim.loss_agg` would silently replace (a ConfigError
+    naming both and the fix); an `optim.loss_agg` given beside it is the user's choice."""
+    from pvpo.trainer.algorithms.spec import own_aggregation
+
+    keys = {".".join(parse_override(o)[0]) for o in overrides}
+    own = own_aggregation(cfg.algorithm.estimator)
+    if not file_agg or "algorithm.estimator" not in keys or "optim.loss_agg" in keys or own in ("token-mean", file_agg):
+        return
+    raise ConfigError(
+        f"algorithm.estimator={cfg.algorithm.estimator} aggregates its loss with {own}, which {path}'s "
+        f"optim.loss_agg={file_agg} would replace: add optim.loss_agg=null to follow the estimator, or "
+        f"optim.loss_agg={file_agg} to keep the file's"
+    )
 
 
 # A secret's place in a written config: that one was set, never its value.

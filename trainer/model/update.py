@@ -13,8 +13,11 @@ separate no-grad pass is made (TRL's GRPO does the same when `num_iterations == 
 no-grad pass computes it first.
 With importance correction on, `lp_train_old` is the PPO ratio's denominator and each token's loss
 is weighted by the truncated ratio `min(exp(lp_train_old - lp_sampler), cap)` (TRL's
-`vllm_importance_sampling_correction`, verl's `tis_imp_ratio_cap`). Injected GT trajectories
-(`batch.is_gt`) keep their own denominator (pi_gt, in `old_logprobs`) and weight 1.
+`vllm_importance_sampling_correction`, verl's `tis_imp_ratio_cap`). With rollouts from older policy
+versions (`rollout.max_staleness > 0`) the correction is always on and is AReaL's decoupled
+objective: `lp_train_old` is the proximal policy, the sampler's log-probs the behaviour policy
+(`algorithms/importance.py`). Injected GT trajectories (`batch.is_gt`) keep their own denominator
+(pi_gt, in `old_logprobs`) and weight 1: their ratio is pi_theta / pi_gt, clipped, unweighted.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -30,18 +33,26 @@ from pvpo.progress import Progress
 from pvpo.trainer.algorithms.advantages import broadcast_to_tokens
 from pvpo.trainer.algorithms.importance import logprob_mismatch, truncated_fraction, truncated_importance_weights
 from pvpo.trainer.algorithms.losses import CHUNK_ELEMENTS, LossConfig, entropy_from_logits, token_logprobs
-from pvpo.trainer.config.schema import ImportanceCorrectionConfig, OptimConfig
+from pvpo.trainer.config.schema import ImportanceCorrectionConfig, OptimConfig, RolloutConfig
 from pvpo.trainer.model.device import step_optimizer
 from pvpo.trainer.model.memory import check_fits, checkpointing_enabled, default_max_tokens
 from pvpo.trainer.model.micro_batch import MicroBatch, accumulate, batch_forward, micro_batches
 from pvpo.trainer.parallel.distributed import all_reduce_min, clip_grad_norm
-from pvpo.trainer.rollout.trajectory import Batch, response_logits
+from pvpo.trainer.rollout.trajectory import Batch, Trajectory, collate, response_logits
 
 
 class WeightsReceiver(Protocol):
     """What the update hands the new weights to after each optimizer step (a rollout engine)."""
 
     def sync_weights(self, model: torch.nn.Module) -> None: ...
+
+
+def importance_for(rollout: RolloutConfig) -> ImportanceCorrectionConfig:
+    """The importance correction an update applies: `rollout.importance_correction`, always on
+    when rollouts run ahead of the update (`max_staleness > 0`: AReaL's decoupled objective, its
+    behaviour weight pi_prox / pi_behav clamped as the section says)."""
+    ic = rollout.importance_correction
+    return ic.model_copy(update={"enabled": True}) if rollout.max_staleness > 0 else ic
 
 
 def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len: int | None = None) -> LossConfig:
@@ -74,6 +85,20 @@ def batch_logprobs(
         max_tokens=max_tokens,
         max_rows=micro,
     )
+
+
+def reference_logprobs(
+    ref_model: torch.nn.Module, model: torch.nn.Module, trajs: list[Trajectory], pad_id: int, cfg: Any
+) -> None:
+    """Set each trajectory's `old_logprobs` (pi_gt) to `ref_model`'s at the rollout temperature
+    (`cfg`: the run's `TrainConfig`), 0 on env tokens, in micro-batches of the update's token
+    budget for `model`."""
+    batch = collate(trajs, pad_id)
+    budget = update_token_budget(model, cfg.optim, batch.input_ids.shape[1])
+    lp = batch_logprobs(ref_model, batch, cfg.rollout.temperature, max_tokens=budget)
+    for i, t in enumerate(trajs):
+        n = len(t.response_ids)
+        t.old_logprobs = [float(x) if m else 0.0 for x, m in zip(lp[i, :n].tolist(), t.loss_mask, strict=True)]
 
 
 def update_token_budget(model: torch.nn.Module, optim: OptimConfig, seq_len: int) -> int | None:
@@ -176,7 +201,9 @@ def importance_denominator(
     gt = batch.is_gt.unsqueeze(1)
     # seam for GT injection: its rows keep pi_gt as denominator and an importance weight of 1
     old = torch.where(gt, batch.old_logprobs, lp_train_old)
-    weights = truncated_importance_weights(lp_train_old, batch.old_logprobs, _sampled(batch), cap=correction.cap)
+    weights = truncated_importance_weights(
+        lp_train_old, batch.old_logprobs, _sampled(batch), cap=correction.cap, mode=correction.mode
+    )
     weights = torch.where(gt, batch.loss_mask, weights)
     return old, weights
 

@@ -33,11 +33,11 @@ from pvpo.atomic import atomic_write_text
 from pvpo.trainer.model.lora import checkpointed_module, is_lora, load_lora_weights
 from pvpo.trainer.parallel.distributed import barrier, full_state_dict, is_distributed, is_main, rank, world_size
 from pvpo.trainer.state.checkpoint import (
+    KEPT_CHECKPOINTS,
     LATEST,
     POLICY_DIR,
     STATE_FILES_DIR,
     TRAINER_STATE,
-    KEPT_CHECKPOINTS,
     CheckpointError,
     load_trainer_state,
     load_weights,
@@ -189,3 +189,23 @@ def load_run_checkpoint(
     optimizer.load_state_dict(state["optimizer"])
     set_rng_state(state["rng"])
     return state
+
+
+def check_resume_world(run_dir: str | Path, nproc: int) -> None:
+    """Before `pvpo train --resume` launches `nproc` processes: a CheckpointError naming the
+    latest checkpoint when it was saved by another number of processes (a single-process
+    checkpoint under torchrun, a sharded one without it), so the refusal is one line from this
+    process instead of one traceback per rank and torchrun's report."""
+    from pvpo.trainer.state.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return
+    state = load_trainer_state(ckpt, mmap=True)
+    saved = int(state.get("world_size", 1)) if state.get("format") == "dcp" else 1
+    if saved != nproc:
+        how = "without --nproc" if saved == 1 else f"with --nproc {saved}"
+        raise CheckpointError(
+            f"{ckpt} was saved by {saved} process(es), this resume asks for {nproc}: resume it {how}, "
+            "or train into a new --run-dir"
+        )

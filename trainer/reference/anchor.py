@@ -9,7 +9,6 @@ Sampling which prompts the reference policy always or never solves.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 from pvpo.atomic import atomic_write_json
 from pvpo.progress import Progress
+from pvpo.trainer.state.state_files import REDO, read_state_file
 
 FORMAT_VERSION = 1
 
@@ -48,6 +48,7 @@ class AnchorStore:
         self.computed_at_step = computed_at_step
         self.num_rollouts: int | None = None
         self._stats: dict[str, AnchorStat] = {}
+        self.cost: dict[str, float] = {}  # what the rollouts of these stats cost (`state.cost.add_rollout_cost`)
         if self.path is not None and self.path.exists():
             self._read(self.path)
 
@@ -110,6 +111,7 @@ class AnchorStore:
         self.computed_at_step = step
         self.source = source
         self.num_rollouts = None
+        self.cost = {}
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -121,6 +123,7 @@ class AnchorStore:
             "source": self.source,
             "num_rollouts": self.num_rollouts,
             "stats": {uid: asdict(s) for uid, s in self._stats.items()},
+            "cost": dict(self.cost),
         }
 
     def save(self, path: Path | str | None = None) -> Path:
@@ -140,7 +143,7 @@ class AnchorStore:
         return cls(path)
 
     def _read(self, path: Path) -> None:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_state_file(path, fix=REDO)
         if doc.get("version") != FORMAT_VERSION:
             raise ValueError(f"{path}: anchor store version {doc.get('version')!r}, expected {FORMAT_VERSION}")
         self.computed_at_step = int(doc["computed_at_step"])
@@ -150,6 +153,7 @@ class AnchorStore:
             uid: AnchorStat(float(s["mean_reward"]), float(s["accuracy"]), int(s["n"]))
             for uid, s in doc["stats"].items()
         }
+        self.cost = {k: float(v) for k, v in doc.get("cost", {}).items()}
 
 
 def needs_refresh(step: int, refresh_every: int, last_step: int) -> bool:

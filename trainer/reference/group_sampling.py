@@ -22,7 +22,6 @@ MuSiQue with M=5.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 from pvpo.atomic import atomic_write_json
 from pvpo.reward import answer_metrics
 from pvpo.trainer.reference.anchor import AnchorStat
+from pvpo.trainer.state.state_files import REDO, read_state_file
 
 FORMAT_VERSION = 1
 METRICS = ("reward", "em", "cem", "f1")
@@ -122,7 +122,7 @@ def load_partition(path: str | Path) -> Partition | None:
     path = Path(path)
     if not path.exists():
         return None
-    doc: dict[str, Any] = json.loads(path.read_text())
+    doc: dict[str, Any] = read_state_file(path, fix=REDO)
     if doc.get("version") != FORMAT_VERSION:
         raise ValueError(f"{path}: group sampling state version {doc.get('version')!r}, expected {FORMAT_VERSION}")
     return Partition(

@@ -6,7 +6,6 @@ recompute nothing; a prompt that exhausted its attempts is remembered as failed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from pvpo.atomic import atomic_write_json
 from pvpo.envs.data import QAExample
 from pvpo.trainer.reference.gt_registry import GTSource
 from pvpo.trainer.rollout.trajectory import Trajectory
+from pvpo.trainer.state.state_files import REDO, read_state_file
 
 FORMAT_VERSION = 1
 
@@ -82,12 +82,14 @@ class GTCache:
         self.read_only = read_only
         self.records: dict[str, GTRecord] = {}
         self.failed: dict[str, int] = {}  # uid -> attempts spent
+        self.cost: dict[str, float] = {}  # what the source's attempts cost (`state.cost.add_rollout_cost`)
         if self.path is not None and self.path.exists():
-            doc = json.loads(self.path.read_text())
+            doc = read_state_file(self.path, fix=REDO)
             if doc.get("version") != FORMAT_VERSION:
                 raise ValueError(f"{self.path}: GT cache version {doc.get('version')!r}, expected {FORMAT_VERSION}")
             self.records = {u: GTRecord(**r) for u, r in doc["records"].items()}
             self.failed = {u: int(n) for u, n in doc.get("failed", {}).items()}
+            self.cost = {k: float(v) for k, v in doc.get("cost", {}).items()}
 
     def __contains__(self, uid: object) -> bool:
         return uid in self.records
@@ -102,6 +104,7 @@ class GTCache:
             "version": FORMAT_VERSION,
             "records": {u: asdict(r) for u, r in self.records.items()},
             "failed": self.failed,
+            "cost": self.cost,
         }
         atomic_write_json(self.path, doc)
 

@@ -33,6 +33,7 @@ from pvpo.trainer.reference.gt_registry import GTContext, build_gt_source
 from pvpo.trainer.reference.sharded_gt import shared_gt_source
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory
+from pvpo.trainer.state.cost import add_rollout_cost
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class Reference:
         if self.anchor is None:
             return
         a = self.cfg.algorithm.anchor
+        anchor = self.anchor
         last = self.anchor.computed_at_step
         incomplete = any(not self.anchor.is_complete(ex.uid, a.num_rollouts) for ex in train)
         if not (incomplete or needs_refresh(step, a.refresh_every, last)):
@@ -99,6 +101,7 @@ class Reference:
             nonlocal made
             trajs = rollout(exs, seed("anchor", at, *[e.uid for e in exs[:4]], len(exs)), engine, a.temperature)
             made += len(trajs)
+            add_rollout_cost(anchor.cost, trajs)  # saved with the stats they give, in one write
             golds = {e.uid: e.golden_answers for e in exs}
             # the anchor's accuracy is Group Sampling's, by `group_sampling.metric`
             return [
@@ -161,6 +164,12 @@ class Reference:
         wanted = set(part.gt)
         # under torchrun each rank writes its share and every rank gets all: the GT cost is counted once
         source = shared_gt_source(build_gt_source(alg.gt.source, alg.gt, context))
+        cache = self.gt_cache
+
+        def generated(trajs: list[Trajectory]) -> None:
+            add_rollout_cost(cache.cost, trajs, policy_tokens=False)  # saved with the cache they fill
+            on_generated(trajs)
+
         try:
             counts = fetch_gt(
                 [ex for ex in train if ex.uid in wanted],
@@ -168,7 +177,7 @@ class Reference:
                 self.gt_cache,
                 attempts=alg.gt.attempts,
                 min_reward=alg.gt.min_reward,
-                on_generated=on_generated if ddp.is_main() else None,
+                on_generated=generated if ddp.is_main() else None,
                 set_logprobs=reference_logprobs if alg.gt.logprobs == "reference" else None,
             )
         finally:
@@ -190,6 +199,16 @@ class Reference:
             save_partition(part, self.files.group_sampling)
         self.partition = part
         self.report.update(part.report)
+
+    def saved_cost(self) -> dict[str, dict[str, float]]:
+        """What the anchor and the GT cache on disk recorded they cost, by cost kind (`anchor`,
+        `gt`): a run resumed without a checkpoint reuses them, and counts this (`CostCounter.count_saved`)."""
+        out: dict[str, dict[str, float]] = {}
+        if self.anchor is not None and self.anchor.cost:
+            out["anchor"] = dict(self.anchor.cost)
+        if self.gt_cache is not None and self.gt_cache.cost:
+            out["gt"] = dict(self.gt_cache.cost)
+        return out
 
     def pool(self, train: list[QAExample]) -> list[QAExample]:
         """The training prompts: all of them, or those Group Sampling keeps (not dropped, and not
@@ -252,6 +271,7 @@ def build_anchor_sharded(
     unique = list({ex.uid: ex for ex in examples}.values())
     if len(store) and (store.computed_at_step != step or store.source != source):
         store.reset(step=step, source=source)
+    before = dict(store.cost)  # read from the file on every rank: each rank adds only its own rollouts' cost
     mine = ddp.rank_share(unique, unit=batch_size)
     local = AnchorStore(None, source=source, computed_at_step=step)
     for ex in mine:  # rollouts an interrupted build already stored
@@ -272,10 +292,15 @@ def build_anchor_sharded(
         **store.stats(),
         **{uid: stat for part in ddp.all_gather_objects(local.stats()) for uid, stat in part.items()},
     }
+    cost = dict(before)  # every rank's rollouts counted once, as one process would record them
+    for part in ddp.all_gather_objects({k: v - before.get(k, 0.0) for k, v in store.cost.items()}):
+        for k, v in part.items():
+            cost[k] = cost.get(k, 0.0) + v
     store.reset(step=step, source=source)
     for uid, stat in merged.items():
         store.update(uid, [stat.mean_reward] * stat.n, [stat.accuracy] * stat.n)
     store.num_rollouts = num_rollouts
+    store.cost = cost
     if ddp.is_main() and store.path is not None:
         store.save()
     ddp.barrier()

@@ -6,11 +6,18 @@ partition and its GT cache instead of each sampling them again."""
 from __future__ import annotations
 
 import json
-import shutil
+import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from pvpo.atomic import atomic_write_json
 from pvpo.trainer.state.run_dir import RunDir
+
+if TYPE_CHECKING:
+    from pvpo.envs.data import QAExample
+
+log = logging.getLogger(__name__)
 
 
 def reuse_reference(
@@ -40,6 +47,24 @@ def reuse_reference(
     if group_sampling:
         names += [f for f in (src.group_sampling, src.gt_cache) if f.is_file()]
     run.root.mkdir(parents=True, exist_ok=True)
-    for f in names:
-        shutil.copyfile(f, run.root / f.name)
+    for f in names:  # without the cost they record: this run did not pay it
+        doc = json.loads(f.read_text())
+        doc.pop("cost", None)
+        atomic_write_json(run.root / f.name, doc)
     return [f.name for f in names]
+
+
+def reuse_if_asked(algorithm: Any, run: RunDir, train: Sequence[QAExample]) -> None:
+    """`reuse_reference` from `algorithm.anchor.reuse_from`, when set, into a fresh run that has no
+    anchor yet (a sweep's arms sharing one reference)."""
+    source = algorithm.anchor.reuse_from
+    if not source or run.anchor.exists():
+        return
+    copied = reuse_reference(
+        source,
+        run,
+        [q.uid for q in train],
+        group_sampling=algorithm.group_sampling.enabled,
+        num_rollouts=algorithm.anchor.num_rollouts,
+    )
+    log.info("reference state from %s: %s", source, ", ".join(copied))

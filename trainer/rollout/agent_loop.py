@@ -13,9 +13,9 @@ a call of its own (the batched call may have been held up by another trajectory'
 that times out too its trajectory ends (`finish_reason="search_timeout"`); the others go on.
 
 A trajectory ends on an answer or the episode's `max_turns` (the env's rules), or on EOS without
-an answer or the response token budget (the loop's; the env then scores the episode as it stands
-with `Episode.end`). Sampled ids and log-probs are kept as sampled; rewards are the env's,
-computed on the text the policy saw.
+an answer, a token budget or a turn fallen into a loop (the loop's: `LoopConfig`; the env then
+scores the episode as it stands with `Episode.end`). Sampled ids and log-probs are kept as
+sampled; rewards are the env's, computed on the text the policy saw.
 
 Determinism: every trajectory samples each turn with its own seed, derived from the caller's
 `seed`, the trajectory's index and the turn (`turn_seed`), and the HF engine gives each request
@@ -40,6 +40,7 @@ from pvpo.envs.episode import Episode, EpisodeConfig
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind
 from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig, stop_token_ids
+from pvpo.trainer.rollout.repetition import ends_in_loop
 from pvpo.trainer.rollout.tick_batching import SearchBatcher
 from pvpo.trainer.rollout.trajectory import Trajectory
 
@@ -48,7 +49,10 @@ from pvpo.trainer.rollout.trajectory import Trajectory
 class LoopConfig:
     """Per-rollout limits (the turn limit is the episode's: `EpisodeConfig.max_turns`).
     `max_concurrency`: trajectories in flight at once; `search_timeout_s`: a search's limit
-    (None: none)."""
+    (None: none). Token budgets: `max_new_tokens` a turn, `max_response_tokens` the response
+    (model and env tokens), `max_completion_tokens` the model's tokens of an episode (None: no
+    bound of its own); `repetition_stop` > 0 ends an episode whose turn falls into a loop of
+    that many tokens (`repetition.ends_in_loop`; 0: never)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -58,6 +62,8 @@ class LoopConfig:
     top_k: int = -1
     max_concurrency: int = 256
     search_timeout_s: float | None = None
+    max_completion_tokens: int | None = None
+    repetition_stop: int = 0
 
 
 def prompt_ids(tokenizer: Any, prompt: str, *, chat_template: bool = False) -> list[int]:
@@ -104,6 +110,7 @@ class Turn:
     completion_tokens: int
     prompt_tokens: int = 0
     logprobs_source: str = "sampler"
+    version: int = 0  # the policy version that sampled it (`Completion.version`)
 
 
 @dataclass
@@ -161,7 +168,7 @@ class TokenTurns:
         ids = list(comp.token_ids)
         conv.ids.extend(ids)
         text = self.tokenizer.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=False)
-        return Turn(ids, list(comp.logprobs), str(text), comp.finish_reason, len(ids))
+        return Turn(ids, list(comp.logprobs), str(text), comp.finish_reason, len(ids), version=comp.version)
 
     def observe(self, conv: Conversation, turn: Turn, observation: str) -> list[int]:
         ids = list(self.tokenizer.encode(observation, add_special_tokens=False))
@@ -211,15 +218,19 @@ async def run_episode(
     reward_fn: Any,
     loop: LoopConfig,
     seed: int,
+    on_start: Callable[[Trajectory], None] | None = None,
 ) -> Trajectory:
     """One trajectory of `example`, its turns sampled by `source` with the seeds of trajectory
     `index` (see the module doc for the ending rules). Every caller runs its episodes here: the
     trainer's rollouts and `pvpo eval` through `run_episodes_async`, the TRL and verl adapters
-    directly or through `run_agent_loop`."""
+    directly or through `run_agent_loop`. `on_start(trajectory)` gets the trajectory as it starts,
+    to watch it grow turn by turn (a progress meter)."""
     protocol = episode_config.tag_protocol
     ep = Episode(example, episode_config, reward_fn)
     ids, conv = source.start(ep.prompt)
     traj = Trajectory(uid=example.uid, prompt_ids=ids)
+    if on_start is not None:
+        on_start(traj)
 
     def end(reason: str, text: str = "") -> Trajectory:
         res = ep.end(text)
@@ -228,6 +239,10 @@ async def run_episode(
 
     for turn in range(episode_config.max_turns):
         room = loop.max_response_tokens - traj.completion_tokens - traj.loss_mask.count(0)
+        if loop.max_completion_tokens is not None:
+            room = min(room, loop.max_completion_tokens - traj.completion_tokens)
+            if room <= 0:
+                return end("budget")  # the last turn used the model's whole budget
         sampling = SamplingConfig(
             temperature=loop.temperature,
             top_p=loop.top_p,
@@ -235,14 +250,18 @@ async def run_episode(
             stop=tuple(protocol.stop_strings),
             max_new_tokens=max(1, min(loop.max_new_tokens, room)),
             seed=turn_seed(seed, index, turn),
+            repetition_stop=loop.repetition_stop,
         )
         out = await source.turn(conv, sampling)
         if turn == 0:
             traj.prompt_tokens = out.prompt_tokens or len(traj.prompt_ids)
-        traj.append_model(out.ids, out.logprobs, out.logprobs_source)
+        traj.append_model(out.ids, out.logprobs, out.logprobs_source, version=out.version)
         traj.completion_tokens += out.completion_tokens
         traj.num_turns += 1
         traj.response_text += out.text
+        # an engine without the stop of its own runs a loop to the turn's end: the same ending
+        if out.finish == "repetition" or (out.finish == "length" and ends_in_loop(out.ids, loop.repetition_stop)):
+            return end("repetition", out.text)
         if out.finish == "length" and out.completion_tokens >= room:  # the budget ran out inside the turn
             return end("budget", out.text)
         if out.finish == "eos" and protocol.parse_action(out.text).kind is not ActionKind.ANSWER:
@@ -278,13 +297,15 @@ async def run_episodes_async(
     executor: Executor | None = None,
     indices: Sequence[int] | None = None,
     on_done: Callable[[int, Trajectory], None] | None = None,
+    on_start: Callable[[int, Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """One trajectory per example, in order, each its own task (at most `loop.max_concurrency`
     at once). Blocking work (engine calls, retriever calls) runs in `executor`'s threads, except
     vLLM's engine steps, which run in the event loop's thread (`vllm_engine._StepScheduler`).
     `indices`: the index each example samples with (`turn_seed`; default its position), so a
     subset of a dataset samples as it would within the whole; `on_done(i, trajectory)` is called
-    as the i-th example's trajectory ends, before the others have (e.g. to save it)."""
+    as the i-th example's trajectory ends, before the others have (e.g. to save it), and
+    `on_start(i, trajectory)` as it starts (the same object, growing turn by turn)."""
     own = executor is None
     # One engine thread: torch's OpenMP pool is per calling thread, and two engine threads taking
     # turns kept two pools spinning on the same cores (6 questions of `pvpo eval`: 0.49x -> 1.03x).
@@ -302,7 +323,8 @@ async def run_episodes_async(
 
     async def one(i: int, ex: QAExample) -> Trajectory:
         async with gate:
-            traj = await run_episode(where[i], ex, source, searches, episode_config, reward_fn, loop, seed)
+            started = None if on_start is None else (lambda t: on_start(i, t))
+            traj = await run_episode(where[i], ex, source, searches, episode_config, reward_fn, loop, seed, started)
         if on_done is not None:
             on_done(i, traj)
         return traj
@@ -326,6 +348,7 @@ def run_episodes(
     seed: int,
     indices: Sequence[int] | None = None,
     on_done: Callable[[int, Trajectory], None] | None = None,
+    on_start: Callable[[int, Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """`run_episodes_async` from synchronous code (in a fresh event loop; in a helper thread when
     the caller already runs one)."""
@@ -335,7 +358,15 @@ def run_episodes(
     def go() -> list[Trajectory]:
         return asyncio.run(
             run_episodes_async(
-                make_source, examples, searcher, episode_config, loop, seed=seed, indices=indices, on_done=on_done
+                make_source,
+                examples,
+                searcher,
+                episode_config,
+                loop,
+                seed=seed,
+                indices=indices,
+                on_done=on_done,
+                on_start=on_start,
             )
         )
 
@@ -358,9 +389,10 @@ def run_agent_loop(
     seed: int,
     indices: Sequence[int] | None = None,
     on_done: Callable[[int, Trajectory], None] | None = None,
+    on_start: Callable[[int, Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """One token-exact trajectory per example (repeat an example n times for a group of n), in
-    order, sampled by `engine` (`indices`, `on_done`: see `run_episodes_async`)."""
+    order, sampled by `engine` (`indices`, `on_done`, `on_start`: see `run_episodes_async`)."""
     return run_episodes(
         engine_turns(engine, tokenizer, loop),
         examples,
@@ -370,4 +402,5 @@ def run_agent_loop(
         seed=seed,
         indices=indices,
         on_done=on_done,
+        on_start=on_start,
     )

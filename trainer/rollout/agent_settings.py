@@ -38,6 +38,8 @@ class AgentSettings:
     max_question_chars: int | None = MAX_QUESTION_CHARS
     top_k: int = -1
     search_timeout_s: float | None = None
+    max_completion_tokens: int | None = None
+    repetition_stop: int = 0
 
     def episode(self) -> EpisodeConfig:
         """The episode's rules."""
@@ -65,4 +67,6 @@ class AgentSettings:
             chat_template=self.chat_template,
             max_concurrency=self.max_concurrency,
             search_timeout_s=self.search_timeout_s,
+            max_completion_tokens=self.max_completion_tokens,
+            repetition_stop=self.repetition_stop,
         )

@@ -12,7 +12,7 @@ message). Token counts come from the server's `usage`; the response budget count
 With a `tokenizer` (the policy's), turns and observations are tokenized into the trajectory; with
 `logprobs`, the endpoint is asked for the log-prob of each token it sampled (OpenAI's `logprobs`,
 which vLLM's server returns) and they become the turn's log-probs when the endpoint's tokens
-spell the turn exactly as the policy's tokenizer splits it (same tokenizer family), turn by turn;
+are the policy's tokenizer's, string for string at the same places (same tokenizer family), turn by turn;
 otherwise that turn's log-probs are 0.0 placeholders with source "" (`Trajectory.model_turns`), which
 the GT cache replaces with the reference policy's (`pvpo.trainer.reference.gt_cache.set_pi_gt`).
 """
@@ -106,9 +106,11 @@ class EndpointTurns:
         if reported is not None and self.tokenizer is not None:
             tokens, values = reported
             pieces = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-            # the stop string the server stripped may or may not be among its reported tokens
+            # token by token: the same strings at the same places (the joined text and the count can
+            # agree while the boundaries do not, and a log-prob would then label another token); the
+            # stop string the server stripped may or may not be among its reported tokens
             n = len(ids)
-            if len(values) >= n and (pieces == tokens[:n] or "".join(tokens[:n]) == text):
+            if len(values) >= n and pieces == tokens[:n]:
                 lps, source = values[:n], "endpoint"
         completion = int(usage.get("completion_tokens", 0)) or len(ids)
         return Turn(ids, lps, text, finish, completion, int(usage.get("prompt_tokens", 0)), source)

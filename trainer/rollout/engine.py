@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class SamplingConfig:
     """How one turn is sampled. `stop` strings end a turn and are kept in the output (the model
-    produced them); `max_new_tokens` bounds the turn."""
+    produced them); `max_new_tokens` bounds the turn; `repetition_stop` > 0 ends it (finish
+    "repetition") once its last that many tokens repeat in a loop (`repetition.ends_in_loop`;
+    the transformers engine stops there, the others leave it to the agent loop)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -32,17 +34,21 @@ class SamplingConfig:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    repetition_stop: int = 0
 
 
 @dataclass
 class Completion:
-    """One sampled turn: the token ids exactly as sampled and their log-probs under the sampler."""
+    """One sampled turn: the token ids exactly as sampled and their log-probs under the sampler;
+    `version`: the policy version (optimizer steps behind the weights) that sampled it, set by
+    whoever syncs weights while episodes run (`weight_gate.WeightGate`), 0 otherwise."""
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (a stop string), "eos", or "length"
+    finish_reason: str  # "stop" (a stop string), "eos", "length", or "repetition" (`SamplingConfig.repetition_stop`)
     stop_string: str | None = None
     text: str = field(default="", repr=False)
+    version: int = 0
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -52,10 +58,13 @@ class Completion:
 @dataclass
 class AsyncGenerate:
     """An engine's asynchronous side for one agent-loop run: `await generate(prompt, sampling)`
-    samples one turn of one trajectory; `close()` ends the session (stops its scheduler)."""
+    samples one turn of one trajectory; `close()` ends the session (stops its scheduler);
+    `reset()` drops what the session keeps that the weights computed (a scheduler's saved KV
+    prefixes), called after new weights arrive while no turn is in flight."""
 
     generate: Callable[[Sequence[int], SamplingConfig], Any]
     close: Callable[[], None] = lambda: None
+    reset: Callable[[], None] = lambda: None
 
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
@@ -80,7 +89,11 @@ def stop_token_ids(tokenizer: Any, model: Any = None) -> frozenset[int]:
 
 
 class RolloutEngine(ABC):
-    """Generates turns for a batch of prompts; receives the trainer's weights after each step."""
+    """Generates turns for a batch of prompts; receives the trainer's weights after each step.
+    `sampled_tokens` counts the tokens it has sampled, as they come, where the engine counts them
+    (the transformers engine): a progress meter reads it while turns are still generating."""
+
+    sampled_tokens: int = 0
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
@@ -118,6 +131,13 @@ class RolloutEngine(ABC):
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Make the engine sample from `model`'s current weights (in place, no disk round-trip)."""
 
+    def weights_for_sync(self, model: torch.nn.Module) -> Callable[[], None]:
+        """`sync_weights(model)` in two parts: what must run in the caller's thread now (a
+        collective gathering sharded weights), and the returned call that loads them into the
+        engine later, from the thread that runs its turns, between two turns. By default the
+        whole sync is the returned call: `model` must keep its weights until it has run."""
+        return lambda: self.sync_weights(model)
+
     def sleep(self) -> None:  # noqa: B027 - optional hook, a no-op for engines that hold no cache
         """Release generation memory (KV cache) while the trainer runs; `wake_up` restores it."""
 
@@ -128,6 +148,16 @@ class RolloutEngine(ABC):
         """Free the engine's resources."""
 
 
+class WeightsSnapshot:
+    """A state dict taken once, read as a module's by `sync_weights` (its `state_dict()`)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+
 class ViewSyncEngine(RolloutEngine):
     """An engine with its own copy of the weights, fed `view(model)` at each `sync_weights(model)`:
     whole weights gathered from FSDP shards, LoRA adapters merged into the base, ... Everything
@@ -135,6 +165,10 @@ class ViewSyncEngine(RolloutEngine):
 
     def __init__(self, inner: RolloutEngine, view: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
         self.inner, self.view = inner, view
+
+    @property
+    def sampled_tokens(self) -> int:  # type: ignore[override]
+        return self.inner.sampled_tokens
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
         return self.inner.generate(prompts, sampling)
@@ -147,6 +181,11 @@ class ViewSyncEngine(RolloutEngine):
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.inner.sync_weights(self.view(model))
+
+    def weights_for_sync(self, model: torch.nn.Module) -> Callable[[], None]:
+        """The view's whole state gathered now (a collective under torchrun), loaded later."""
+        weights = WeightsSnapshot(self.view(model).state_dict())
+        return lambda: self.inner.sync_weights(weights)  # type: ignore[arg-type]
 
     def sleep(self) -> None:
         self.inner.sleep()
@@ -186,12 +225,19 @@ class EngineSpec:
     - `launcher_options`: `llm_kwargs` set under torchrun (each rank's engine joins the ranks'
       launcher instead of starting its own workers);
     - `package` / `install_hint`: the package it needs beyond ours and the fix when it is missing
-      (checked at config load with importlib's finder, without importing it)."""
+      (checked at config load with importlib's finder, without importing it);
+    - `partial_rollouts`: it takes new weights between two turns while episodes are in flight
+      (`rollout.max_staleness > 0`); False: a sync waits until no episode is in flight (one step
+      off, `weight_gate`);
+    - `copy_options`: the options that make it sample from its own copy of the module it is
+      given, which rollouts running beside the update need (the update writes the module)."""
 
     own_weights: bool = False
     loads_folder: bool = False
     run_dtype: bool = False
     launcher_options: Mapping[str, Any] = field(default_factory=dict)
+    partial_rollouts: bool = False
+    copy_options: Mapping[str, Any] = field(default_factory=dict)
     package: str = ""
     install_hint: str = ""
 
@@ -207,8 +253,9 @@ class EngineSpec:
 
 
 ENGINE_SPECS: dict[str, EngineSpec] = {
-    "hf": EngineSpec(),
+    "hf": EngineSpec(partial_rollouts=True, copy_options={"share_weights": False}),
     "vllm": EngineSpec(
+        partial_rollouts=True,
         own_weights=True,
         loads_folder=True,
         run_dtype=True,

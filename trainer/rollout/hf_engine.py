@@ -1,12 +1,12 @@
 """The transformers rollout engine (`rollout.engine: hf`): batched sampling on CPU or one GPU.
 
 Left-padded batches, KV cache, temperature / top-p, stop strings checked on the decoded tail of
-each row, and the log-probability of every sampled token under the temperature-scaled
-distribution (`log_softmax(logits / T)`, before top-p truncation, as vLLM reports it). A turn
-ends at EOS and at the chat template's end-of-turn token (`<|im_end|>` for ChatML models; see
-`stop_token_ids`). By default the engine samples from the trainer's own module, so
-`sync_weights` costs nothing. The asynchronous agent loop runs it through a continuous-batching
-scheduler (`pvpo.trainer.rollout.hf_scheduler`).
+each row, the repetition stop (`SamplingConfig.repetition_stop`), and the log-probability of every
+sampled token under the temperature-scaled distribution (`log_softmax(logits / T)`, before top-p
+truncation, as vLLM reports it). A turn ends at EOS and at the chat template's end-of-turn token
+(`<|im_end|>` for ChatML models; see `stop_token_ids`). By default the engine samples from the
+trainer's own module, so `sync_weights` costs nothing. The asynchronous agent loop runs it through
+a continuous-batching scheduler (`pvpo.trainer.rollout.hf_scheduler`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pvpo.trainer.rollout.engine import (
     register_engine,
     stop_token_ids,
 )
+from pvpo.trainer.rollout.repetition import ends_in_loop
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -172,6 +173,7 @@ class HFEngine(RolloutEngine):
                 t = int(nxt[i])
                 tokens[i].append(t)
                 logps[i].append(float(chosen_logp[i]))
+                self.sampled_tokens += 1
                 if t in self.stop_ids:
                     finish[i] = "eos"
                 elif max_stop:
@@ -180,6 +182,8 @@ class HFEngine(RolloutEngine):
                         if s in tail:
                             finish[i], stop_hit[i] = "stop", s
                             break
+                if finish[i] is None and ends_in_loop(tokens[i], sampling.repetition_stop):
+                    finish[i] = "repetition"
             if all(f is not None for f in finish):
                 break
             fed = torch.tensor(

@@ -4,7 +4,8 @@ Trajectories submit one turn at a time; the scheduler keeps one running batch wi
 and, between decoding steps, lets finished rows leave the batch (their cache rows are dropped and
 the left padding no row needs any more is cut) and admits waiting prompts (prefilled together,
 their cache left-padded to the batch's length and appended). A row ends at a stop string, at EOS
-or the chat template's end-of-turn token (`HFEngine.stop_ids`), or at its `max_new_tokens`. When
+or the chat template's end-of-turn token (`HFEngine.stop_ids`), in a loop (its
+`SamplingConfig.repetition_stop`), or at its `max_new_tokens`. When
 few rows are left and all decode greedily, each step verifies a prompt-lookup draft of several
 tokens a row in one forward (`lookup_draft`; the tokens are the same as one at a time).
 
@@ -32,6 +33,7 @@ from pvpo.trainer.rollout.cache_args import kv_cache_keyword, returned_kv_cache
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, SamplingConfig
 from pvpo.trainer.rollout.kv_cache import kv_layers, left_pad, rebuild
 from pvpo.trainer.rollout.kv_prefix import KV, PrefixStore
+from pvpo.trainer.rollout.repetition import ends_in_loop
 
 if TYPE_CHECKING:
     from pvpo.trainer.rollout.hf_engine import HFEngine
@@ -122,7 +124,11 @@ class ContinuousBatcher:
         return kv_cache_keyword(self.engine.model)
 
     def session(self) -> AsyncGenerate:
-        return AsyncGenerate(self.generate, self.close)
+        return AsyncGenerate(self.generate, self.close, self.forget_prefixes)
+
+    def forget_prefixes(self) -> None:
+        """Drop the saved turns' caches (computed with weights the engine no longer holds)."""
+        self.prefixes = PrefixStore(self.prefixes.max_bytes)
 
     async def generate(self, prompt: Any, sampling: SamplingConfig) -> Completion:
         loop = asyncio.get_running_loop()
@@ -390,7 +396,8 @@ class ContinuousBatcher:
                 self._append(rows[i], t, float(host[1, j, t]))
 
     def _append(self, r: _Row, t: int, logp: float) -> None:
-        """`t` is `r`'s next token: record it and whether it ends the row (EOS, a stop string, length)."""
+        """`t` is `r`'s next token: record it and whether it ends the row (EOS, a stop string, a
+        loop, length), and count it in the engine's `sampled_tokens`."""
         s = r.sampling
         r.tokens.append(t)
         r.logps.append(logp)
@@ -401,8 +408,11 @@ class ContinuousBatcher:
             hit = next((x for x in s.stop if x in tail), None)
             if hit is not None:
                 r.finish, r.stop = "stop", hit
+        if r.finish is None and ends_in_loop(r.tokens, s.repetition_stop):
+            r.finish = "repetition"
         if r.finish is None and len(r.tokens) >= s.max_new_tokens:
             r.finish = "length"
+        self.engine.sampled_tokens += 1
 
     def _retire(self) -> list[_Row]:
         """Drop the finished rows from the batch (and the left padding no remaining row uses)."""

@@ -46,19 +46,26 @@ class Trajectory:
     completion_tokens: int = 0
     # each model turn's response positions [start, end) and the source of its log-probs (SOURCES)
     model_turns: list[tuple[int, int, str]] = field(default_factory=list)
+    # per response token, the policy version that sampled it (-1 on env tokens); empty where none
+    # was recorded (a trajectory built from stored lists: a GT record)
+    versions: list[int] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict, repr=False)  # the env's info at the episode's end
 
-    def append_model(self, ids: Sequence[int], logprobs: Sequence[float], source: str = "sampler") -> None:
+    def append_model(
+        self, ids: Sequence[int], logprobs: Sequence[float], source: str = "sampler", *, version: int = 0
+    ) -> None:
         """Tokens the policy sampled (trained on), as one model turn whose log-probs come from
-        `source` (`SOURCES`)."""
+        `source` (`SOURCES`), sampled by policy version `version`."""
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} ids but {len(logprobs)} logprobs")
         if source not in SOURCES:
             raise ValueError(f"unknown log-prob source {source!r}; known: {sorted(SOURCES)}")
         start = len(self.response_ids)
+        self._pad_versions()
         self.response_ids.extend(int(t) for t in ids)
         self.old_logprobs.extend(float(x) for x in logprobs)
         self.loss_mask.extend([1] * len(ids))
+        self.versions.extend([int(version)] * len(ids))
         if ids:
             self.model_turns.append((start, start + len(ids), source))
 
@@ -71,9 +78,17 @@ class Trajectory:
 
     def append_env(self, ids: Sequence[int]) -> None:
         """Observation tokens from the environment (never trained on)."""
+        self._pad_versions()
         self.response_ids.extend(int(t) for t in ids)
         self.old_logprobs.extend([0.0] * len(ids))
         self.loss_mask.extend([0] * len(ids))
+        self.versions.extend([-1] * len(ids))
+
+    def _pad_versions(self) -> None:
+        """Versions for tokens stored without one (version 0 for model tokens, -1 for env tokens)."""
+        missing = len(self.response_ids) - len(self.versions)
+        if missing > 0:
+            self.versions.extend(0 if m else -1 for m in self.loss_mask[len(self.versions) :])
 
     @property
     def num_model_tokens(self) -> int:
@@ -82,8 +97,11 @@ class Trajectory:
     def check(self) -> None:
         """Raise if the per-token lists disagree in length."""
         n = len(self.response_ids)
-        if not (len(self.loss_mask) == len(self.old_logprobs) == n):
-            raise ValueError(f"{self.uid}: {n} ids, {len(self.loss_mask)} mask, {len(self.old_logprobs)} logprobs")
+        if not (len(self.loss_mask) == len(self.old_logprobs) == n) or len(self.versions) not in (0, n):
+            raise ValueError(
+                f"{self.uid}: {n} ids, {len(self.loss_mask)} mask, {len(self.old_logprobs)} logprobs, "
+                f"{len(self.versions)} versions"
+            )
 
 
 @dataclass

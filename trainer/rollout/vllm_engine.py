@@ -65,6 +65,9 @@ CPU_MIN_BATCHED_TOKENS = 8192
 def _import_vllm() -> Any:
     # Colocated: the engine core runs in this process, so weights pass as tensors, not messages.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from pvpo.trainer.rollout.vllm_isa import follow_isa_cap
+
+    follow_isa_cap()  # an AVX2-capped torch runs vLLM's AVX2 kernels too
     try:
         import vllm
     except ImportError as e:

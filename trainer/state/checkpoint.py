@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pvpo.atomic import atomic_write_dir, atomic_write_text, replaced_path
+from pvpo.atomic import atomic_write_dir, atomic_write_text
+from pvpo.owned import commit as commit_replacement
 from pvpo.trainer.state.best import BestFileError, best_checkpoint_name
 from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.state.state_files import check_state_files
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,8 @@ def save_checkpoint(
 
     final = atomic_write_dir(root / step_name(step), write)
     atomic_write_text(root / LATEST, final.name)
-    # the run an --overwrite moved aside (resume.fresh_run_dir) goes once the new one can resume
-    shutil.rmtree(replaced_path(run_dir), ignore_errors=True)
+    # what an --overwrite moved aside (resume.fresh_run_dir) goes once the new run can resume
+    commit_replacement(run_dir)
     prune_checkpoints(root, keep)
     return final
 
@@ -125,8 +127,13 @@ def prune_checkpoints(root: Path, keep: int) -> None:
 
 def restore_state_files(ckpt: str | Path, state_files: Sequence[str | Path]) -> None:
     """Make each of `state_files` what it was when `ckpt` was saved: copied back from the
-    checkpoint, or removed if it did not exist then (it was written after the checkpoint)."""
-    saved = Path(ckpt) / STATE_FILES_DIR
+    checkpoint, or removed if it did not exist then (it was written after the checkpoint). Every
+    saved copy is checked first (`state_files.read_state_file`), so a damaged one is a
+    DamagedFileError naming it and nothing is restored, the run's own files left as they were."""
+    ckpt = Path(ckpt)
+    saved = ckpt / STATE_FILES_DIR
+    fix = _what_to_do(ckpt.parent, ckpt.parent / LATEST, but=ckpt.name)
+    check_state_files([saved / Path(f).name for f in state_files], fix=fix)
     for f in map(Path, state_files):
         src = saved / f.name
         if src.exists():

@@ -16,7 +16,7 @@ calls, no anchor term: `cost/train_tool_calls`). Each kind's tool calls are expo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 KINDS = ("train", "anchor", "gt")
@@ -98,11 +98,32 @@ class CostCounter:
             "pending_gt_tokens": self.pending_gt_tokens,
         }
 
+    def count_saved(self, costs: Mapping[str, Mapping[str, float]]) -> None:
+        """Count, as not yet logged, what state files recorded they cost (`{kind: cost}`, each cost
+        as `add_rollout_cost` keeps it): a resume without a checkpoint reuses them, and their
+        rollouts were never logged."""
+        for kind, cost in costs.items():
+            for f in FIELDS:
+                self.pending[kind][f] += float(cost.get(f, 0.0))
+            self.pending_gt_tokens += float(cost.get("gt_tokens", 0.0))
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = {k: {f: float(state["pending"][k][f]) for f in FIELDS} for k in KINDS}
         self.total = {k: {f: float(state["total"][k][f]) for f in FIELDS} for k in KINDS}
         self.gt_tokens = float(state.get("gt_tokens", 0.0))
         self.pending_gt_tokens = float(state.get("pending_gt_tokens", 0.0))
+
+
+def add_rollout_cost(cost: dict[str, float], rollouts: Iterable[_Rollout], *, policy_tokens: bool = True) -> None:
+    """Add `rollouts` to `cost`, the cost a state file records of what made it (`rollouts`,
+    `tool_calls`, and `policy_tokens`, or `gt_tokens` for another model's tokens): saved with the
+    file in the same write, so a run killed before its first checkpoint and resumed counts the
+    state it reuses exactly once (`CostCounter.count_saved`)."""
+    tokens = "policy_tokens" if policy_tokens else "gt_tokens"
+    for r in rollouts:
+        cost["rollouts"] = cost.get("rollouts", 0.0) + 1
+        cost["tool_calls"] = cost.get("tool_calls", 0.0) + r.num_tool_calls
+        cost[tokens] = cost.get(tokens, 0.0) + r.num_model_tokens
 
 
 def pvpo_cost(rollouts: float, tool_calls: float) -> float:

@@ -8,6 +8,7 @@ disk before that checkpoint is written.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,12 +24,27 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a `metrics.jsonl` (a torn last line dropped, `read_jsonl`), each checked to be
+    one step's metrics - an object whose `step` is a whole number - so a line edited or damaged by
+    hand is a ValueError naming the file and the row, not a traceback in the code that reads it."""
+    rows = read_jsonl(path)
+    for k, row in enumerate(rows, 1):
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(
+                f'{path}: row {k} ({json.dumps(row)[:60]}) is not a step\'s metrics (an object whose "step" is a '
+                "whole number): fix or remove that line"
+            )
+    return rows
+
+
 class MetricsLogger:
     """Appends `{"step": s, **metrics}` lines; optional TensorBoard scalars under `<run>/tb`."""
 
     def __init__(self, run_dir: str | Path, *, resume_step: int = 0, tensorboard: bool = True) -> None:
         self.path = RunDir(run_dir).metrics
-        kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
+        kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
         atomic_write_jsonl(self.path, kept)
         self._tb = None
         if tensorboard:

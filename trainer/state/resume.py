@@ -11,16 +11,17 @@ import json
 import logging
 import os
 import shlex
-import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pvpo.atomic import read_jsonl, replaced_path
+from pvpo.atomic import replaced_path
+from pvpo.owned import FolderError, Replacement, check_folder_path, is_ours, recover, remove_temp_files, replacing
 from pvpo.trainer.config.schema import QUESTIONS_CORPUS, ConfigError, TrainConfig, load_config
-from pvpo.trainer.state.checkpoint import LATEST, CheckpointError, latest_checkpoint, recorded_config
-from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.state.checkpoint import CheckpointError, latest_checkpoint, recorded_config
+from pvpo.trainer.state.metrics_log import read_metrics
+from pvpo.trainer.state.run_dir import CHECKPOINT_KIND, RUN_KIND, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ SAFE_ON_RESUME = frozenset(
         "run.steps",
         "run.checkpoint_every",
         "run.eval_every",
+        "run.keep_episodes",
         "run.tensorboard",
         "run.threads",
         "retriever.url",
@@ -100,7 +102,7 @@ def where_stopped(run_dir: str | Path, resume: str) -> str:
     run_dir = Path(run_dir)
     try:
         ckpt = latest_checkpoint(run_dir)
-        logged = max((int(r.get("step", 0)) for r in read_jsonl(RunDir(run_dir).metrics)), default=0)
+        logged = max((r["step"] for r in read_metrics(RunDir(run_dir).metrics)), default=0)
     except (CheckpointError, OSError, ValueError):
         return f"see {run_dir}"
     command = f"`{resume} --run-dir {shlex.quote(str(run_dir))} --resume`"
@@ -118,7 +120,10 @@ def saved_config(run_dir: str | Path) -> TrainConfig | None:
 def check_resume_config(run_dir: str | Path, cfg: TrainConfig) -> None:
     """Raise RunDirError when `cfg` differs from the run's saved config, or from the config its
     latest checkpoint was trained with, in a key outside SAFE_ON_RESUME, or asks for fewer steps
-    than that checkpoint already holds."""
+    than that checkpoint already holds. An `--overwrite` a kill cut short is undone first
+    (`recover_run_dir`, by the main process alone)."""
+    if os.environ.get("RANK", "0") == "0":
+        recover_run_dir(run_dir)
     saved = saved_config(run_dir)
     if saved is not None:
         unsafe = {k: v for k, v in config_diff(saved, cfg).items() if k not in SAFE_ON_RESUME}
@@ -162,57 +167,54 @@ def run_inputs(cfg: TrainConfig) -> list[str | None]:
     return [*files, data.eval_source, corpus, cfg.retriever.index_dir, cfg.model.path, cfg.algorithm.gt.model.path]
 
 
-def _refuse_inside(run_dir: Path, paths: Sequence[str | Path | None]) -> None:
-    """Refuse to move `run_dir` aside when the new run reads something inside it, or the current
-    folder is in it."""
-    root = run_dir.resolve()
-    if Path.cwd().resolve().is_relative_to(root):
-        raise RunDirError(
-            f"--overwrite would move {run_dir} aside while it holds the current folder: cd elsewhere first"
-        )
-    for p in paths:
-        if p is not None and Path(p).resolve().is_relative_to(root):
-            raise RunDirError(
-                f"{p} is inside {run_dir}, which --overwrite replaces: move it out or train into another --run-dir"
-            )
+def recover_run_dir(run_dir: str | Path) -> None:
+    """Before a run dir is read: an `--overwrite` a SIGKILL cut short is undone (the replaced run
+    put back, `pvpo.owned.recover`), and the temporary files of atomic writes a kill left behind
+    are removed. Call it with the run dir's lock held."""
+    run_dir = Path(run_dir)
+    did = recover(run_dir, RUN_KIND)
+    if did is not None:
+        log.warning("%s: %s", run_dir, did)
+    if is_ours(run_dir, RUN_KIND):
+        remove_temp_files(run_dir, RUN_KIND)
+        remove_temp_files(RunDir(run_dir).checkpoints, CHECKPOINT_KIND)
 
 
 @contextmanager
 def fresh_run_dir(
     run_dir: str | Path, *, overwrite: bool = False, inputs: Sequence[str | Path | None] = ()
-) -> Iterator[None]:
-    """Make `run_dir` ready for a new run for the duration of the block. A folder that holds files
-    is refused (RunDirError naming them and the two ways on) unless `overwrite`; then it is moved
-    aside to `replaced_path(run_dir)`, deleted by the new run's first checkpoint
-    (`checkpoint.save_checkpoint`), and moved back if the block fails before one is written - so a
-    bad config, dataset, index or model never costs the old run. `inputs`: paths the new run reads,
-    refused when inside the folder being replaced."""
+) -> Iterator[Replacement]:
+    """Make `run_dir` ready for a new run for the duration of the block, by pvpo's rule for the
+    folders it writes (`pvpo.owned`): a folder holding an earlier run is refused (RunDirError
+    saying the two ways on) unless `overwrite`; then the run's entries are moved aside, dropped by
+    the new run's first checkpoint (`checkpoint.save_checkpoint`) and put back if the block fails
+    or is stopped before one is written - so a bad config, dataset, index or model never costs the
+    old run. A user's files in the folder are refused without `overwrite` and kept with it.
+    `inputs`: paths the new run reads, refused when inside what is being replaced."""
     run_dir = Path(run_dir)
-    if not run_dir.exists() or not any(run_dir.iterdir()):
-        yield
-        return
-    held = sorted(p.name for p in run_dir.iterdir())
-    if not overwrite:
-        shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+    try:
+        check_folder_path(run_dir, "--run-dir")
+    except FolderError as e:
+        raise RunDirError(str(e)) from None
+    legacy = replaced_path(run_dir)
+    if os.path.lexists(legacy):
         raise RunDirError(
-            f"{run_dir} already holds a run ({shown}): pass --resume to continue it, or --overwrite to "
-            "replace it (it is kept until the new run's first checkpoint)"
-        )
-    aside = replaced_path(run_dir)
-    if aside.exists():
-        raise RunDirError(
-            f"{aside} holds a run an earlier --overwrite replaced before its first checkpoint: "
+            f"{legacy} holds a run an earlier --overwrite replaced before its first checkpoint: "
             f"delete it, or move it back to {run_dir}, then run again"
         )
-    _refuse_inside(run_dir, inputs)
-    os.replace(run_dir, aside)
-    run_dir.mkdir()
-    try:
-        yield
-    except BaseException:
-        if aside.exists() and not (RunDir(run_dir).checkpoints / LATEST).exists():
-            shutil.rmtree(run_dir, ignore_errors=True)
-            os.replace(aside, run_dir)
-            log.warning("the new run failed before its first checkpoint: %s is back as it was", run_dir)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    if overwrite and run_dir.is_dir() and cwd.is_relative_to(run_dir.resolve()) and cwd != run_dir.resolve():
+        raise RunDirError(
+            f"--overwrite would move a folder of {run_dir} aside while it holds the current folder: cd elsewhere first"
+        )
+    with replacing(
+        run_dir,
+        RUN_KIND,
+        overwrite=overwrite,
+        refusal="pass --resume to continue it, or --overwrite to replace it (it is kept until the new run's "
+        "first checkpoint)",
+        inputs=inputs,
+        error=RunDirError,
+    ) as replacement:
+        yield replacement
+        replacement.commit()  # a run that ended without a checkpoint is complete all the same

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
+from pvpo.bounded_yaml import load_yaml
+from pvpo.owned import FolderKind, users_entries
+
 # What a run writes at its top level (RunDir's names below); anything else is a user's file.
 RUN_ENTRIES = (
     "config.yaml",
@@ -26,23 +31,40 @@ RUN_ENTRIES = (
     "validation.jsonl",
     "held_out_em.json",
     "eval_before.json",
+    "episodes.jsonl",
 )
 
 
+# the sections of a config.yaml a run writes (`schema.dump_config`: every section, always)
+_CONFIG_SECTIONS = {"run", "model", "data", "rollout", "algorithm", "optim", "retriever"}
+
+
+def _has_run_config(folder: Path) -> bool:
+    """Whether `folder/config.yaml` is a config a run wrote (every section of one), not a user's file."""
+    path = folder / "config.yaml"
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 20:
+            return False
+        doc = load_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and _CONFIG_SECTIONS <= set(doc)
+
+
+# A run dir under pvpo's one rule for the folders it writes (`pvpo.owned`): these entries are the
+# run's, anything else the user's; a run written before the folder record is known by its `latest`
+# or by the config.yaml it wrote first.
+RUN_KIND = FolderKind(
+    "run", "a training run", frozenset(RUN_ENTRIES), ("checkpoints/latest",), looks_ours=_has_run_config
+)
+# what a run writes in its checkpoints/ (for the temporary files a killed write leaves there)
+CHECKPOINT_KIND = FolderKind("checkpoints", "checkpoints", frozenset({"latest", "best.json"}), patterns=("step_*",))
+
+
 def foreign_entries(root: str | Path) -> list[str]:
-    """Names in `root` that no run writes (a user's files), sorted; a killed atomic write's
-    `.name.*.tmp` / `name.tmp` counts as the run's."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if not _is_run_entry(p.name))
-
-
-def _is_run_entry(name: str) -> bool:
-    return any(
-        name in (entry, f"{entry}.tmp") or (name.startswith(f".{entry}.") and name.endswith(".tmp"))
-        for entry in RUN_ENTRIES
-    )
+    """Names in `root` that no run wrote (a user's files), sorted; a killed atomic write's
+    `.name.*.tmp` / `name.tmp` counts as the run's. In a folder that is not a run, every name."""
+    return users_entries(root, RUN_KIND)
 
 
 class RunDir:
@@ -106,6 +128,12 @@ class RunDir:
     def corpus(self) -> Path:
         """The synthetic world's corpus."""
         return self.root / "corpus.jsonl"
+
+    @property
+    def episodes(self) -> Path:
+        """The episodes each step sampled (`run.keep_episodes` of them, whole groups) and every row's
+        reward and advantage, one JSON line per step (`pvpo.trainer.episode_log`), for `pvpo view`."""
+        return self.root / "episodes.jsonl"
 
     @property
     def held_out(self) -> Path:

@@ -1,105 +1,67 @@
-"""The second round of `bench/faults.py`: two processes on one folder, a full or read-only disk,
-damaged files, stop signals, and the causes a message names. Each probe runs the `pvpo` CLI as a
-user would, on the smoke run's checkpoints, policy and index, and checks the exit status, the
-message (one line, naming the file or the PID, no traceback) and the files left behind.
+"""The second round of the fault table (`bench/faults.py` runs it): two processes on one folder,
+a full or read-only disk, damaged files, stop signals, and the causes a message names. Each probe
+runs the `pvpo` CLI as a user would, on the smoke run's checkpoints, policy and index, and checks
+the exit status, the message (one line, naming the file or the PID, no traceback) and the files
+left behind.
 
-The full-disk and read-only probes mount a small tmpfs, which needs root; elsewhere they report
-that they were not run (the tests fault-inject the same writes: tests/test_trainer_faults.py,
-tests/test_model_catalog.py).
+The full-disk and read-only probes mount a small tmpfs, which needs root; elsewhere their rows say
+"not run" and count neither as passes nor as failures (the tests fault-inject the same writes:
+tests/test_trainer_faults.py, tests/test_model_catalog.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from faults import ENV, REPO, Faults, Row, first_error, free_port, jsonl, pvpo
+from fault_probes import (
+    ENV,
+    REPO,
+    Probes,
+    Row,
+    error_block,
+    first_error,
+    free_port,
+    jsonl,
+    lines_of,
+    not_run,
+    one_line,
+    popen,
+    pvpo,
+    run_probes,
+    steps,
+    tmpfs,
+    wait_for,
+)
 
 
-def not_mounted(fault: str, test: str) -> Row:
-    """The row of a tmpfs probe that could not mount its disk (not root): `test` injects the fault instead."""
-    return Row(fault, f"not run: mounting a tmpfs needs root ({test} injects the fault)", True)
-
-
-def error_block(out: str) -> list[str]:
-    """The lines a refused command ends with, from its `error:` line on."""
-    lines = [ln for ln in out.splitlines() if ln.strip()]
-    start = next((i for i, ln in enumerate(lines) if ln.startswith("error:")), len(lines))
-    return lines[start:]
-
-
-def one_line(out: str, rc: int, expect: str, *, status: int = 2) -> bool:
-    """rc `status`, an error of at most 3 lines (error, fix, the --debug hint) holding `expect`, no traceback."""
-    block = error_block(out)
-    return rc == status and 1 <= len(block) <= 3 and expect in " ".join(block) and "Traceback" not in out
-
-
-def popen(*args: str) -> subprocess.Popen:
-    """`pvpo ARGS` in the background, stdout and stderr captured together."""
-    cmd = [sys.executable, "-m", "pvpo.cli", *args]
-    return subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(cond: Callable[[], bool], proc: subprocess.Popen, timeout: float = 300) -> bool:
-    """Poll `cond()` while `proc` runs; whether it came true before `proc` ended."""
-    t0 = time.perf_counter()
-    while proc.poll() is None and time.perf_counter() - t0 < timeout:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def lines_of(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, options: str) -> Iterator[Path | None]:
-    """A tmpfs mounted at `path` with `options` (e.g. `size=4m`, `ro,size=64k`); None where it cannot
-    be mounted (not root)."""
-    path.mkdir(parents=True, exist_ok=True)
-    ok = (
-        os.geteuid() == 0
-        and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)]).returncode == 0
-    )
-    try:
-        yield path if ok else None
-    finally:
-        if ok:
-            subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-def steps(run: Path) -> list[int]:
-    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-class OSFaults(Faults):
+class Round2(Probes):
     """The second round's probes; each returns a table row."""
 
     # ---- two processes -------------------------------------------------------------------------
-    def questions(self, name: str, n: int) -> Path:
-        rows = [{"id": str(i), "question": f"who is entity {i}?", "golden_answers": ["x"]} for i in range(n)]
-        return self.dataset(name, jsonl(rows))
+    # enough questions that the first eval is still answering when the second one has loaded its
+    # model (the smoke policy answered 120 questions in 10 s on idle cores, before the second came)
+    TWICE = 600
 
-    def eval_in_background(self, name: str, answers: int) -> tuple[list[str], Path, subprocess.Popen, bool]:
-        """`pvpo eval` of 24 questions, 2 in flight, into `eval_<name>`, started in the background:
+    def eval_in_background(
+        self, name: str, answers: int, n: int = 24
+    ) -> tuple[list[str], Path, subprocess.Popen, bool]:
+        """`pvpo eval` of `n` questions, 2 in flight, into `eval_<name>`, started in the background:
         its arguments, its predictions file, its process, and whether it saved `answers` answers."""
-        args = [*self.eval_args(self.questions(f"{name}.jsonl", 24), f"eval_{name}"), "--batch-size", "2"]
+        args = [*self.eval_args(self.questions(f"{name}.jsonl", n), f"eval_{name}"), "--batch-size", "2"]
         preds = self.work / f"eval_{name}" / name / "predictions.jsonl"
         proc = popen(*args)
         return args, preds, proc, wait_for(lambda: lines_of(preds) >= answers, proc)
 
     def two_evals(self) -> Row:
-        args, preds, first, started = self.eval_in_background("twice", 1)
+        k = self.TWICE
+        args, preds, first, started = self.eval_in_background("twice", 1, k)
         second = pvpo(*args)
         out = first.communicate(timeout=600)[0]
         again = pvpo(*args)
@@ -110,19 +72,21 @@ class OSFaults(Faults):
         )
         ok = started and one_line(second.out, second.rc, f"PID {first.pid}, pvpo eval") and first.returncode == 0
         return Row(
-            "two `pvpo eval` into the same `--out` at once (24 questions), then the command again",
+            f"two `pvpo eval` into the same `--out` at once ({k} questions), then the command again",
             f"second: rc {second.rc}: {first_error(second.out)[:110]}; first rc {first.returncode}, "
-            f"{lines_of(preds)} rows, metrics N={n}; again: rc {again.rc}, {'N=24' if 'N=24)' in again.out else 'N≠24'}",
+            f"{lines_of(preds)} rows, metrics N={n}; again: rc {again.rc}, "
+            f"{f'N={k}' if f'N={k})' in again.out else f'N≠{k}'}",
             ok
-            and n == 24
-            and lines_of(preds) == 24
+            and n == k
+            and lines_of(preds) == k
             and again.rc == 0
-            and "N=24)" in again.out
+            and f"N={k})" in again.out
             and "Traceback" not in out,
         )
 
     def repeated_rows(self) -> Row:
-        data = self.questions("twice.jsonl", 24)
+        k = self.TWICE
+        data = self.questions("twice.jsonl", k)
         args = [*self.eval_args(data, "eval_twice"), "--batch-size", "2"]  # the run the probe above completed
         preds = self.work / "eval_twice" / "twice" / "predictions.jsonl"
         rows = preds.read_text().splitlines()
@@ -131,8 +95,9 @@ class OSFaults(Faults):
         warn = next((ln for ln in res.out.splitlines() if "dropped" in ln), "no warning")
         return Row(
             "`predictions.jsonl` with 12 rows twice and a damaged line (what two writers left), the command again",
-            f"rc {res.rc}, {'N=24' if 'N=24)' in res.out else 'N≠24'}, {lines_of(preds)} rows; {warn.split(': ', 1)[-1][:110]}",
-            res.rc == 0 and "N=24)" in res.out and lines_of(preds) == 24 and "dropped 1 damaged" in warn,
+            f"rc {res.rc}, {f'N={k}' if f'N={k})' in res.out else f'N≠{k}'}, {lines_of(preds)} rows; "
+            f"{warn.split(': ', 1)[-1][:110]}",
+            res.rc == 0 and f"N={k})" in res.out and lines_of(preds) == k and "dropped 1 damaged" in warn,
         )
 
     def two_trains(self) -> Row:
@@ -180,7 +145,7 @@ class OSFaults(Faults):
         fault = "the disk fills up during a checkpoint (a 4 MB tmpfs, room for half a checkpoint), then space freed and `--resume`"
         with tmpfs(self.work / "fulldisk", "size=4m") as disk:
             if disk is None:
-                return not_mounted(fault, "tests/test_trainer_faults.py")
+                return not_run(fault, "mounting a tmpfs needs root (tests/test_trainer_faults.py injects the fault)")
             run = disk / "run"
             shutil.copytree(self.base, run)
             ckpt = sum(p.stat().st_size for p in (run / "checkpoints" / "step_000002").rglob("*") if p.is_file())
@@ -206,7 +171,7 @@ class OSFaults(Faults):
         fault = "a read-only model cache (`$PVPO_CACHE_DIR` on a read-only tmpfs) at `pvpo models pull`"
         with tmpfs(self.work / "rocache", "ro,size=64k") as cache:
             if cache is None:
-                return not_mounted(fault, "tests/test_model_catalog.py")
+                return not_run(fault, "mounting a tmpfs needs root (tests/test_model_catalog.py injects the fault)")
             gguf = self.dataset("tiny.gguf", b"GGUF" + b"\0" * 64)
             env = {**ENV, "PVPO_CACHE_DIR": str(cache)}
             proc = subprocess.run(
@@ -336,7 +301,7 @@ class OSFaults(Faults):
             "pip install 'pvpo-search[verl]'" in last,
         )
 
-    def second_round(self) -> list[Row]:
+    def rows(self) -> list[Row]:
         """Every probe of this round, in the table's order (the smoke run and the loopback
         retriever of `bench/faults.py` already up)."""
 
@@ -377,12 +342,4 @@ class OSFaults(Faults):
             self.sigterm_eval,
             self.verl_missing,
         ]
-        rows = []
-        for probe in probes:
-            try:
-                rows.append(probe())
-            except Exception as e:  # noqa: BLE001 - a broken row is reported as one, the table still prints
-                rows.append(
-                    Row(getattr(probe, "__name__", "probe"), f"the fault injection itself failed: {e!r}"[:200], False)
-                )
-        return rows
+        return run_probes(probes)

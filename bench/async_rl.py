@@ -1,0 +1,365 @@
+"""Rollouts beside the update (`rollout.max_staleness: eta`), measured.
+
+`pipeline`: one config (the demo, or the multi-hop recipe's RL phase) trained at each eta from the
+same start: the first run warm-starts the policy and builds the anchor, Group Sampling's partition
+and the GT cache; the others load that initial policy and reuse that reference state
+(`algorithm.anchor.reuse_from`), so the runs differ in eta alone. Per eta: the RL steps' wall time
+(`Trainer.run` but its held-out evaluations and the reference built before step 1: steps, logging
+and checkpoints, during which rollouts beside the update go on), the policy's own rollouts per
+second of it (anchor and GT generation excluded), the engine's idle share and the update's wait
+(means over the steps), the tokens' staleness, the clamp's share, and held-out EM after RL with
+its paired difference to the first eta's (same questions, in s.e.).
+
+`trl`: our step beside TRL's `GRPOTrainer` on the same model (our run's initial policy, warm-started
+here or taken from a `pipeline` run with `--from-run`), the same prompts (the config's RL prompts),
+group size, per-turn and per-episode token limits, temperature, learning rate, KL weight and CPU
+threads, in one process: single-turn (`--turns 1`: TRL's own generation, ended at EOS and at the
+protocol's stop tags where each is one token, as ours ends a turn; our reward function on the
+completion) or multi-turn through our TRL adapter (`pvpo.integrations.trl.SearchRollout`: the same
+episode driver and retriever). Our side runs at eta = 0 and 1, RL steps only (no evaluation). Rollouts
+and model tokens per second over the steps after the first (the anchor's build, TRL's warm-up).
+
+Each prints the machine, the command and one table; `--out` keeps the runs.
+
+    python bench/async_rl.py pipeline --config demo --etas 0 1 2 --out runs/bench-async-demo
+    python bench/async_rl.py pipeline --config real_smollm2_multihop --etas 0 1 2 \\
+        --out runs/bench-async-multihop 'data.source=[DATA/hotpotqa/..., ...]'
+    python bench/async_rl.py trl --config demo --turns 1 --steps 8 --from-run runs/bench-async-demo/eta0
+    python bench/async_rl.py trl --config demo --turns 3 --steps 8 --from-run runs/bench-async-demo/eta0
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def machine() -> str:
+    """CPU model, cores and the flags that matter, RAM, versions, commit."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    versions = []
+    for mod in ("torch", "transformers", "trl"):
+        try:
+            versions.append(f"{mod} {__import__(mod).__version__}")
+        except ImportError:
+            versions.append(f"{mod} absent")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"{os.cpu_count()} cores of {model} ({', '.join(shown) or 'no AVX2'}), load {load:.1f}; Python "
+        f"{platform.python_version()}, {', '.join(versions)}; commit {commit.strip()}"
+        f"{' with uncommitted changes' if dirty else ''}"
+    )
+
+
+class Timed:
+    """Wraps a `Trainer`'s `train_step` (each step's wall time, its own rollouts and their model
+    tokens) and `evaluate` (the evaluations' wall time)."""
+
+    def __init__(self) -> None:
+        self.evaluations = 0.0
+        self.walls: list[float] = []
+        self.rollouts: list[float] = []
+        self.tokens: list[float] = []
+        self._last: dict[str, float] = {}
+
+    def wrap(self, trainer: Any) -> None:
+        step = trainer.train_step
+
+        def timed(k: int) -> dict[str, float]:
+            t0 = time.perf_counter()
+            metrics = step(k)
+            self.walls.append(time.perf_counter() - t0)
+            keys = ("cost/cum_rollouts", "cost/cum_anchor_rollouts", "cost/cum_gt_rollouts")
+            now = {key: metrics.get(key, 0.0) for key in keys}
+            own = (now[keys[0]] - self._last.get(keys[0], 0.0)) - sum(
+                now[key] - self._last.get(key, 0.0) for key in keys[1:]
+            )
+            self.rollouts.append(own)
+            self.tokens.append(own * metrics.get("model_tokens", 0.0))
+            self._last = now
+            return metrics
+
+        trainer.train_step = timed
+        evaluate = trainer.evaluate
+
+        def timed_evaluation(*args: Any, **kwargs: Any) -> dict[str, float]:
+            t0 = time.perf_counter()
+            try:
+                return evaluate(*args, **kwargs)
+            finally:
+                self.evaluations += time.perf_counter() - t0
+
+        trainer.evaluate = timed_evaluation
+
+    def per_second(self, skip: int = 0) -> float:
+        """The policy's own rollouts per second of step wall time, the first `skip` steps left out."""
+        wall = sum(self.walls[skip:])
+        return sum(self.rollouts[skip:]) / wall if wall > 0 else float("nan")
+
+    def tokens_per_second(self, skip: int = 0) -> float:
+        """Their model tokens per second, likewise."""
+        wall = sum(self.walls[skip:])
+        return sum(self.tokens[skip:]) / wall if wall > 0 else float("nan")
+
+
+@contextlib.contextmanager
+def trainer_for(cfg: Any, run_dir: Path, searcher: Any | None = None) -> Iterator[tuple[Any, Any]]:
+    """A `Trainer` over `cfg` in `run_dir` (created; files already there, e.g. an initial policy,
+    are kept) with its retriever (`searcher`, or the config's: a loopback index built in the run
+    dir), and that searcher."""
+    from pvpo.trainer.data import load_data, retriever_session
+    from pvpo.trainer.loop import Trainer
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = load_data(cfg, run_dir)
+    session = (
+        contextlib.nullcontext(searcher) if searcher is not None else retriever_session(cfg, run_dir, data.corpus_path)
+    )
+    with session as s, Trainer(cfg, run_dir, data, s) as trainer:
+        yield trainer, s
+
+
+def share_start(first: Path, run_dir: Path) -> list[str]:
+    """Copy the first run's initial policy and warm-start record into `run_dir`; the overrides that
+    reuse its anchor, partition and GT cache."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("initial_policy",):
+        if (first / name).is_dir() and not (run_dir / name).exists():
+            shutil.copytree(first / name, run_dir / name)
+    if (first / "warm_start.json").exists():
+        shutil.copyfile(first / "warm_start.json", run_dir / "warm_start.json")
+    return [f"algorithm.anchor.reuse_from={first}"]
+
+
+def mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def pipeline(args: argparse.Namespace) -> None:
+    from pvpo.stats import paired_difference
+    from pvpo.trainer.config.presets import resolve_config
+    from pvpo.trainer.config.schema import load_config
+
+    out = Path(args.out)
+    rows: list[dict[str, Any]] = []
+    first: Path | None = None
+    base_em: list[float] = []
+    for eta in args.etas:
+        run_dir = out / f"eta{eta}"
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        extra = [] if first is None else share_start(first, run_dir)
+        overrides = [*args.overrides, *extra, f"rollout.max_staleness={eta}"]
+        if args.steps:
+            overrides.append(f"run.steps={args.steps}")
+        cfg = load_config(resolve_config(args.config), overrides)
+        timer = Timed()
+        with trainer_for(cfg, run_dir) as (trainer, _):
+            trainer.ensure_reference(0)  # the anchor and GT set (the first run's; reused after): not timed
+            timer.wrap(trainer)
+            t0 = time.perf_counter()
+            result = trainer.run()
+            # the run's wall but its evaluations: rollouts beside the update also run while a step
+            # logs and checkpoints, and pause while the policy is evaluated
+            rl_wall = time.perf_counter() - t0 - timer.evaluations
+        steps = result.metrics
+        em = result.eval_em.get("after", [])
+        if first is None:
+            first, base_em = run_dir, em
+        diff, se = paired_difference(base_em, em) if em and len(em) == len(base_em) else (float("nan"),) * 2
+        rows.append(
+            {
+                "eta": eta,
+                "steps": len(steps),
+                "rl_wall_s": rl_wall,
+                "samples_per_s": sum(timer.rollouts) / rl_wall,
+                "idle": mean([m.get("time/engine_idle_frac", float("nan")) for m in steps]),
+                "wait_s": mean([m.get("time/update_wait_s", float("nan")) for m in steps]),
+                "stale": mean([m.get("stale/mean", 0.0) for m in steps]),
+                "clamp": mean([m.get("mismatch/truncated_frac", 0.0) for m in steps]),
+                "em": result.eval_after.get("eval/accuracy", float("nan")),
+                "em_se": result.eval_after.get("eval/accuracy_se", float("nan")),
+                "diff": diff,
+                "diff_se": se,
+            }
+        )
+    print(
+        "| eta | steps | RL wall (s) | rollouts/s | engine idle | update wait (s) | staleness | clamp | "
+        "held-out EM | vs first eta (paired) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        versus = f"{r['diff']:+.3f} ({r['diff'] / r['diff_se']:+.1f} s.e.)" if r["diff_se"] else f"{r['diff']:+.3f}"
+        print(
+            f"| {r['eta']} | {r['steps']} | {r['rl_wall_s']:.0f} | {r['samples_per_s']:.2f} | {r['idle']:.2f} | "
+            f"{r['wait_s']:.1f} | {r['stale']:.2f} | {r['clamp']:.3f} | {r['em']:.3f} +- {r['em_se']:.3f} | {versus} |"
+        )
+
+
+# ---- our step beside TRL's GRPOTrainer --------------------------------------------------------------
+def trl_side(
+    args: argparse.Namespace, cfg: Any, trainer: Any, searcher: Any, model_dir: Path, out: Path
+) -> tuple[float, float]:
+    """TRL's GRPOTrainer on the same model, prompts, limits and retriever: (rollouts, completion
+    tokens) per second over the steps after the first."""
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from pvpo.integrations.trl import SearchRollout, search_reward
+    from pvpo.reward import get_protocol, get_reward
+
+    r, protocol = cfg.rollout, get_protocol(cfg.env.protocol)
+    examples = trainer.data.train
+    batch = cfg.data.prompts_per_step * r.n
+    walls: list[float] = []
+
+    class StepTimer(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            walls.append(time.perf_counter() - self.t0)
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    # single-turn: a turn ends at the protocol's stop strings, as ours, where each is one token
+    stops = [tok.convert_tokens_to_ids(s) for s in protocol.stop_strings]
+    single_token_stops = all(isinstance(t, int) and t != tok.unk_token_id for t in stops)
+    config = trl.GRPOConfig(
+        output_dir=str(out / "trl"),
+        max_steps=args.steps,
+        per_device_train_batch_size=batch,
+        num_generations=r.n,
+        max_completion_length=r.max_response_tokens if args.turns > 1 else r.max_new_tokens,
+        temperature=r.temperature,
+        learning_rate=cfg.optim.lr,
+        beta=cfg.optim.kl_coef,
+        num_iterations=cfg.optim.epochs,
+        generation_kwargs={"eos_token_id": [tok.eos_token_id, *stops]}
+        if single_token_stops and args.turns == 1
+        else None,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        seed=cfg.run.seed,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if args.turns > 1:
+        rollout = SearchRollout(
+            examples,
+            retriever=searcher,
+            reward=cfg.algorithm.reward,
+            protocol=cfg.env.protocol,
+            max_turns=args.turns,
+            topk=cfg.retriever.topk,
+            max_obs_chars=cfg.env.max_obs_chars,
+            max_turn_tokens=r.max_new_tokens,
+        )
+        kwargs: dict[str, Any] = {
+            "reward_funcs": search_reward,
+            "train_dataset": rollout.dataset(),
+            "rollout_func": rollout,
+        }
+    else:
+        reward = get_reward(cfg.algorithm.reward)
+        golds = {trainer.epcfg.prompt(ex): list(ex.golden_answers) for ex in examples}
+
+        def our_reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
+            return [reward(c, golds[p], protocol).total for p, c in zip(prompts, completions, strict=True)]
+
+        data = Dataset.from_list([{"prompt": trainer.epcfg.prompt(ex)} for ex in examples])
+        kwargs = {"reward_funcs": our_reward, "train_dataset": data}
+    grpo = trl.GRPOTrainer(model=model, processing_class=tok, args=config, callbacks=[StepTimer()], **kwargs)
+    grpo.train()
+    lengths = [e["completions/mean_length"] for e in grpo.state.log_history if "completions/mean_length" in e]
+    wall = sum(walls[1:])
+    if wall <= 0:
+        return float("nan"), float("nan")
+    return batch * len(walls[1:]) / wall, batch * sum(lengths[1 : len(walls)]) / wall
+
+
+def trl(args: argparse.Namespace) -> None:
+    from pvpo.trainer.config.presets import resolve_config
+    from pvpo.trainer.config.schema import load_config
+
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    # RL steps only: no evaluation, one optimizer step a batch (TRL's default), the anchor built once
+    limits = [
+        f"rollout.max_turns={args.turns}",
+        f"run.steps={args.steps}",
+        "run.eval_every=0",
+        "optim.mini_batches=1",
+        "algorithm.anchor.refresh_every=0",
+    ]
+    rows: list[tuple[str, float, float]] = []
+    start = Path(args.from_run) if args.from_run else None
+    for eta in (0, 1):
+        run_dir = out / f"ours_eta{eta}"
+        extra = share_start(start, run_dir) if start is not None else []
+        cfg = load_config(
+            resolve_config(args.config), [*args.overrides, *limits, *extra, f"rollout.max_staleness={eta}"]
+        )
+        timer = Timed()
+        with trainer_for(cfg, run_dir) as (trainer, searcher):
+            trainer.ensure_reference(0)  # the anchor and GT set: not timed
+            timer.wrap(trainer)
+            for k in range(1, args.steps + 1):  # the steps alone: no held-out evaluation
+                trainer.train_step(k)
+            rows.append((f"ours, eta = {eta}", timer.per_second(skip=1), timer.tokens_per_second(skip=1)))
+            if eta == 1:  # TRL on the same model, prompts, limits and retriever, in this process
+                name = "TRL GRPOTrainer" + (" + our SearchRollout" if args.turns > 1 else "")
+                rows.append((name, *trl_side(args, cfg, trainer, searcher, run_dir / "initial_policy", out)))
+        start = start or run_dir
+    turns = f"{args.turns} turn{'s' if args.turns > 1 else ''}"
+    print(f"| trainer ({turns}) | rollouts/s (steps 2-{args.steps}) | model tokens/s |")
+    print("|---|---|---|")
+    for name, rate, tokens in rows:
+        print(f"| {name} | {rate:.2f} | {tokens:.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("pipeline", help="one config at several eta")
+    p.add_argument("--etas", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=None, help="run.steps (default: the config's)")
+    t = sub.add_parser("trl", help="our step beside TRL's GRPOTrainer")
+    t.add_argument("--turns", type=int, default=1, help="1: single-turn; more: multi-turn through our TRL adapter")
+    t.add_argument("--steps", type=int, default=8)
+    t.add_argument(
+        "--from-run", default=None, help="a `pipeline` run dir whose initial policy and reference state to start from"
+    )
+    for q in (p, t):
+        q.add_argument("--config", default="demo", help="a preset or YAML file")
+        q.add_argument("--out", default="runs/bench-async")
+        q.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = parser.parse_args()
+    print(machine())
+    print("$ " + " ".join(["python", *sys.argv]))
+    (pipeline if args.what == "pipeline" else trl)(args)
+
+
+if __name__ == "__main__":
+    main()

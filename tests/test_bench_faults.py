@@ -1,0 +1,43 @@
+"""bench/faults.py's table: a probe that cannot run here is "not run", never a pass, and the total
+counts the probes that ran; the round modules import each other in one direction only."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.append(str(BENCH))
+
+from fault_probes import Row, not_run  # noqa: E402
+from faults import table, total  # noqa: E402
+
+
+def test_a_probe_that_could_not_run_is_not_a_pass_and_the_total_says_how_many_ran(tmp_path: Path) -> None:
+    rows = [Row("a", "fine", True), Row("b", "broken", False), not_run("c", "mounting a tmpfs needs root")]
+    assert total(rows) == "1/2 as due, 1 not run"
+    assert total(rows[:1]) == "1/1 as due"
+    shown = table("t", rows, tmp_path)
+    assert "| c | not run: mounting a tmpfs needs root | not run |" in shown and "| b | broken | **NO** |" in shown
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="as root the tmpfs mounts and the probe runs")
+def test_the_full_disk_probe_without_root_reports_not_run(tmp_path: Path) -> None:
+    from faults_round2 import Round2
+
+    row = Round2(tmp_path).full_disk()
+    assert row.ok is None and row.verdict == "not run"
+
+
+def test_the_fault_rounds_import_the_shared_probes_and_never_the_runner_or_each_other() -> None:
+    rounds = ["faults_round1", "faults_round2", "faults_round3", "fault_probes"]
+    for name in rounds:
+        tree = ast.parse((BENCH / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not imported & ({"faults", *rounds} - {name, "fault_probes"}), (name, imported)

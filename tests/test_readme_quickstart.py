@@ -1,0 +1,106 @@
+"""The README's quick start works as written: its code block (between the `quickstart` snippet
+markers, which the documentation site's quick start page includes too) runs in bash, on the 3
+questions it ships in `tests/fixtures/quickstart`, from a scratch folder that sees the checkout's
+`tests/fixtures`, with the venv's `bin` first on PATH as `source .venv/bin/activate` puts it. The
+one substitution is the server's port (8000 may be taken on the machine running the suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+
+def snippet(name: str, text: str | None = None) -> str:
+    """The code of the fenced block between README's `--8<-- [start:name]` and `[end:name]` markers."""
+    text = README.read_text(encoding="utf-8") if text is None else text
+    found = re.search(rf"--8<-- \[start:{name}\][^\n]*\n(.*?)\n[^\n]*--8<-- \[end:{name}\]", text, re.S)
+    if found is None:
+        raise AssertionError(f"README.md has no `{name}` section (`--8<-- [start:{name}]` ... `[end:{name}]`)")
+    block = re.search(r"```[a-z]*\n(.*?)```", found.group(1), re.S)
+    if block is None:
+        raise AssertionError(f"README.md's `{name}` section holds no fenced code block")
+    return block.group(1)
+
+
+def commands(script: str) -> list[str]:
+    """The script's commands: continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", script)
+    return [
+        " ".join(line.split(" #")[0].split())
+        for line in joined.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+
+def _stop_group(pgid: int) -> None:
+    """SIGTERM to every process of a group, SIGKILL to what is left of it 15 s later."""
+    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_quick_start_runs_as_written_on_the_shipped_questions(tmp_path: Path) -> None:
+    script = snippet("quickstart")
+    assert "8000" in script
+    port = str(_free_port())
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "fixtures").symlink_to(REPO / "tests" / "fixtures")
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PVPO_PROGRESS_EVERY_S": "5",
+    }
+    body = script.replace("8000", port) + "\nkill %1\nwait || true\n"
+    log = tmp_path / "quickstart.log"
+    with log.open("w") as sink:  # a file, not a pipe: a server left running must not hold the output open
+        proc = subprocess.Popen(
+            ["bash", "-e", "-c", body],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=1700)
+        finally:
+            _stop_group(proc.pid)  # the background server, where the script stopped before its kill
+    out = log.read_text()
+    assert proc.returncode == 0, out[-4000:]
+    runs = list((tmp_path / "runs" / "eval").glob("*/metrics.json"))
+    assert len(runs) == 1, out[-4000:]
+    metrics = json.loads(runs[0].read_text())
+    assert metrics["n"] == 3 and metrics["settings"]["repetition_stop"] > 0
+    assert re.search(r"torch: \d+ CPU thread", out)  # chosen for the machine, and said so
+    assert "ModuleNotFoundError" not in out and "Traceback" not in out

@@ -1,0 +1,259 @@
+"""Rollouts that never wait for the update (`rollout.max_staleness: eta > 0`): the training step
+of `loop.py` with its rollouts sampled beside the update, under a staleness bound.
+
+A rollout thread (`rollout/episode_stream.py`) samples the planned episodes while the trainer's
+thread updates the policy. Step k of the run then reads:
+
+1. the plans: the prompts, Group Sampling's GT rows and the episodes (their seeds and places, the
+   synchronous loop's) of each step up to k + eta are planned (`_plan`: the step's prompts are
+   drawn from the pool as the plan is made); the rollout thread starts them as AReaL's admission
+   rule allows (accepted + running <= (eta + version + 1) x batch, Fu et al. 2025,
+   arXiv:2505.24298);
+2. the batch (`_choose`), in the order the episodes finished, oldest plan first: with a static
+   baseline (PVPO's anchor: a row's advantage needs no other row of its group) finished episodes
+   stream in one by one, `batch` of them; with a group baseline (GRPO, RLOO, GDPO, ...) whole
+   groups, one step's prompt count of them. Either way the step waits for every episode of the
+   steps before it, so an episode is at most one step late; a prompt's GT rows (Group Sampling)
+   join the batch that takes its first episode;
+3. the update of `loop.py` (`Trainer.learn`) with AReaL's decoupled objective (the importance
+   correction forced on: clip against the proximal policy, the weights the update starts from,
+   times the clamped behaviour weight pi_prox / pi_behav; a GT row keeps pi_gt as its
+   denominator and weight 1); the engine neither sleeps nor receives each optimizer step's weights;
+4. the new weights published (`after_update`): the engine loads them between two turns of the
+   episodes in flight (partial rollouts, where the engine allows it: `EngineSpec.partial_rollouts`,
+   the transformers and vLLM engines; otherwise once no episode is in flight: one step off), each
+   turn recording the version that sampled it; then the plan of step k + 1 + eta.
+
+At eta = 0 the rule admits step k's episodes only once the policy of step k - 1 exists and the
+batch is exactly step k's episodes: the synchronous loop (`loop.py` runs that one itself).
+
+Metrics beyond the synchronous loop's: `stale/lag_0` ... `stale/lag_<eta>` (the share of the
+batch's model tokens sampled that many versions before the update's policy) and
+`stale/lag_over_eta` (a straggler's first turns), `stale/mean`, `stale/max`; the clamp's share is
+`mismatch/truncated_frac` (tokens whose behaviour weight exceeded the cap), the engine's idle
+share `time/engine_idle_frac` (the step's wall time with no episode in flight) and the update's
+wait `time/update_wait_s`.
+
+Resume: a checkpoint records how many episodes were in flight or finished but not yet trained on
+(`state_dict`); a resumed run discards them and samples them again, with the resumed weights,
+from the next step's plan on (`pipeline/regenerated_episodes` in its first step's metrics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pvpo.envs.data import QAExample
+from pvpo.trainer.data import step_examples
+from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.reference.anchor import needs_refresh
+from pvpo.trainer.rollout.engine import engine_spec
+from pvpo.trainer.rollout.episode_stream import EpisodeStream, Finished, Planned
+from pvpo.trainer.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from pvpo.trainer.loop import Trainer
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, str]  # (plan step, prompt uid): one group
+
+
+def staleness_metrics(trajs: Sequence[Trajectory], version: int, eta: int) -> dict[str, float]:
+    """The lag (`version` minus the version that sampled it) of the model tokens of `trajs`: its
+    histogram `stale/lag_<j>` for j <= eta and `stale/lag_over_eta`, `stale/mean`, `stale/max`."""
+    lags = [version - v for t in trajs for v, m in zip(t.versions, t.loss_mask, strict=False) if m]
+    n = max(1, len(lags))
+    counts = Counter(lags)
+    out = {f"stale/lag_{j}": counts.get(j, 0) / n for j in range(eta + 1)}
+    out["stale/lag_over_eta"] = sum(c for lag, c in counts.items() if lag > eta) / n
+    out["stale/mean"] = sum(lags) / n
+    out["stale/max"] = float(max(lags, default=0))
+    return out
+
+
+class AsyncSteps:
+    """A trainer's steps with rollouts beside the update (see the module doc)."""
+
+    def __init__(self, trainer: Trainer, seed: Callable[..., int], resumed: Mapping[str, Any] | None = None) -> None:
+        """`seed`: the trainer's seed function (its `(run.seed, ...)` parts to a seed); `resumed`:
+        the pipeline record of the checkpoint the run resumed from."""
+        cfg = trainer.cfg
+        if trainer.spec.extra_rollouts:
+            raise ValueError(
+                f"rollout.max_staleness={cfg.rollout.max_staleness}: algorithm.estimator={trainer.spec.name} samples "
+                "more rollouts after seeing a step's first ones, which the pipelined loop cannot; set "
+                "rollout.max_staleness=0"
+            )
+        self.trainer, self.cfg, self.seed = trainer, cfg, seed
+        self.eta = cfg.rollout.max_staleness
+        self.per_turn = engine_spec(cfg.rollout.engine).partial_rollouts
+        self.streaming = trainer.spec.needs_anchors  # a static baseline: rows stream in one by one
+        self.stream: EpisodeStream | None = None
+        self._idle0 = 0.0  # the stream's idle seconds when the current step began
+        self.planned_through = 0
+        self.quota: dict[int, int] = {}  # step -> units its batch takes (episodes, or groups)
+        self.group_size: dict[Key, int] = {}  # sampled episodes planned per group
+        self.gt: dict[Key, list[Trajectory]] = {}  # a group's GT rows, until a batch takes its first episode
+        self.regenerated = int((resumed or {}).get("running", 0)) + int((resumed or {}).get("finished", 0))
+        if self.regenerated:
+            log.info(
+                "resumed with rollouts beside the update: %d episode(s) in flight or untrained at the checkpoint "
+                "are sampled again with the checkpoint's weights",
+                self.regenerated,
+            )
+
+    # ---- one step ----------------------------------------------------------------------------
+    def step(self, step: int) -> dict[str, float]:
+        t = self.trainer
+        if self.stream is None:  # the reference is built before any episode runs
+            t.ensure_reference(step - 1)
+            self._start(step)
+        elif self._reference_due(step):
+            with self.paused():
+                t.ensure_reference(step - 1)
+        assert self.stream is not None
+        t0, self._idle0 = time.perf_counter(), self.stream.idle_seconds()
+        taken = self.stream.take(self._choose(step))
+        t1 = time.perf_counter()
+        taken.sort(key=lambda f: (f.planned.step, f.planned.position))
+        sampled = [f.trajectory for f in taken]
+        injected = [
+            row
+            for key in dict.fromkeys((f.planned.step, f.trajectory.uid) for f in taken)
+            for row in self.gt.pop(key, [])
+        ]
+        prompts = examples_of(taken)
+        t.cost.add("train", sampled)
+        self.stream.gate.wait_applied()  # the update writes the module the last weights were read from
+        metrics = t.learn(step, sampled + injected, injected, prompts, t.reference.anchors(), t0, t1)
+        metrics.update(ddp.reduce_metrics(staleness_metrics(sampled, step - 1, self.eta), len(sampled)))
+        if self.regenerated:
+            metrics["pipeline/regenerated_episodes"] = float(ddp.all_reduce_sum(self.regenerated))
+            self.regenerated = 0
+        return metrics
+
+    def _start(self, step: int) -> None:
+        """The rollout thread, at the policy version of the step before `step`, with the plans up
+        to `step + eta`."""
+        t, r = self.trainer, self.cfg.rollout
+        self.stream = EpisodeStream(
+            t.engine,
+            t.tokenizer,
+            t.searcher,
+            t.epcfg,
+            t.loop,
+            eta=self.eta,
+            per_turn=self.per_turn,
+            # as the synchronous loop: `rollout.batch_size` trajectories generated together
+            concurrency=min(r.batch_size, r.max_concurrency),
+            version=step - 1,
+        )
+        self.planned_through = step - 1
+        for s in range(step, step + self.eta + 1):
+            self._plan(s)
+
+    def _plan(self, step: int) -> None:
+        """Plan `step`'s episodes as the synchronous loop rolls them out (its prompts, rank share,
+        GT rows, each episode's seed and index: `Trainer.rollout`); none past `run.steps`."""
+        if step > self.cfg.run.steps or step <= self.planned_through:
+            return
+        assert self.stream is not None
+        t, cfg = self.trainer, self.cfg
+        prompts = step_examples(t.reference.pool(t.data.train), step, cfg.data.prompts_per_step, cfg.run.seed)
+        prompts = ddp.rank_share(prompts)
+        group, injected = t.reference.group(prompts, cfg.rollout.n)
+        offset = ddp.exclusive_prefix_sum(len(group))
+        step_seed = self.seed(cfg.run.seed, "step", step)
+        episodes = [
+            Planned(step, j, group[j], self.seed(step_seed, start), offset + j - start)
+            for lo, hi, start in ddp.aligned_batches(offset, len(group), cfg.rollout.batch_size)
+            for j in range(lo, hi)
+        ]
+        for ex in group:
+            self.group_size[(step, ex.uid)] = self.group_size.get((step, ex.uid), 0) + 1
+        for row in injected:
+            self.gt.setdefault((step, row.uid), []).append(row)
+        self.quota[step] = len(episodes) if self.streaming else len(prompts)
+        self.planned_through = step
+        self.stream.plan(step, episodes)
+
+    def _choose(self, step: int) -> Callable[[Sequence[Finished], Counter[int]], list[int] | None]:
+        """What step `step` takes from the finished episodes (module doc, 2.)."""
+        quota = self.quota[step]
+
+        def choose(buffer: Sequence[Finished], outstanding: Counter[int]) -> list[int] | None:
+            if any(n > 0 for s, n in outstanding.items() if s < step):
+                return None  # an episode of an earlier step still runs: it belongs in this batch
+            units: dict[Key, list[int]] = {}
+            for i, f in enumerate(buffer):
+                key = (f.planned.step, f.planned.example.uid)
+                units.setdefault((f.planned.step, str(i)) if self.streaming else key, []).append(i)
+            done = [k for k, idx in units.items() if self.streaming or len(idx) == self.group_size[k]]
+            done.sort(key=lambda k: (k[0], units[k][0]))  # oldest plan first, then as they finished
+            want = max(quota, sum(1 for k in done if k[0] < step))
+            if len(done) < want:
+                return None
+            return [i for k in done[:want] for i in units[k]]
+
+        return choose
+
+    def after_update(self, step: int) -> None:
+        """Publish the policy of `step` to the engine (its weights gathered here: a collective
+        under torchrun) and plan the step the rule now admits (`Trainer.learn` calls it)."""
+        assert self.stream is not None
+        t = self.trainer
+        self.stream.publish(step, t.engine.weights_for_sync(t.model))
+        self._plan(step + 1 + self.eta)
+
+    def idle_seconds(self) -> float:
+        """Seconds since the current step began with no episode in flight (`Trainer.learn`)."""
+        return self.stream.idle_seconds() - self._idle0 if self.stream is not None else 0.0
+
+    def _reference_due(self, step: int) -> bool:
+        """Whether the anchor is due for a refresh before `step` (it samples with the engine)."""
+        store, a = self.trainer.reference.anchor, self.cfg.algorithm.anchor
+        return store is not None and needs_refresh(step - 1, a.refresh_every, store.computed_at_step)
+
+    # ---- around the steps ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The engine free for the trainer's own use (an evaluation, an anchor refresh): the
+        episodes in flight wait between two turns (or, one step off, finish first)."""
+        if self.stream is None:
+            yield
+            return
+        self.stream.gate.pause()
+        try:
+            yield
+        finally:
+            self.stream.gate.resume()
+
+    def postfix(self, metrics: Mapping[str, float]) -> dict[str, str]:
+        """The progress line's figures of a pipelined step."""
+        return {
+            "stale": f"{metrics.get('stale/mean', 0.0):.2f}",
+            "clamp": f"{metrics.get('mismatch/truncated_frac', 0.0):.3f}",
+            "idle": f"{metrics.get('time/engine_idle_frac', 0.0):.2f}",
+            "wait": f"{metrics.get('time/update_wait_s', 0.0):.1f}s",
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint records: the episodes a resume from it samples again."""
+        running, finished = self.stream.in_flight() if self.stream is not None else (0, 0)
+        return {"pipeline": {"running": running, "finished": finished}}
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+
+
+def examples_of(taken: Sequence[Finished]) -> list[QAExample]:
+    """The distinct examples of `taken`, in order."""
+    return list({f.planned.example.uid: f.planned.example for f in taken}.values())

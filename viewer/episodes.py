@@ -1,0 +1,209 @@
+"""One episode as the page shows it: the response cut into the model's turns, the env's search
+results (each passage with its id, score and whether a golden answer is in it) and the env's
+correction messages, and the outcome flags the filters read (right, format, answer in reach).
+
+The response is the text the agent loop keeps: each model turn followed by what the env appended
+(`TagProtocol.wrap_observation` of `Doc i(Title: t) text` lines after a search, the correction
+message after an invalid turn). A result block counts as the env's only right after a closed search
+block, where the env puts it; one the model wrote itself elsewhere stays in the model's text.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pvpo.reward import TagProtocol, available_protocols, get_protocol, normalize_answer
+
+# A gold answer that is a verdict, not an entity: a passage holding the word "yes" is no evidence
+# that the question was in reach, so these golds never mark a passage.
+_VERDICTS = frozenset({"yes", "no", "true", "false"})
+_DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def usable_golds(golds: Sequence[str]) -> list[str]:
+    """The normalised golden answers a passage is searched for (verdicts and empty ones left out)."""
+    out = []
+    for g in golds:
+        n = normalize_answer(str(g))
+        if n and n not in _VERDICTS:
+            out.append(n)
+    return out
+
+
+def holds_gold(text: str, golds: Sequence[str]) -> bool:
+    """Whether some normalised gold of `golds` (from `usable_golds`) occurs in normalised `text` as
+    whole words (a bare substring would find the gold "1" in "1990")."""
+    if not golds:
+        return False
+    # `normalize_answer` costs 0.5 ms on a 100-word passage (10,000 episodes: 20 s); lowercasing and
+    # dropping punctuation is its first half, in C, and dropping articles and folding whitespace
+    # cannot make a word appear, so a gold whose first word is not in this text is not in the
+    # normalised one either
+    rough = text.lower().translate(_DROP_PUNCTUATION)
+    if not any(g.split(" ", 1)[0] in rough for g in golds):
+        return False
+    padded = f" {normalize_answer(text)} "
+    return any(f" {g} " in padded for g in golds)
+
+
+def _env_blocks(response: str, protocol: TagProtocol) -> Iterator[tuple[int, int, int, int, str]]:
+    """`(start, end, inner_start, inner_end, kind)` of each block the env appended, in order: a result
+    block right after a closed search (`"o"`, its passages at `[inner_start, inner_end)`) or a
+    correction message (`"c"`); the model's text ends at `start`. Plain `str.find`: a regex with a
+    lazy `(.*?)` took 3 s over 10,000 responses, most of a page's making."""
+    close_search = protocol.close_tag(protocol.search)
+    open_res, close_res = protocol.open_tag(protocol.result), protocol.close_tag(protocol.result)
+    correction = protocol.correction_message()
+    at, n = 0, len(response)
+    next_c = response.find(correction) if correction else -1
+    while True:
+        if 0 <= next_c < at:
+            next_c = response.find(correction, at)
+        s = response.find(close_search, at)
+        if next_c >= 0 and (s < 0 or next_c < s):
+            yield next_c, next_c + len(correction), next_c, next_c + len(correction), "c"
+            at = next_c + len(correction)
+            continue
+        if s < 0:
+            return
+        after = s + len(close_search)
+        o = response.find(open_res, after)
+        gap = response[after:o] if o >= 0 else ""
+        e = response.find(close_res, o) if o >= 0 and "\n\n" in gap and not gap.strip() else -1
+        if e < 0:
+            at = after  # a search the env did not answer (the last turn, cut by the turn limit)
+            continue
+        end = e + len(close_res)
+        while end < n and response[end] == "\n":
+            end += 1
+        yield after, end, o + len(open_res), e, "o"
+        at = end
+
+
+def detect_protocol(text: str, default: str = "search_r1") -> TagProtocol:
+    """The tag protocol whose result block appears first in `text` (the env's observations), or
+    `default` when none does (a response without a search reads the same under every protocol)."""
+    best: tuple[int, str] | None = None
+    for name in available_protocols():
+        p = get_protocol(name)
+        at = text.find(p.open_tag(p.result))
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, name)
+    return get_protocol(best[1] if best else default)
+
+
+_DOC = re.compile(r"(?m)^Doc (\d+)\(Title: ")
+
+
+def split_passages(text: str) -> list[dict[str, Any]]:
+    """Search-R1's `Doc i(Title: t) text` lines (`pvpo.envs.retrieval.format_passages`) as
+    `{n, title, text}`; a title holding parentheses is read to its balancing one. [] when the
+    result is not in that layout."""
+    starts = list(_DOC.finditer(text))
+    out = []
+    for k, m in enumerate(starts):
+        end = starts[k + 1].start() if k + 1 < len(starts) else len(text)
+        body = text[m.end() : end]
+        depth, cut = 1, len(body)
+        for i, ch in enumerate(body):
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0:
+                cut = i
+                break
+        out.append({"n": int(m.group(1)), "title": body[:cut], "text": body[cut + 1 :].strip()})
+    return out
+
+
+def split_turns(
+    response: str,
+    protocol: TagProtocol,
+    passages: Sequence[Sequence[Mapping[str, Any]]] = (),
+    golds: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """`response` as the page's turns: `{"t": "m", "x": text}` the model's text, `{"t": "o", "x": raw,
+    "p": [passage...]}` a search result, `{"t": "c", "x": text}` a correction. A passage is `{n,
+    title, text, gold}` plus `id` and `score` where `passages` (per search, as the env recorded them)
+    has them; `golds` are `usable_golds`."""
+    turns: list[dict[str, Any]] = []
+    at, search = 0, 0
+
+    def model(text: str) -> None:
+        if text.strip():
+            turns.append({"t": "m", "x": text.strip("\n")})
+
+    for start, end, lo, hi, kind in _env_blocks(response, protocol):
+        model(response[at:start])
+        at = end
+        if kind == "c":
+            turns.append({"t": "c", "x": response[lo:hi].strip()})
+            continue
+        raw = response[lo:hi]
+        found = split_passages(raw)
+        recorded = list(passages[search]) if search < len(passages) else []
+        for p in found:
+            if 0 < p["n"] <= len(recorded):
+                r = recorded[p["n"] - 1]
+                p["id"] = str(r.get("id", ""))
+                if r.get("score") is not None:
+                    p["score"] = round(float(r["score"]), 4)
+            p["gold"] = holds_gold(p["title"] + " " + p["text"], golds)
+        obs: dict[str, Any] = {"t": "o", "p": found}
+        if not found:
+            obs["x"] = raw
+            obs["gold"] = holds_gold(raw, golds)
+        turns.append(obs)
+        search += 1
+    model(response[at:])
+    return turns
+
+
+def in_reach(turns: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether some search result of `turns` held a golden answer."""
+    return any(t["t"] == "o" and (t.get("gold") or any(p["gold"] for p in t["p"])) for t in turns)
+
+
+def page_episode(
+    *,
+    key: str,
+    item_id: str,
+    dataset: str,
+    question: str,
+    golds: Sequence[str],
+    response: str,
+    prediction: str | None,
+    scores: Mapping[str, Any],
+    format_ok: bool | None,
+    stop_reason: str,
+    num_searches: int | None,
+    num_turns: int | None,
+    passages: Sequence[Sequence[Mapping[str, Any]]] = (),
+    protocol: TagProtocol | None = None,
+    tokens: int | None = None,
+) -> dict[str, Any]:
+    """The page's record of one episode (short keys: 10,000 of them travel inside the page). `scores`
+    holds `em`, `f1` and cover-EM as `cem` or FlashRAG's `acc`; `format_ok` None (a file that did not
+    record it) shows as unknown, never as a failure."""
+    protocol = protocol or detect_protocol(response)
+    turns = split_turns(response, protocol, passages, usable_golds(golds))
+    searches = sum(t["t"] == "o" for t in turns)
+    return {
+        "k": key,
+        "id": item_id,
+        "ds": dataset,
+        "q": question,
+        "gold": [str(g) for g in golds],
+        "pred": prediction if prediction is not None else "",
+        "em": float(scores.get("em", 0.0) or 0.0),
+        "f1": float(scores.get("f1", 0.0) or 0.0),
+        "cem": float(scores.get("cem", scores.get("acc", 0.0)) or 0.0),
+        "fmt": format_ok,
+        "stop": stop_reason,
+        "ns": int(num_searches if num_searches is not None else searches),
+        "nt": int(num_turns if num_turns is not None else sum(t["t"] == "m" for t in turns)),
+        "reach": in_reach(turns),
+        "tok": tokens,
+        "turns": turns,
+    }
