@@ -162,7 +162,9 @@ def load_arm(run_dir: Path) -> dict[str, Any]:
     em = json.loads((run_dir / "held_out_em.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     wall = run_dir / "bench_wall_s.txt"
+    best = run_dir / "checkpoints" / "best.json"  # run.eval_every's validation curve
     return {
+        "curve": json.loads(best.read_text()) if best.is_file() else {},
         "questions": em["questions"],
         "before": em["em"]["before"],
         "after": em["em"]["after"],
@@ -171,6 +173,15 @@ def load_arm(run_dir: Path) -> dict[str, Any]:
         "eval_row": next((r for r in reversed(rows) if "eval/accuracy" in r), {}),
         "wall_s": float(wall.read_text()) if wall.exists() else None,
     }
+
+
+def curve_cell(curve: dict[str, Any]) -> str:
+    """`0: 0.153, 8: 0.180, 16: 0.173 (8)`: validation EM at each evaluated step, the best step last."""
+    points = sorted(curve.get("points", []), key=lambda p: p["step"])
+    if not points:
+        return "n/a"
+    best = curve.get("best") or {}
+    return ", ".join(f"{int(p['step'])}: {p['accuracy']:.3f}" for p in points) + f" ({best.get('step', 'n/a')})"
 
 
 def _f(v: float | None, fmt: str = ".3f") -> str:
@@ -203,8 +214,8 @@ def report(
         + ". One RL seed per arm: standard errors are over questions only (paired where two columns share questions).",
         "",
         "| arm | model rollouts (anchor incl.) | tool calls (all-in) | policy tokens | EM start | EM after "
-        "| gain (paired s.e.) | F1 after | format ok after | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| gain (paired s.e.) | F1 after | format ok after | wall (s) | validation EM by step (best) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in arms:
         r = runs[arm.name]
@@ -215,7 +226,7 @@ def report(
             f"| {arm.label} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
             f"| {c.get('cost/cum_policy_tokens', 0):.0f} | {sum(r['before']) / n_q:.3f} | {sum(r['after']) / n_q:.3f} "
             f"(s.e. {standard_error(r['after']):.3f}) | {gain:+.3f} ({se:.3f}) | {_f(e.get('eval/f1'))} "
-            f"| {_f(e.get('eval/format_ok'))} | {_f(r['wall_s'], '.0f')} |"
+            f"| {_f(e.get('eval/format_ok'))} | {_f(r['wall_s'], '.0f')} | {curve_cell(r.get('curve', {}))} |"
         )
     lines.append("")
     for arm in arms[1:]:

@@ -33,3 +33,26 @@ def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[
         raise ValueError(f"a paired comparison needs the same questions: {len(before)} vs {len(after)} scores")
     d = [b - a for a, b in zip(before, after, strict=True)]
     return (sum(d) / len(d) if d else 0.0), standard_error(d)
+
+
+def seeds_difference(before: Sequence[float], afters: Sequence[Sequence[float]]) -> dict[str, float]:
+    """RL over one starting point, several seeds, the same questions: `before` each question's score
+    at the start, `afters[s]` each question's score after seed s. Returns the mean over seeds of the
+    per-seed paired differences (`mean`), and its standard error counting both sources of noise
+    (`se`): sqrt(se_q^2 + sd_s^2 / S), where se_q is the paired standard error over questions of the
+    seed-averaged differences (mean_s after_sq - before_q) and sd_s the sample standard deviation of
+    the S per-seed mean differences (the seeds' spread, a random effect crossed with the questions');
+    also `se_questions`, `sd_seeds` and `seeds`. The start's own randomness (one warm start for every
+    seed) is not sampled."""
+    if not afters:
+        raise ValueError("seeds_difference needs at least one seed's scores")
+    n = len(before)
+    if any(len(a) != n for a in afters):
+        raise ValueError(f"a paired comparison needs the same questions: {n} vs {[len(a) for a in afters]} scores")
+    s = len(afters)
+    per_seed = [paired_difference(before, a)[0] for a in afters]
+    averaged = [sum(a[i] for a in afters) / s for i in range(n)]
+    d, se_q = paired_difference(before, averaged)
+    m = sum(per_seed) / s
+    sd_s = math.sqrt(sum((x - m) ** 2 for x in per_seed) / (s - 1)) if s > 1 else 0.0
+    return {"mean": d, "se": math.sqrt(se_q**2 + sd_s**2 / s), "se_questions": se_q, "sd_seeds": sd_s, "seeds": float(s)}

@@ -108,3 +108,12 @@ def test_the_report_pairs_the_arms_on_the_same_questions_and_states_the_power(tm
     runs["grpo_n4"] = ra.load_arm(tmp_path / "other" / "grpo_n4")
     with pytest.raises(ValueError, match="other validation questions"):
         ra.report(arms, runs, command="cmd", machine="m")
+
+
+def test_an_arms_validation_curve_is_shown_by_step_with_its_best_step():
+    curve = {
+        "best": {"step": 8, "accuracy": 0.18, "checkpoint": "step_000008"},
+        "points": [{"step": 16.0, "accuracy": 0.173}, {"step": 0.0, "accuracy": 0.153}, {"step": 8.0, "accuracy": 0.18}],
+    }
+    assert ra.curve_cell(curve) == "0: 0.153, 8: 0.180, 16: 0.173 (8)"
+    assert ra.curve_cell({}) == "n/a"

@@ -47,8 +47,8 @@ def scripted_validation(monkeypatch: pytest.MonkeyPatch, ems: dict[str, float]) 
     asked: list[str] = []
     real = loop.Trainer.evaluate
 
-    def evaluate(self, tag, examples=None):
-        out = real(self, tag, examples)
+    def evaluate(self, tag, examples=None, *args):
+        out = real(self, tag, examples, *args)
         if examples is not None:  # the validation split
             asked.append(tag)
             out = {**out, "eval/accuracy": ems[tag]}
@@ -70,6 +70,8 @@ def test_validation_is_watched_every_k_steps_and_the_held_out_set_only_at_the_en
     assert set(result.eval_em) == {"before", "after"}
     curve = json.loads((tmp_path / "run" / "checkpoints" / "best.json").read_text())
     assert [p["step"] for p in curve["points"]] == [0, 1, 2]
+    # each point keeps every validation question's EM, in the order the curve names them: steps pair up
+    assert len(curve["questions"]) == 2 and all(len(p["em"]) == 2 for p in curve["points"])
     assert result.validation == curve
 
 

@@ -289,9 +289,12 @@ class Trainer:
             reference_logprobs=self.reference_logprobs if self.ref_model is not None else None,
         )
 
-    def evaluate(self, tag: str, examples: Sequence[QAExample] | None = None) -> dict[str, float]:
+    def evaluate(
+        self, tag: str, examples: Sequence[QAExample] | None = None, per_question_out: list[float] | None = None
+    ) -> dict[str, float]:
         """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question of
-        `examples` (default: the run's evaluation set, whose per-question scores are kept)."""
+        `examples` (default: the run's evaluation set, whose per-question scores are kept);
+        `per_question_out` receives each question's EM (one process only)."""
         questions = self.data.eval if examples is None else examples
         if not questions:
             return {}
@@ -318,11 +321,15 @@ class Trainer:
         if not ddp.is_distributed() and examples is None:
             self.result.eval_em[tag] = per_question
             self.result.eval_scores[tag] = scores
+        if not ddp.is_distributed() and per_question_out is not None:
+            per_question_out[:] = per_question
         return ddp.reduce_metrics(metrics, len(share))
 
-    def validate(self, tag: str) -> dict[str, float]:
-        """Validation metrics (`val/*`) of the current policy on the validation split."""
-        return as_validation(self.evaluate(tag, self.data.validation))
+    def validate(self, tag: str) -> tuple[dict[str, float], list[float]]:
+        """Validation metrics (`val/*`) of the current policy on the validation split, and each
+        question's EM (empty under torchrun)."""
+        em: list[float] = []
+        return as_validation(self.evaluate(tag, self.data.validation, em)), em
 
 
     # ---- one step ----------------------------------------------------------------------------
@@ -444,7 +451,13 @@ class Trainer:
         watch = bool(cfg.run.eval_every and self.data.validation)
         same = self.data.validation is self.data.eval  # data.evaluate_on=validation: before/after are validation
         if watch and self.start_step == 0:  # step 0: the policy RL starts from (no checkpoint kept for it)
-            self.curve.record(0, as_validation(self.result.eval_before) if same else self.validate("val_before"))
+            self.curve.questions = [q.uid for q in self.data.validation]
+            before = (
+                (as_validation(self.result.eval_before), self.result.eval_em.get("before", []))
+                if same
+                else self.validate("val_before")
+            )
+            self.curve.record(0, *before)
             if ddp.is_main():
                 self.curve.save(self.files.best)
         budget = cfg.run.rollout_budget  # when set, the run usually ends before run.steps: no step total to show
@@ -461,15 +474,19 @@ class Trainer:
                 self.result.eval_after = self.evaluate("after")
                 metrics.update(self.result.eval_after)
             val: dict[str, float] = {}
+            val_em: list[float] = []
             if watch and (due or last):
-                val = as_validation(self.result.eval_after) if last and same else self.validate(f"val_step{step}")
+                if last and same:
+                    val, val_em = as_validation(self.result.eval_after), self.result.eval_em.get("after", [])
+                else:
+                    val, val_em = self.validate(f"val_step{step}")
                 metrics.update(val)
             metrics.update(self.memory.pop())  # the evaluation's peaks (the one before step 1 pops in step 1)
             whole = process_peak_rss_gib()  # the run so far: /usr/bin/time sees only the last phase's (memory.py)
             if whole is not None:
                 metrics["mem/process_peak_rss_gib"] = whole
             self.logger.log(step, metrics)
-            best = bool(val) and self.curve.record(step, val)
+            best = bool(val) and self.curve.record(step, val, val_em)
             if best:  # the best so far: its checkpoint is kept beside the newest
                 self.curve.kept(step, step_name(step))
             if best or last or (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0):

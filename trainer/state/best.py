@@ -29,24 +29,29 @@ class BestFileError(ValueError):
 class ValidationCurve:
     """Validation EM by step, and the best step so far."""
 
-    points: list[dict[str, float]] = field(default_factory=list)  # {"step", "accuracy", "accuracy_se", "n"}
+    points: list[dict[str, Any]] = field(default_factory=list)  # {"step", "accuracy", "accuracy_se", "n"[, "em"]}
+    questions: list[str] = field(default_factory=list)  # the validation uids, the order of each point's "em"
     best_step: int | None = None
     best_accuracy: float = -math.inf
     best_checkpoint: str | None = None  # the step folder under checkpoints/ (None for step 0)
 
-    def record(self, step: int, metrics: dict[str, float], prefix: str = "val/") -> bool:
-        """Add the evaluation of `step` (`<prefix>accuracy`, `_se`, `n` of `metrics`); whether it is
-        the best so far (strictly higher EM than every earlier point)."""
+    def record(
+        self, step: int, metrics: dict[str, float], em: list[float] | None = None, prefix: str = "val/"
+    ) -> bool:
+        """Add the evaluation of `step` (`<prefix>accuracy`, `_se`, `n` of `metrics`; `em`: each
+        question's EM in `questions`' order, for paired comparisons between steps and runs); whether
+        it is the best so far (strictly higher EM than every earlier point)."""
         acc = float(metrics[f"{prefix}accuracy"])
         self.points = [p for p in self.points if int(p["step"]) != step]  # a resumed run re-evaluates a step
-        self.points.append(
-            {
-                "step": float(step),
-                "accuracy": acc,
-                "accuracy_se": float(metrics.get(f"{prefix}accuracy_se", 0.0)),
-                "n": float(metrics.get(f"{prefix}n", 0.0)),
-            }
-        )
+        point: dict[str, Any] = {
+            "step": float(step),
+            "accuracy": acc,
+            "accuracy_se": float(metrics.get(f"{prefix}accuracy_se", 0.0)),
+            "n": float(metrics.get(f"{prefix}n", 0.0)),
+        }
+        if em:
+            point["em"] = [float(x) for x in em]
+        self.points.append(point)
         if acc > self.best_accuracy:
             self.best_step, self.best_accuracy, self.best_checkpoint = step, acc, None
             return True
@@ -63,6 +68,7 @@ class ValidationCurve:
             if self.best_step is None
             else {"step": self.best_step, "accuracy": self.best_accuracy, "checkpoint": self.best_checkpoint},
             "points": self.points,
+            "questions": self.questions,
         }
 
     def save(self, path: Path) -> None:
@@ -72,8 +78,13 @@ class ValidationCurve:
     @classmethod
     def from_json(cls, data: Any) -> ValidationCurve:
         """The curve `to_json` gave (ValueError, KeyError or TypeError when `data` is not one)."""
-        points = [{k: float(p[k]) for k in ("step", "accuracy", "accuracy_se", "n")} for p in data["points"]]
-        curve = cls(points)
+        points: list[dict[str, Any]] = []
+        for p in data["points"]:
+            point: dict[str, Any] = {k: float(p[k]) for k in ("step", "accuracy", "accuracy_se", "n")}
+            if "em" in p:
+                point["em"] = [float(x) for x in p["em"]]
+            points.append(point)
+        curve = cls(points, [str(q) for q in data.get("questions", [])])
         best = data["best"]
         if best is not None:
             curve.best_step, curve.best_accuracy = int(best["step"]), float(best["accuracy"])

@@ -1,0 +1,108 @@
+"""bench/rl_seeds.py and pvpo.stats.seeds_difference: the seeds' RL phase from the recipe run's warm
+start with only run.seed changed, and the mean over seeds with an s.e. that counts their spread."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pvpo.stats import paired_difference, seeds_difference
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.append(str(BENCH))
+
+import rl_seeds  # noqa: E402
+
+
+def test_seeds_difference_adds_the_seeds_spread_to_the_questions_paired_error():
+    warm = [0, 0, 1, 1]
+    afters = [[1, 0, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1]]  # per-seed gains +0.25, 0, +0.5
+    got = seeds_difference(warm, afters)
+    # seed-averaged differences 2/3, 1/3, 0, 0: mean 0.25; their paired s.e. over 4 questions
+    d = [2 / 3, 1 / 3, 0, 0]
+    m = sum(d) / 4
+    se_q = math.sqrt(sum((x - m) ** 2 for x in d) / 3 / 4)
+    sd_s = math.sqrt(((0.25 - 0.25) ** 2 + (0 - 0.25) ** 2 + (0.5 - 0.25) ** 2) / 2)
+    assert got["mean"] == pytest.approx(0.25) and got["se_questions"] == pytest.approx(se_q)
+    assert got["sd_seeds"] == pytest.approx(sd_s) and got["se"] == pytest.approx(math.sqrt(se_q**2 + sd_s**2 / 3))
+    # one seed: the plain paired comparison
+    one = seeds_difference(warm, afters[:1])
+    assert (one["mean"], one["se"]) == pytest.approx(paired_difference(warm, afters[0]))
+    with pytest.raises(ValueError, match="same questions"):
+        seeds_difference(warm, [[1, 0, 1]])
+
+
+def _run(root: Path, name: str, before, after, qs, base=None, fmt=1.0) -> Path:
+    run = root / name
+    (run / "initial_policy").mkdir(parents=True)
+    (run / "initial_policy" / "config.json").write_text("{}")
+    (run / "summary.md").write_text("done\n")
+    em = {"before": before, "after": after, **({"base": base} if base else {})}
+    scores = {"after": [{"em": float(a), "format_ok": fmt} for a in after]}
+    (run / "held_out_em.json").write_text(json.dumps({"questions": qs, "em": em, "scores": scores}))
+    cfg = {"data": {"evaluate_on": "held_out"}, "run": {"seed": 0}}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return run
+
+
+def test_a_seed_reruns_the_recipes_rl_from_its_warm_start_with_only_the_seed_changed(tmp_path):
+    over = rl_seeds.seed_overrides(tmp_path / "recipe", 2)
+    assert over == [
+        f"model.path={tmp_path / 'recipe' / 'initial_policy'}",
+        "model.warm_start_steps=0",
+        "run.eval_base=false",
+        "run.seed=2",
+        f"retriever.index_dir={tmp_path / 'recipe' / 'index'}",
+    ]
+
+
+def test_the_report_gives_each_seed_the_mean_with_the_seeds_spread_and_each_dataset(tmp_path):
+    qs = ["hotpotqa/1", "hotpotqa/2", "musique/1", "musique/2"]
+    warm = [0, 0, 1, 1]
+    runs = [
+        rl_seeds.load_seed(_run(tmp_path, "s0", warm, [1, 0, 1, 1], qs, base=[0, 0, 0, 0])),
+        rl_seeds.load_seed(_run(tmp_path, "s1", warm, [0, 0, 1, 1], qs, fmt=0.5)),
+        rl_seeds.load_seed(_run(tmp_path, "s2", [0, 1, 1, 1], [1, 1, 1, 1], qs)),
+    ]
+    text = rl_seeds.report([0, 1, 2], runs, command="c", machine="m")
+    assert "| 0 | 0.500 | 0.750 | +0.250 (0.250) | +1.0 | 1.000 | 0.500 |" in text
+    agg = seeds_difference(warm, [r["em"]["after"] for r in runs])
+    assert f"RL - warm start: {agg['mean']:+.3f} (s.e. {agg['se']:.3f}" in text
+    assert "Format ok after RL, mean over seeds: 0.833" in text
+    # seed 2's own warm-start answers differ on one question from seed 0's run: counted, not hidden
+    assert "per seed: [0, 0, 1]" in text
+    assert "| hotpotqa | 2 | 0.000 |" in text and "| musique | 2 | 1.000 |" in text
+    other = rl_seeds.load_seed(_run(tmp_path, "s3", warm, warm, ["x/1", "x/2", "x/3", "x/4"]))
+    with pytest.raises(ValueError, match="seed 3 was evaluated on other held-out questions"):
+        rl_seeds.report([0, 3], [runs[0], other], command="c", machine="m")
+
+
+def test_a_recipe_run_evaluated_on_validation_or_unfinished_is_refused(tmp_path):
+    run = _run(tmp_path, "r", [0], [1], ["a/1"])
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"]["evaluate_on"] = "validation"
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="evaluated on validation, not held_out"):
+        rl_seeds.recipe_config(run)
+    with pytest.raises(ValueError, match="no finished demo run"):
+        rl_seeds.recipe_config(tmp_path / "nothing")
+
+
+def test_pvpo_eval_gets_the_recipes_agent_settings():
+    cfg = {
+        "rollout": {"max_turns": 4, "max_new_tokens": 128, "max_response_tokens": 1024, "batch_size": 64, "engine": "hf"},
+        "env": {"protocol": "search_r1", "prompt_template": "default", "max_obs_chars": 1000},
+        "retriever": {"topk": 2},
+        "model": {"dtype": "bfloat16"},
+    }
+    cmd = rl_seeds.eval_command(cfg, Path("m"), Path("q.jsonl"), "http://127.0.0.1:1", Path("o"))
+    joined = " ".join(cmd)
+    for flag in ("--template default", "--max-turns 4", "--max-new-tokens 128", "--max-response-tokens 1024",
+                 "--topk 2", "--max-obs-chars 1000", "--batch-size 64", "--dtype bfloat16", "--engine hf"):
+        assert flag in joined, flag
