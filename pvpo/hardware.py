@@ -12,6 +12,7 @@ CPU runs as one without AVX-512 does, and bf16 is emulated there too.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 # oneDNN's ISA caps that leave AVX512-BF16 / AMX usable (its documented values; unset = all)
 _ONEDNN_BF16_ISAS = (
@@ -77,6 +78,26 @@ def choose_torch_threads(requested: int | None = None) -> tuple[int, str]:
     n = threads_for(cpus, load, torch.get_num_threads())
     torch.set_num_threads(n)
     return n, f"torch: {_threads(n)} ({cpus} CPUs, load average {load:.1f} from other work; --threads N to change)"
+
+
+def carry_torch_threads() -> Callable[[], None]:
+    """A function that gives the thread it runs in the calling thread's torch CPU thread count.
+
+    OpenMP keeps that count per thread: a thread started later begins at the process default (every
+    core), not at what `choose_torch_threads` or `run.threads` set, until torch's own ops reset it;
+    kernels that read OpenMP directly never do. Run it first in each thread that computes on the
+    caller's behalf (rollout threads, their executors). vLLM's CPU attention requires it: its batch
+    plan, made at the stepping thread's OpenMP count, must equal the count the engine was built with
+    (an engine built at 1 thread, stepped from a new thread at 2, fails every step: `cpu_attn_impl.hpp`
+    "Check failed: thread_num (2 vs. 1)")."""
+    import torch
+
+    n = torch.get_num_threads()
+
+    def apply() -> None:
+        torch.set_num_threads(n)
+
+    return apply
 
 
 def _threads(n: int) -> str:

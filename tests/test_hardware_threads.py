@@ -38,3 +38,29 @@ def test_the_flag_wins_then_omp_num_threads_then_the_load(monkeypatch: pytest.Mo
     assert why == "torch: 2 CPU threads (4 CPUs, load average 2.2 from other work; --threads N to change)"
     monkeypatch.setattr("os.getloadavg", lambda: (3.0, 1.0, 1.0))
     assert choose_torch_threads(None)[1].startswith("torch: 1 CPU thread (4 CPUs, load average 3.0")
+
+
+def test_a_later_thread_takes_the_callers_torch_threads_not_the_process_default(restore_threads) -> None:
+    import threading
+
+    from omp_support import omp_max_threads_reader
+
+    from pvpo.hardware import carry_torch_threads
+
+    omp_threads = omp_max_threads_reader()
+    torch.set_num_threads(1)
+    apply = carry_torch_threads()
+    seen: dict[str, int] = {}
+
+    def fresh(name: str, first=None) -> None:
+        if first is not None:
+            first()
+        seen[name] = omp_threads()
+
+    for name, first in (("plain", None), ("carried", apply)):
+        t = threading.Thread(target=fresh, args=(name, first))
+        t.start()
+        t.join()
+    if seen["plain"] == 1:
+        pytest.skip("a new thread starts at 1 OpenMP thread here too (one CPU): nothing to tell apart")
+    assert seen["carried"] == 1

@@ -183,3 +183,48 @@ def test_an_episode_that_fails_reaches_the_trainer_at_its_next_take(policy):
             _take(stream, 2)
     finally:
         stream.close()
+
+
+class ThreadCounts(ScriptedTurns):
+    """Records torch's CPU thread count in the thread that samples and in the engine's executor."""
+
+    def __init__(self, tok, omp_threads) -> None:
+        super().__init__(tok, searches=0, delay=0.0)
+        self.omp_threads = omp_threads
+        self.seen: list[int] = []
+
+    def async_session(self, executor):
+        inner = super().async_session(executor)
+
+        async def generate(prompt, sampling):
+            self.seen.append(self.omp_threads())
+            self.seen.append(await asyncio.get_running_loop().run_in_executor(executor, self.omp_threads))
+            return await inner.generate(prompt, sampling)
+
+        return AsyncGenerate(generate)
+
+
+def test_the_rollout_threads_run_at_the_trainers_torch_threads_not_the_process_default(policy):
+    import torch
+    from omp_support import omp_max_threads_reader
+
+    omp_threads = omp_max_threads_reader()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fresh: list[int] = []
+        t = threading.Thread(target=lambda: fresh.append(omp_threads()))
+        t.start()
+        t.join()
+        if fresh[0] == 1:
+            pytest.skip("a new thread starts at 1 OpenMP thread here too (one CPU): nothing to tell apart")
+        engine = ThreadCounts(policy.tokenizer, omp_threads)
+        stream = _stream(policy, engine)
+        try:
+            stream.plan(1, _plan(1, 3))
+            _take(stream, 3)
+        finally:
+            stream.close()
+        assert engine.seen and set(engine.seen) == {1}, f"rollout threads ran at {sorted(set(engine.seen))} threads"
+    finally:
+        torch.set_num_threads(before)

@@ -60,7 +60,15 @@ def policy():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def engine(policy):  # type: ignore[no-untyped-def]
+    import torch
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # The module runs at 1 torch thread, as the trainer does under `run.threads=1` or load: a thread
+    # started later (the rollout thread) begins at the process default instead, and vLLM's CPU
+    # attention stops when the two differ ("Check failed: thread_num (2 vs. 1)") unless the rollout
+    # threads take the trainer's count (`pvpo.hardware.carry_torch_threads`).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     # bm25s imports numba/llvmlite, whose lazy `lib` object broke vLLM 0.32's CPU start-up scan of
     # loaded modules; in the full suite the retriever tests have imported it by now.
     import bm25s  # noqa: F401
@@ -76,6 +84,7 @@ def engine(policy):  # type: ignore[no-untyped-def]
     )
     yield eng
     eng.close()
+    torch.set_num_threads(threads)
 
 
 def _prompt(policy, text: str) -> list[int]:  # type: ignore[no-untyped-def]

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import Episode, EpisodeConfig
+from pvpo.hardware import carry_torch_threads
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind
 from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig, stop_token_ids
@@ -309,7 +310,10 @@ async def run_episodes_async(
     own = executor is None
     # One engine thread: torch's OpenMP pool is per calling thread, and two engine threads taking
     # turns kept two pools spinning on the same cores (6 questions of `pvpo eval`: 0.49x -> 1.03x).
-    pool = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="pvpo-rollout")
+    # (at the torch thread count of the thread that runs this loop, not the process default)
+    pool = executor or ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="pvpo-rollout", initializer=carry_torch_threads()
+    )
     # searches get threads of their own: a stuck one never holds up an engine step
     search_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pvpo-search")
     source = make_source(pool)
@@ -374,7 +378,7 @@ def run_episodes(
         asyncio.get_running_loop()
     except RuntimeError:
         return go()
-    with ThreadPoolExecutor(max_workers=1) as helper:
+    with ThreadPoolExecutor(max_workers=1, initializer=carry_torch_threads()) as helper:
         return helper.submit(go).result()
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
+from pvpo.hardware import carry_torch_threads
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.rollout.agent_loop import LoopConfig, TokenTurns, run_episode
 from pvpo.trainer.rollout.engine import RolloutEngine, stop_token_ids
@@ -131,6 +132,7 @@ class EpisodeStream:
         self._idle_since: float | None = time.perf_counter()
         self._idle_total = 0.0
         self._ready = threading.Event()
+        self._threads_here = carry_torch_threads()  # the trainer's torch threads, in the rollout threads
         self._thread = threading.Thread(target=self._serve, args=(version,), name="pvpo-rollouts", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -139,10 +141,13 @@ class EpisodeStream:
 
     # ---- the rollout thread ------------------------------------------------------------------
     def _serve(self, version: int) -> None:
+        self._threads_here()  # vLLM's steps run in this thread
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         # one engine thread: torch's OpenMP pool is per calling thread (agent_loop.run_episodes_async)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pvpo-rollout")
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="pvpo-rollout", initializer=self._threads_here
+        )
         self._search_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="pvpo-search")
         try:
             self.gate = WeightGate(self.loop, self._pool, per_turn=self.per_turn, version=version)
