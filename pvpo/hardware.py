@@ -93,9 +93,12 @@ def carry_torch_threads() -> Callable[[], None]:
     import torch
 
     n = torch.get_num_threads()
+    # torch's own setter: vLLM's CPU worker replaces `torch.set_num_threads` with a no-op once it
+    # has bound its threads, which would leave the new thread at the process default
+    set_threads = torch._C.set_num_threads
 
     def apply() -> None:
-        torch.set_num_threads(n)
+        set_threads(n)
 
     return apply
 

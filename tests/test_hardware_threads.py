@@ -40,7 +40,9 @@ def test_the_flag_wins_then_omp_num_threads_then_the_load(monkeypatch: pytest.Mo
     assert choose_torch_threads(None)[1].startswith("torch: 1 CPU thread (4 CPUs, load average 3.0")
 
 
-def test_a_later_thread_takes_the_callers_torch_threads_not_the_process_default(restore_threads) -> None:
+def test_a_later_thread_takes_the_callers_torch_threads_not_the_process_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import threading
 
     from omp_support import omp_max_threads_reader
@@ -48,19 +50,25 @@ def test_a_later_thread_takes_the_callers_torch_threads_not_the_process_default(
     from pvpo.hardware import carry_torch_threads
 
     omp_threads = omp_max_threads_reader()
-    torch.set_num_threads(1)
-    apply = carry_torch_threads()
-    seen: dict[str, int] = {}
+    before = torch.get_num_threads()
+    torch._C.set_num_threads(1)
+    try:
+        # as vLLM's CPU worker leaves it once it has bound its threads
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+        apply = carry_torch_threads()
+        seen: dict[str, int] = {}
 
-    def fresh(name: str, first=None) -> None:
-        if first is not None:
-            first()
-        seen[name] = omp_threads()
+        def fresh(name: str, first=None) -> None:
+            if first is not None:
+                first()
+            seen[name] = omp_threads()
 
-    for name, first in (("plain", None), ("carried", apply)):
-        t = threading.Thread(target=fresh, args=(name, first))
-        t.start()
-        t.join()
-    if seen["plain"] == 1:
-        pytest.skip("a new thread starts at 1 OpenMP thread here too (one CPU): nothing to tell apart")
-    assert seen["carried"] == 1
+        for name, first in (("plain", None), ("carried", apply)):
+            t = threading.Thread(target=fresh, args=(name, first))
+            t.start()
+            t.join()
+        if seen["plain"] == 1:
+            pytest.skip("a new thread starts at 1 OpenMP thread here too (one CPU): nothing to tell apart")
+        assert seen["carried"] == 1
+    finally:
+        torch._C.set_num_threads(before)

@@ -67,8 +67,10 @@ def engine(policy):  # type: ignore[no-untyped-def]
     # started later (the rollout thread) begins at the process default instead, and vLLM's CPU
     # attention stops when the two differ ("Check failed: thread_num (2 vs. 1)") unless the rollout
     # threads take the trainer's count (`pvpo.hardware.carry_torch_threads`).
+    # (torch's own setter: once a vLLM CPU worker has started in this process, `torch.set_num_threads`
+    # is its no-op)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch._C.set_num_threads(1)
     # bm25s imports numba/llvmlite, whose lazy `lib` object broke vLLM 0.32's CPU start-up scan of
     # loaded modules; in the full suite the retriever tests have imported it by now.
     import bm25s  # noqa: F401
@@ -84,7 +86,7 @@ def engine(policy):  # type: ignore[no-untyped-def]
     )
     yield eng
     eng.close()
-    torch.set_num_threads(threads)
+    torch._C.set_num_threads(threads)
 
 
 def _prompt(policy, text: str) -> list[int]:  # type: ignore[no-untyped-def]
