@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -45,27 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-
-def machine() -> str:
-    """CPU model, cores and the flags that matter, RAM, versions, commit."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    versions = []
-    for mod in ("torch", "transformers", "trl"):
-        try:
-            versions.append(f"{mod} {__import__(mod).__version__}")
-        except ImportError:
-            versions.append(f"{mod} absent")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{os.cpu_count()} cores of {model} ({', '.join(shown) or 'no AVX2'}), load {load:.1f}; Python "
-        f"{platform.python_version()}, {', '.join(versions)}; commit {commit.strip()}"
-        f"{' with uncommitted changes' if dirty else ''}"
-    )
+from machine import machine_line  # noqa: E402 (bench/ is on sys.path when a bench runs)
 
 
 class Timed:
@@ -356,7 +333,7 @@ def main() -> None:
         q.add_argument("--out", default="runs/bench-async")
         q.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
-    print(machine())
+    print(f"machine: {machine_line(('torch', 'transformers', 'trl', 'vllm'))}")
     print("$ " + " ".join(["python", *sys.argv]))
     (pipeline if args.what == "pipeline" else trl)(args)
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from fault_probes import ENV, REPO, Row, free_port
 from faults_round1 import Round1
 from faults_round2 import Round2
 from faults_round3 import Round3
+from machine import machine_line
 
 MARKER = "<!-- bench/faults.py --docs writes everything below this line -->"
 
@@ -74,31 +74,6 @@ def total(rows: list[Row]) -> str:
     ran = [r for r in rows if r.ok is not None]
     skipped = len(rows) - len(ran)
     return f"{sum(bool(r.ok) for r in ran)}/{len(ran)} as due" + (f", {skipped} not run" if skipped else "")
-
-
-def _version(module: str) -> str:
-    try:
-        return str(__import__(module).__version__)
-    except Exception:  # noqa: BLE001 - a missing package is reported as such
-        return "absent"
-
-
-def machine() -> str:
-    """The CPU (model, cores, the flags that matter), memory, Python and library versions, commit."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    mem = next(
-        (ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")), "0"
-    )
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return (
-        f"commit {commit.strip()}{' with uncommitted changes' if dirty else ''}; Python {platform.python_version()}, "
-        f"torch {_version('torch')}, transformers {_version('transformers')}, faiss {_version('faiss')}; "
-        f"{os.cpu_count()} cores of {model} ({', '.join(shown) or 'no AVX2'}), {int(mem) / 2**20:.0f} GiB RAM"
-    )
 
 
 def write_docs(path: Path, body: str) -> None:
@@ -161,7 +136,7 @@ def main() -> None:
     if args.docs is not None:
         write_docs(
             args.docs,
-            f"Measured with `{command}` on {machine()}, {time.strftime('%Y-%m-%d')} (the cores shared with other "
+            f"Measured with `{command}` on {machine_line(('torch', 'transformers', 'faiss-cpu'))}, {time.strftime('%Y-%m-%d')} (the cores shared with other "
             "jobs: the load average is in the last line; times are wall clock under that load).\n\n"
             f"{text}\n{summary}\n",
         )
