@@ -21,6 +21,8 @@ def omp_max_threads_reader() -> Callable[[], int]:
         pytest.skip("no /proc/self/maps here: cannot find torch's OpenMP runtime")
     if not libs:
         pytest.skip("torch runs without OpenMP here")
-    fn = ctypes.CDLL(libs[0]).omp_get_max_threads
+    # torch's own runtime: other wheels (faiss) load their own copy, whose counts torch never sets
+    ours = [lib for lib in libs if "/torch/" in lib] or libs
+    fn = ctypes.CDLL(ours[0]).omp_get_max_threads
     fn.restype = ctypes.c_int
     return lambda: int(fn())
