@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 from pvpo.reward import SEARCH_R1
+from pvpo.viewer.headless import MISSING, find_chromium, headless_command
 from pvpo.viewer.page import build_page
 
 WORDS = "the city was founded by a merchant who traded wool along the river before the war began".split()
@@ -63,19 +63,7 @@ def open_ms(page: Path, exe: str) -> tuple[int, float]:
     with tempfile.TemporaryDirectory(prefix="pvpo-bench-") as profile:
         t0 = time.perf_counter()
         out = subprocess.run(
-            [
-                exe,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                "--dump-dom",
-                page.as_uri(),
-            ],
+            headless_command(exe, profile, "--dump-dom", page.as_uri()),
             capture_output=True,
             text=True,
             timeout=300,
@@ -92,9 +80,9 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    exe = shutil.which("chromium") or shutil.which("chromium-headless-shell")
+    exe = find_chromium()
     if exe is None:
-        raise SystemExit("headless Chromium is missing: apt-get install chromium")
+        raise SystemExit(MISSING)
     print(
         "| episodes | page size | build_page (CPU s) | first render in Chromium (ms, median) | Chromium end to end (s) |"
     )

@@ -12,13 +12,13 @@ would (filters, `open=KEY`), by default the first flipped question of a comparis
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
+from pvpo.viewer.headless import MISSING, find_chromium, headless_command
 from pvpo.viewer.page import page_data, render_page
 from pvpo.viewer.sources import read_source
 
@@ -43,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=1400)
     ap.add_argument("--height", type=int, default=1500)
     args = ap.parse_args(argv)
-    exe = next((shutil.which(n) for n in ("chromium", "chromium-headless-shell") if shutil.which(n)), None)
+    exe = find_chromium()
     if exe is None:
-        print("headless Chromium is missing: apt-get install chromium", file=sys.stderr)
+        print(MISSING, file=sys.stderr)
         return 2
     data = page_data([read_source(p) for p in args.paths])
     fragment = default_fragment(data) if args.fragment is None else args.fragment
@@ -54,22 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         page.write_text(render_page(data), encoding="utf-8")
         url = page.as_uri() + (f"#{fragment}" if fragment else "")
         done = subprocess.run(
-            [
+            headless_command(
                 exe,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                Path(tmp) / "profile",
                 "--hide-scrollbars",
-                f"--user-data-dir={Path(tmp) / 'profile'}",
                 f"--window-size={args.width},{args.height}",
                 "--virtual-time-budget=10000",
                 f"--screenshot={args.out.resolve()}",
                 url,
-            ],
+            ),
             capture_output=True,
             text=True,
             timeout=300,

@@ -4,7 +4,6 @@ through the env's own episode rules, and headless Chromium reading the page's DO
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -17,6 +16,7 @@ from pvpo.envs.data import QAExample
 from pvpo.envs.episode import Episode, EpisodeConfig
 from pvpo.evaluation.run import EvalSettings, Outcome, item_id, run_eval
 from pvpo.retriever.types import Passage, make_contents
+from pvpo.viewer.headless import find_chromium, headless_command
 
 CORPUS = [
     ("Berlin", "Berlin is the capital of Germany and its largest city."),
@@ -108,13 +108,7 @@ def write_eval(out: Path, dataset: str, cases: Sequence[tuple[str, str, Sequence
 
 
 # ---- headless Chromium ------------------------------------------------------------------------------
-def chromium() -> str | None:
-    """Debian's chromium (or its headless shell), None where neither is installed."""
-    for name in ("chromium", "chromium-headless-shell", "chromium-browser"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+chromium = find_chromium  # the tests' name for it
 
 
 def dump_dom(page: Path, fragment: str = "", *, timeout: float = 120) -> str:
@@ -125,20 +119,7 @@ def dump_dom(page: Path, fragment: str = "", *, timeout: float = 120) -> str:
     url = page.resolve().as_uri() + (f"#{fragment}" if fragment else "")
     with tempfile.TemporaryDirectory(prefix="pvpo-chromium-") as profile:
         done = subprocess.run(
-            [
-                exe,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={profile}",
-                "--virtual-time-budget=10000",
-                "--dump-dom",
-                url,
-            ],
+            headless_command(exe, profile, "--virtual-time-budget=10000", "--dump-dom", url),
             capture_output=True,
             text=True,
             timeout=timeout,
