@@ -204,6 +204,10 @@ class Encoder:
         if dtype is None:
             dtype = "float16" if (fp16 if fp16 is not None else self.device.startswith("cuda")) else "float32"
         self.dtype = resolve_dtype(dtype, self.device)
+        if self.dtype != "float32" and not explicit:
+            # a half dtype asked for (the recipe's `encoder_dtype: auto` on an AVX512-BF16 CPU) with no backend
+            # named: only torch computes it, so a query encoder's default (ONNX, float32) yields to torch
+            self.backend = "torch"
         if self.dtype != "float32" and self.backend != "torch":
             raise ValueError(f"encoder dtype {self.dtype!r} needs backend 'torch' (got {self.backend!r})")
         self.path = resolve_model_path(model)

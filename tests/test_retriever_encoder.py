@@ -125,6 +125,20 @@ def test_process_dtype_applies_and_half_precision_output_is_unit_float32(referen
         Encoder(device="cpu", backend="onnx", dtype="float16")
 
 
+def test_a_half_dtype_with_no_backend_named_encodes_queries_with_torch(reference) -> None:
+    """A loaded index's query encoder defaults to ONNX (float32 only): with the process dtype at
+    bfloat16 (the multi-hop recipe's `encoder_dtype: auto` on an AVX512-BF16 CPU) and no backend
+    named, building it once stopped every such run with "needs backend 'torch'"."""
+    set_default_dtype("bfloat16")
+    try:
+        enc = Encoder(device="cpu", queries=True)
+    finally:
+        set_default_dtype(None)
+    assert enc.backend == "torch" and enc.dtype == "bfloat16"
+    assert float(np.min(np.sum(enc.encode_queries(QUERIES) * reference[0], axis=1))) > 0.98
+    assert Encoder(device="cpu", queries=True, backend="torch").dtype == "float32"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_on_gpu_stays_close_to_fp32(dtype: str, reference) -> None:

@@ -448,3 +448,37 @@ def test_the_prefix_store_returns_the_longest_saved_prefix_once_and_evicts_the_o
     store.save([5], kv(11))  # larger than the whole budget: not kept, nothing evicted
     assert [e.ids for e in store.entries.values()] == [[8], [9]]
     assert store.take([3, 3]) is None and store.hits == 2
+
+
+def test_ctrl_c_while_the_episode_loop_is_built_stops_cleanly_with_no_half_built_loop(monkeypatch) -> None:
+    """A Ctrl-C landing inside the event loop's constructor once left a loop without its self-pipe,
+    whose finalizer printed an "Exception ignored ... no attribute '_ssock'" traceback as the process
+    ended (CI, one run of a 40-SIGINT storm). The loop is now built with the signal held: the stop
+    comes after it, as a KeyboardInterrupt, and nothing half-built is left to finalize."""
+    import gc
+    import os
+    import signal
+    import sys
+    from asyncio import selector_events
+
+    from pvpo.trainer.rollout.agent_loop import run_episodes
+
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    make_pipe = selector_events.BaseSelectorEventLoop._make_self_pipe
+
+    def interrupted(self):  # the signal arrives in the constructor, before the self-pipe exists
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs here, at the next bytecode
+        return make_pipe(self)
+
+    monkeypatch.setattr(selector_events.BaseSelectorEventLoop, "_make_self_pipe", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_episodes(None, [object()], None, None, None, seed=0)  # type: ignore[arg-type]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.undo()
+    gc.collect()
+    assert not unraisable, [getattr(u, "exc_value", u) for u in unraisable]

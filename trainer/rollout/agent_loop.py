@@ -40,6 +40,7 @@ from pvpo.envs.episode import Episode, EpisodeConfig
 from pvpo.hardware import carry_torch_threads
 from pvpo.retriever.types import Searcher
 from pvpo.reward import ActionKind
+from pvpo.signals import hold_signals
 from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingConfig, stop_token_ids
 from pvpo.trainer.rollout.repetition import ends_in_loop
 from pvpo.trainer.rollout.tick_batching import SearchBatcher
@@ -360,19 +361,25 @@ def run_episodes(
         return []
 
     def go() -> list[Trajectory]:
-        return asyncio.run(
-            run_episodes_async(
-                make_source,
-                examples,
-                searcher,
-                episode_config,
-                loop,
-                seed=seed,
-                indices=indices,
-                on_done=on_done,
-                on_start=on_start,
+        # built with Ctrl-C held: a KeyboardInterrupt inside the loop's constructor leaves a half-built loop
+        # whose finalizer prints an "Exception ignored ... no attribute '_ssock'" traceback at exit (CI, one
+        # run of a 40-SIGINT storm during `pvpo train`); the loop's own clean-up is not held (it joins threads)
+        with hold_signals():
+            event_loop = asyncio.new_event_loop()
+        with asyncio.Runner(loop_factory=lambda: event_loop) as runner:
+            return runner.run(
+                run_episodes_async(
+                    make_source,
+                    examples,
+                    searcher,
+                    episode_config,
+                    loop,
+                    seed=seed,
+                    indices=indices,
+                    on_done=on_done,
+                    on_start=on_start,
+                )
             )
-        )
 
     try:
         asyncio.get_running_loop()
