@@ -8,7 +8,11 @@ and the GT cache; the others load that initial policy and reuse that reference s
 and checkpoints, during which rollouts beside the update go on), the policy's own rollouts per
 second of it (anchor and GT generation excluded), the engine's idle share and the update's wait
 (means over the steps), the tokens' staleness, the clamp's share, and held-out EM after RL with
-its paired difference to the first eta's (same questions, in s.e.).
+its paired difference to the first eta's of the same seed (same questions, in s.e.). With `--seeds`
+each eta is trained once per `run.seed`, all from the first run's start, and a second table gives
+each eta's mean over seeds and its difference to the first eta with a standard error that counts
+both etas' seed spreads (`pvpo.stats.seeds_contrast`): one seed's paired s.e. counts the questions,
+not how far another seed's training would land.
 
 `trl`: our step beside TRL's `GRPOTrainer` on the same model (our run's initial policy, warm-started
 here or taken from a `pipeline` run with `--from-run`), the same prompts (the config's RL prompts),
@@ -22,6 +26,7 @@ and model tokens per second over the steps after the first (the anchor's build, 
 Each prints the machine, the command and one table; `--out` keeps the runs.
 
     python bench/async_rl.py pipeline --config demo --etas 0 1 2 --out runs/bench-async-demo
+    python bench/async_rl.py pipeline --config demo --etas 0 1 2 --seeds 0 1 2 --out runs/bench-async-seeds
     python bench/async_rl.py pipeline --config real_smollm2_multihop --etas 0 1 2 \\
         --out runs/bench-async-multihop 'data.source=[DATA/hotpotqa/..., ...]'
     python bench/async_rl.py trl --config demo --turns 1 --steps 8 --from-run runs/bench-async-demo/eta0
@@ -130,64 +135,91 @@ def mean(xs: Sequence[float]) -> float:
 
 
 def pipeline(args: argparse.Namespace) -> None:
-    from pvpo.stats import paired_difference
+    from pvpo.stats import paired_difference, seeds_contrast
     from pvpo.trainer.config.presets import resolve_config
     from pvpo.trainer.config.schema import load_config
 
     out = Path(args.out)
+    seeds: list[int | None] = list(args.seeds) if args.seeds else [None]
     rows: list[dict[str, Any]] = []
     first: Path | None = None
-    base_em: list[float] = []
-    for eta in args.etas:
-        run_dir = out / f"eta{eta}"
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        extra = [] if first is None else share_start(first, run_dir)
-        overrides = [*args.overrides, *extra, f"rollout.max_staleness={eta}"]
-        if args.steps:
-            overrides.append(f"run.steps={args.steps}")
-        cfg = load_config(resolve_config(args.config), overrides)
-        timer = Timed()
-        with trainer_for(cfg, run_dir) as (trainer, _):
-            trainer.ensure_reference(0)  # the anchor and GT set (the first run's; reused after): not timed
-            timer.wrap(trainer)
-            t0 = time.perf_counter()
-            result = trainer.run()
-            # the run's wall but its evaluations: rollouts beside the update also run while a step
-            # logs and checkpoints, and pause while the policy is evaluated
-            rl_wall = time.perf_counter() - t0 - timer.evaluations
-        steps = result.metrics
-        em = result.eval_em.get("after", [])
-        if first is None:
-            first, base_em = run_dir, em
-        diff, se = paired_difference(base_em, em) if em and len(em) == len(base_em) else (float("nan"),) * 2
-        rows.append(
-            {
-                "eta": eta,
-                "steps": len(steps),
-                "rl_wall_s": rl_wall,
-                "samples_per_s": sum(timer.rollouts) / rl_wall,
-                "idle": mean([m.get("time/engine_idle_frac", float("nan")) for m in steps]),
-                "wait_s": mean([m.get("time/update_wait_s", float("nan")) for m in steps]),
-                "stale": mean([m.get("stale/mean", 0.0) for m in steps]),
-                "clamp": mean([m.get("mismatch/truncated_frac", 0.0) for m in steps]),
-                "em": result.eval_after.get("eval/accuracy", float("nan")),
-                "em_se": result.eval_after.get("eval/accuracy_se", float("nan")),
-                "diff": diff,
-                "diff_se": se,
-            }
+    for seed in seeds:
+        for eta in args.etas:
+            run_dir = out / (f"eta{eta}" if seed is None else f"eta{eta}_seed{seed}")
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            extra = [] if first is None else share_start(first, run_dir)
+            overrides = [*args.overrides, *extra, f"rollout.max_staleness={eta}"]
+            overrides += [f"run.seed={seed}"] if seed is not None else []
+            if args.steps:
+                overrides.append(f"run.steps={args.steps}")
+            cfg = load_config(resolve_config(args.config), overrides)
+            timer = Timed()
+            with trainer_for(cfg, run_dir) as (trainer, _):
+                trainer.ensure_reference(0)  # the anchor and GT set (the first run's; reused after): not timed
+                timer.wrap(trainer)
+                t0 = time.perf_counter()
+                result = trainer.run()
+                # the run's wall but its evaluations: rollouts beside the update also run while a step
+                # logs and checkpoints, and pause while the policy is evaluated
+                rl_wall = time.perf_counter() - t0 - timer.evaluations
+            steps = result.metrics
+            first = first or run_dir
+            rows.append(
+                {
+                    "eta": eta,
+                    "seed": cfg.run.seed,
+                    "steps": len(steps),
+                    "rl_wall_s": rl_wall,
+                    "samples_per_s": sum(timer.rollouts) / rl_wall,
+                    "idle": mean([m.get("time/engine_idle_frac", float("nan")) for m in steps]),
+                    "wait_s": mean([m.get("time/update_wait_s", float("nan")) for m in steps]),
+                    "stale": mean([m.get("stale/mean", 0.0) for m in steps]),
+                    "clamp": mean([m.get("mismatch/truncated_frac", 0.0) for m in steps]),
+                    "em": result.eval_after.get("eval/accuracy", float("nan")),
+                    "em_se": result.eval_after.get("eval/accuracy_se", float("nan")),
+                    "em_by_step": [m["eval/accuracy"] for m in steps if "eval/accuracy" in m],
+                    "per_question": result.eval_em.get("after", []),
+                }
+            )
+    print(
+        "| eta | seed | steps | RL wall (s) | rollouts/s | engine idle | update wait (s) | staleness | clamp | "
+        "held-out EM | by eval step | vs first eta, same seed (paired) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ref = next(x for x in rows if x["seed"] == r["seed"])
+        same = ref["per_question"] and len(ref["per_question"]) == len(r["per_question"])
+        diff, se = paired_difference(ref["per_question"], r["per_question"]) if same else (float("nan"),) * 2
+        versus = f"{diff:+.3f} ({diff / se:+.1f} s.e.)" if se else f"{diff:+.3f}"
+        curve = " / ".join(f"{v:.3f}" for v in r["em_by_step"])
+        print(
+            f"| {r['eta']} | {r['seed']} | {r['steps']} | {r['rl_wall_s']:.0f} | {r['samples_per_s']:.2f} | "
+            f"{r['idle']:.2f} | {r['wait_s']:.1f} | {r['stale']:.2f} | {r['clamp']:.3f} | "
+            f"{r['em']:.3f} +- {r['em_se']:.3f} | {curve} | {versus} |"
+        )
+    if len(seeds) < 2:
+        return
+    print()
+    print(
+        f"| eta | seeds | rollouts/s, mean | held-out EM, mean (sd over seeds) | vs eta {args.etas[0]} (s.e. with seeds) |"
+    )
+    print("|---|---|---|---|---|")
+    by_eta = {eta: [r for r in rows if r["eta"] == eta] for eta in args.etas}
+    base = [r["per_question"] for r in by_eta[args.etas[0]]]
+    for eta, rs in by_eta.items():
+        ems = [r["em"] for r in rs]
+        sd = (sum((x - mean(ems)) ** 2 for x in ems) / (len(ems) - 1)) ** 0.5
+        c = seeds_contrast([r["per_question"] for r in rs], base)
+        versus = f"{c['mean']:+.3f} ({c['se']:.3f}, {c['mean'] / c['se']:+.1f} s.e.)" if c["se"] else "+0.000"
+        print(
+            f"| {eta} | {len(rs)} | {mean([r['samples_per_s'] for r in rs]):.2f} | {mean(ems):.3f} ({sd:.3f}) | "
+            f"{versus} |"
         )
     print(
-        "| eta | steps | RL wall (s) | rollouts/s | engine idle | update wait (s) | staleness | clamp | "
-        "held-out EM | vs first eta (paired) |"
+        "\ns.e. with seeds: sqrt(se_q^2 + sd_a^2 / S_a + sd_b^2 / S_b), se_q the paired s.e. over questions of the "
+        "seed-averaged EMs, sd the spread of each eta's per-seed means (pvpo.stats.seeds_contrast)"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        versus = f"{r['diff']:+.3f} ({r['diff'] / r['diff_se']:+.1f} s.e.)" if r["diff_se"] else f"{r['diff']:+.3f}"
-        print(
-            f"| {r['eta']} | {r['steps']} | {r['rl_wall_s']:.0f} | {r['samples_per_s']:.2f} | {r['idle']:.2f} | "
-            f"{r['wait_s']:.1f} | {r['stale']:.2f} | {r['clamp']:.3f} | {r['em']:.3f} +- {r['em_se']:.3f} | {versus} |"
-        )
 
 
 # ---- our step beside TRL's GRPOTrainer --------------------------------------------------------------
@@ -322,6 +354,13 @@ def main() -> None:
     p = sub.add_parser("pipeline", help="one config at several eta")
     p.add_argument("--etas", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=None, help="run.steps (default: the config's)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run.seed values: each eta trained once per seed, all from the first run's start (default: the config's seed)",
+    )
     t = sub.add_parser("trl", help="our step beside TRL's GRPOTrainer")
     t.add_argument("--turns", type=int, default=1, help="1: single-turn; more: multi-turn through our TRL adapter")
     t.add_argument("--steps", type=int, default=8)

@@ -62,3 +62,35 @@ def seeds_difference(before: Sequence[float], afters: Sequence[Sequence[float]])
         "sd_seeds": sd_s,
         "seeds": float(s),
     }
+
+
+def seeds_contrast(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Setting A against setting B, each trained with several seeds and evaluated on the same
+    questions: `a[s]` / `b[s]` each question's score after seed s. Returns the difference of the
+    means over seeds (`mean`, A - B) and its standard error counting both sources of noise
+    (`se`): sqrt(se_q^2 + sd_a^2 / S_a + sd_b^2 / S_b), where se_q is the paired standard error
+    over questions of the seed-averaged differences and sd_a, sd_b the sample standard deviations
+    of each setting's per-seed means (as `seeds_difference`, for two trained settings instead of one
+    fixed start); also `se_questions`, `sd_a`, `sd_b`."""
+    if not a or not b:
+        raise ValueError("seeds_contrast needs at least one seed's scores on each side")
+    n = len(a[0])
+    if any(len(x) != n for x in (*a, *b)):
+        raise ValueError(f"a paired comparison needs the same questions: {[len(x) for x in (*a, *b)]} scores")
+    avg_a = [sum(x[i] for x in a) / len(a) for i in range(n)]
+    avg_b = [sum(x[i] for x in b) / len(b) for i in range(n)]
+    d, se_q = paired_difference(avg_b, avg_a)
+
+    def spread(side: Sequence[Sequence[float]]) -> float:
+        means = [mean(x) for x in side]
+        m = sum(means) / len(means)
+        return math.sqrt(sum((x - m) ** 2 for x in means) / (len(means) - 1)) if len(means) > 1 else 0.0
+
+    sd_a, sd_b = spread(a), spread(b)
+    return {
+        "mean": d,
+        "se": math.sqrt(se_q**2 + sd_a**2 / len(a) + sd_b**2 / len(b)),
+        "se_questions": se_q,
+        "sd_a": sd_a,
+        "sd_b": sd_b,
+    }

@@ -1,5 +1,6 @@
-"""bench/rl_seeds.py and pvpo.stats.seeds_difference: the seeds' RL phase from the recipe run's warm
-start with only run.seed changed, and the mean over seeds with an s.e. that counts their spread."""
+"""bench/rl_seeds.py and pvpo.stats.seeds_difference / seeds_contrast: the seeds' RL phase from the
+recipe run's warm start with only run.seed changed, and the mean over seeds with an s.e. that counts
+their spread."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pvpo.stats import paired_difference, seeds_difference
+from pvpo.stats import paired_difference, seeds_contrast, seeds_difference
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 if str(BENCH) not in sys.path:
@@ -36,6 +37,26 @@ def test_seeds_difference_adds_the_seeds_spread_to_the_questions_paired_error():
     assert (one["mean"], one["se"]) == pytest.approx(paired_difference(warm, afters[0]))
     with pytest.raises(ValueError, match="same questions"):
         seeds_difference(warm, [[1, 0, 1]])
+
+
+def test_seeds_contrast_counts_both_settings_seed_spreads_beside_the_questions_paired_error():
+    a = [[1, 1, 0, 0], [1, 0, 0, 0]]  # setting A, two seeds: means 0.5, 0.25
+    b = [[0, 0, 0, 0], [1, 0, 0, 1], [0, 1, 0, 0]]  # setting B, three seeds: means 0, 0.5, 0.25
+    got = seeds_contrast(a, b)
+    avg_a, avg_b = [1, 0.5, 0, 0], [1 / 3, 1 / 3, 0, 1 / 3]
+    d = [x - y for x, y in zip(avg_a, avg_b, strict=True)]
+    m = sum(d) / 4
+    se_q = math.sqrt(sum((x - m) ** 2 for x in d) / 3 / 4)
+    sd_a = math.sqrt(((0.5 - 0.375) ** 2 + (0.25 - 0.375) ** 2) / 1)
+    sd_b = math.sqrt(((0 - 0.25) ** 2 + (0.5 - 0.25) ** 2 + (0.25 - 0.25) ** 2) / 2)
+    assert got["mean"] == pytest.approx(0.375 - 0.25) and got["se_questions"] == pytest.approx(se_q)
+    assert (got["sd_a"], got["sd_b"]) == pytest.approx((sd_a, sd_b))
+    assert got["se"] == pytest.approx(math.sqrt(se_q**2 + sd_a**2 / 2 + sd_b**2 / 3))
+    # one seed a side: the plain paired comparison
+    one = seeds_contrast(a[:1], b[:1])
+    assert (one["mean"], one["se"]) == pytest.approx(paired_difference(b[0], a[0]))
+    with pytest.raises(ValueError, match="same questions"):
+        seeds_contrast(a, [[1, 0, 1]])
 
 
 def _run(root: Path, name: str, before, after, qs, base=None, fmt=1.0) -> Path:
