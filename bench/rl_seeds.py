@@ -6,8 +6,10 @@ else (the same config file, splits, index and settings).
     python bench/rl_seeds.py --recipe-run runs/multihop --seeds 1,2 --out runs/multihop_seeds
 
 The recipe run is a finished `pvpo demo --config real_smollm2_multihop ...` in held-out mode
-(`data.evaluate_on: held_out`, the default). Each seed run evaluates the held-out questions before
-RL (the warm start, greedy: the same answers in every run) and after; the report (OUT/results.md)
+(`data.evaluate_on: held_out`, the default), or in validation mode (`data.evaluate_on: validation`:
+the seeds then evaluate the validation questions, for choosing a setting, and the held-out set is
+left alone). Each seed run evaluates those questions before RL (the warm start, greedy: the same
+answers in every run) and after; the report (OUT/results.md)
 gives per seed RL - warm start with its paired standard error, and the mean over the seeds with a
 standard error that counts the seeds' spread (`pvpo.stats.seeds_difference`: sqrt(se_q^2 +
 sd_s^2 / S)), per dataset too, beside base model -> RL and the format rate.
@@ -59,9 +61,17 @@ def recipe_config(recipe_run: Path) -> dict[str, Any]:
     if not (recipe_run / "initial_policy" / "config.json").is_file():
         raise ValueError(f"--recipe-run {recipe_run}: no initial_policy (the warm start) to start the seeds from")
     cfg = yaml.safe_load((recipe_run / "config.yaml").read_text())
-    if cfg["data"].get("evaluate_on", "held_out") != "held_out":
-        raise ValueError(f"--recipe-run {recipe_run}: evaluated on {cfg['data']['evaluate_on']}, not held_out")
+    if split_of(cfg) not in SPLITS:
+        raise ValueError(f"--recipe-run {recipe_run}: evaluated on {split_of(cfg)!r}; known: {', '.join(SPLITS)}")
     return cfg
+
+
+SPLITS = {"held_out": ("held-out", "held_out.jsonl"), "validation": ("validation", "validation.jsonl")}
+
+
+def split_of(cfg: dict[str, Any]) -> str:
+    """The split a recipe run evaluated before and after RL (`data.evaluate_on`)."""
+    return str(cfg["data"].get("evaluate_on", "held_out"))
 
 
 def run_seed(recipe_run: Path, seed: int, out: Path) -> Path:
@@ -95,17 +105,20 @@ def _f(v: float | None, fmt: str = ".3f") -> str:
     return "n/a" if v is None else format(v, fmt)
 
 
-def report(seeds: Sequence[int], runs: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
-    """results.md: one row per seed, the mean over seeds (seeds' spread counted), per dataset."""
+def report(
+    seeds: Sequence[int], runs: Sequence[dict[str, Any]], *, command: str, machine: str, split: str = "held-out"
+) -> str:
+    """results.md: one row per seed, the mean over seeds (seeds' spread counted), per dataset, on
+    `split` (the questions the runs evaluated before and after RL)."""
     first = runs[0]
     for s, r in zip(seeds[1:], runs[1:]):
         if r["questions"] != first["questions"]:
-            raise ValueError(f"seed {s} was evaluated on other held-out questions than seed {seeds[0]}")
+            raise ValueError(f"seed {s} was evaluated on other {split} questions than seed {seeds[0]}")
     qs = first["questions"]
     warm = first["em"]["before"]
     afters = [r["em"]["after"] for r in runs]
     lines = [
-        f"# RL over the warm start, {len(seeds)} RL seeds from one warm start, held-out ({len(qs)} questions)",
+        f"# RL over the warm start, {len(seeds)} RL seeds from one warm start, {split} ({len(qs)} questions)",
         "",
         f"machine: {machine}",
         f"command: `{command}`",
@@ -202,12 +215,13 @@ def eval_command(cfg: dict[str, Any], model: Path, questions: Path, url: str, ou
 
 
 def reproduce(recipe_run: Path, seeds: Sequence[int], dirs: Sequence[Path], out: Path) -> list[str]:
-    """`pvpo eval` of the warm start and each seed's final policy on the held-out questions; one
-    line per policy: EM, the run's EM, and how many questions' EM differ."""
+    """`pvpo eval` of the warm start and each seed's final policy on the questions the runs
+    evaluated (held-out, or validation); one line per policy: EM, the run's EM, and how many
+    questions' EM differ."""
     from pvpo.retriever.server import BackgroundServer
 
     cfg = recipe_config(recipe_run)
-    questions = recipe_run / "held_out.jsonl"
+    questions = recipe_run / SPLITS[split_of(cfg)][1]
     lines = []
     with BackgroundServer(str(recipe_run / "index")) as server:
         todo = [("warm", recipe_run / "initial_policy", dirs[0], "before")]
@@ -233,7 +247,12 @@ def reproduce(recipe_run: Path, seeds: Sequence[int], dirs: Sequence[Path], out:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe-run", type=Path, required=True, help="a finished held-out run of the recipe (seed 1)")
+    ap.add_argument(
+        "--recipe-run",
+        type=Path,
+        required=True,
+        help="a finished run of the recipe, held-out or validation mode (its seed is the first)",
+    )
     ap.add_argument("--seeds", default="1,2", help="the further RL seeds, comma-separated (default 1,2)")
     ap.add_argument("--out", type=Path, default=Path("runs/rl_seeds"), help="one folder per seed + results.md")
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from finished seed runs")
@@ -260,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         [load_seed(d) for d in dirs],
         command=shlex.join(["python", "bench/rl_seeds.py", *sys.argv[1:]]),
         machine=machine_line(("torch", "transformers", "vllm")),
+        split=SPLITS[split_of(cfg)][0],
     )
     if args.reproduce:
         text += "\n" + "\n".join(reproduce(args.recipe_run, seeds, dirs, args.out)) + "\n"

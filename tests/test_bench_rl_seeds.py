@@ -104,12 +104,19 @@ def test_the_report_gives_each_seed_the_mean_with_the_seeds_spread_and_each_data
         rl_seeds.report([0, 3], [runs[0], other], command="c", machine="m")
 
 
-def test_a_recipe_run_evaluated_on_validation_or_unfinished_is_refused(tmp_path):
-    run = _run(tmp_path, "r", [0], [1], ["a/1"])
+def test_a_validation_recipe_run_is_taken_and_reported_as_validation_an_unknown_split_or_unfinished_refused(
+    tmp_path,
+):
+    run = _run(tmp_path, "r", [0, 1], [1, 1], ["a/1", "a/2"])
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     cfg["data"]["evaluate_on"] = "validation"
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
-    with pytest.raises(ValueError, match="evaluated on validation, not held_out"):
+    assert rl_seeds.split_of(rl_seeds.recipe_config(run)) == "validation"
+    text = rl_seeds.report([0], [rl_seeds.load_seed(run)], command="c", machine="m", split="validation")
+    assert "one warm start, validation (2 questions)" in text and "held-out" not in text
+    cfg["data"]["evaluate_on"] = "train"
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="evaluated on 'train'; known: held_out, validation"):
         rl_seeds.recipe_config(run)
     with pytest.raises(ValueError, match="no finished demo run"):
         rl_seeds.recipe_config(tmp_path / "nothing")
