@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import Episode, EpisodeConfig
@@ -45,6 +45,8 @@ from pvpo.trainer.rollout.engine import AsyncGenerate, RolloutEngine, SamplingCo
 from pvpo.trainer.rollout.repetition import ends_in_loop
 from pvpo.trainer.rollout.tick_batching import SearchBatcher
 from pvpo.trainer.rollout.trajectory import Trajectory
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,32 @@ async def run_episodes_async(
             pool.shutdown(wait=False, cancel_futures=True)
 
 
+def run_fresh(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`asyncio.run(make())`, with the event loop built while Ctrl-C is held: a KeyboardInterrupt
+    inside the loop's constructor left a half-built loop whose finalizer printed an "Exception
+    ignored ... no attribute '_ssock'" traceback as the process ended (CI, one run of a 40-SIGINT
+    storm during `pvpo train`). The run and its clean-up (tasks cancelled, async generators and the
+    default executor shut, the loop closed, as `asyncio.run` does) are not held: they join threads.
+    (`asyncio.Runner(loop_factory=...)` would do it from Python 3.11; we support 3.10.)"""
+    with hold_signals():
+        event_loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(event_loop)
+        return event_loop.run_until_complete(make())
+    finally:
+        try:
+            tasks = asyncio.all_tasks(event_loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                event_loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            event_loop.run_until_complete(event_loop.shutdown_asyncgens())
+            event_loop.run_until_complete(event_loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            event_loop.close()
+
+
 def run_episodes(
     make_source: Callable[[Executor], TurnSource],
     examples: Sequence[QAExample],
@@ -361,25 +389,19 @@ def run_episodes(
         return []
 
     def go() -> list[Trajectory]:
-        # built with Ctrl-C held: a KeyboardInterrupt inside the loop's constructor leaves a half-built loop
-        # whose finalizer prints an "Exception ignored ... no attribute '_ssock'" traceback at exit (CI, one
-        # run of a 40-SIGINT storm during `pvpo train`); the loop's own clean-up is not held (it joins threads)
-        with hold_signals():
-            event_loop = asyncio.new_event_loop()
-        with asyncio.Runner(loop_factory=lambda: event_loop) as runner:
-            return runner.run(
-                run_episodes_async(
-                    make_source,
-                    examples,
-                    searcher,
-                    episode_config,
-                    loop,
-                    seed=seed,
-                    indices=indices,
-                    on_done=on_done,
-                    on_start=on_start,
-                )
+        return run_fresh(
+            lambda: run_episodes_async(
+                make_source,
+                examples,
+                searcher,
+                episode_config,
+                loop,
+                seed=seed,
+                indices=indices,
+                on_done=on_done,
+                on_start=on_start,
             )
+        )
 
     try:
         asyncio.get_running_loop()
