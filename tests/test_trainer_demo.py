@@ -255,6 +255,13 @@ def test_a_run_evaluating_its_validation_split_labels_its_summary_validation_not
         )
         text = summary_table(cfg, result, {}, n_sft=3, n_rl=4)
         assert text.startswith(f"{label}: 4 questions") and f"| {label.lower()} | base model |" in text
+        # the verdict lines name the split too (a validation run's summary once said "held-out EM")
+        other = "held-out" if split == "validation" else "validation"
+        assert f"RL over the warm start: {label.lower()} EM" in text and f"{other} EM" not in text
+        plain = TrainResult(tmp_path, 2, eval_before=ev, eval_after=ev)
+        plain.eval_em = {"before": [0.0, 1.0] * 2, "after": [0.0, 1.0] * 2}
+        text = summary_table(cfg, plain, {}, n_sft=3, n_rl=4)
+        assert f"\n{label.lower()} EM 0.500 -> 0.500" in text and f"{other} EM" not in text
 
 
 def test_a_run_without_a_warm_start_says_rl_starts_from_the_given_model(tmp_path):

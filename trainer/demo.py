@@ -148,9 +148,10 @@ def learning_check(
     em_after: Sequence[float] = (),
     min_gain: float = 0.15,
     min_se: float = 3.0,
+    split: str = "held-out",
 ) -> tuple[bool, str]:
-    """Whether held-out EM rose by at least `min_gain` and by `min_se` standard errors of the gain,
-    with the sentence that says so. Given each question's EM before and after (the same questions),
+    """Whether EM on the `split` questions (held-out, or validation) rose by at least `min_gain`
+    and by `min_se` standard errors of the gain, with the sentence that says so. Given each question's EM before and after (the same questions),
     the s.e. is the paired one, sd(after_i - before_i) / sqrt(n); otherwise sqrt(se_b^2 + se_a^2)."""
     b, a = before.get("eval/accuracy"), after.get("eval/accuracy")
     if b is None or a is None:
@@ -166,14 +167,16 @@ def learning_check(
     z = (a - b) / se if se > 0 else (float("inf") if a > b else 0.0)
     ok = a - b >= min_gain and z >= min_se
     return ok, (
-        f"held-out EM {b:.3f} -> {a:.3f}: {a - b:+.3f}, {z:.1f} {kind} s.e. of the gain "
+        f"{split} EM {b:.3f} -> {a:.3f}: {a - b:+.3f}, {z:.1f} {kind} s.e. of the gain "
         f"({'meets' if ok else 'misses'} the demo's bar of {min_gain:+.2f} and {min_se:.0f} s.e.)"
     )
 
 
-def paired_gain(em_from: Sequence[float], em_to: Sequence[float], *, what: str, min_se: float) -> tuple[bool, str]:
-    """Whether EM on the same questions rose by at least `min_se` paired standard errors
-    (sd(to_i - from_i) / sqrt(n)), with the sentence that says so."""
+def paired_gain(
+    em_from: Sequence[float], em_to: Sequence[float], *, what: str, min_se: float, split: str = "held-out"
+) -> tuple[bool, str]:
+    """Whether EM on the same questions (of `split`) rose by at least `min_se` paired standard
+    errors (sd(to_i - from_i) / sqrt(n)), with the sentence that says so."""
     if not em_from or len(em_from) != len(em_to):
         return False, f"{what}: no paired evaluation"
     gain, se = paired_difference(em_from, em_to)
@@ -181,7 +184,7 @@ def paired_gain(em_from: Sequence[float], em_to: Sequence[float], *, what: str, 
     z = gain / se if se > 0 else (float("inf") if gain > 0 else 0.0)
     ok = z >= min_se
     return ok, (
-        f"{what}: held-out EM {a:.3f} -> {b:.3f}, {gain:+.3f} (paired s.e. {se:.3f}, {z:.1f} s.e.; "
+        f"{what}: {split} EM {a:.3f} -> {b:.3f}, {gain:+.3f} (paired s.e. {se:.3f}, {z:.1f} s.e.; "
         f"{'meets' if ok else 'misses'} the bar of {min_se:.0f} s.e.)"
     )
 
@@ -228,6 +231,7 @@ def summary_table(
     k = min(5, len(m))
     # a run choosing its settings evaluates the validation split; its held-out split stays unseen
     split = "Validation" if cfg.data.evaluate_on == "validation" else "Held-out"
+    split_name = split.lower()  # the verdict lines name the split they measured
     n_held = int(b.get("eval/n") or a.get("eval/n") or 0)  # a resumed run from before eval_before.json has no b
     ws = result.warm_start_losses
     held = [
@@ -252,8 +256,14 @@ def summary_table(
             f"(s.e. of EM base / warm start / RL: {f(base.get('eval/accuracy_se'))} / "
             f"{f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
             "",
-            "- " + paired_gain(em.get("base", []), em.get("after", []), what="base model -> after RL", min_se=3)[1],
-            "- " + paired_gain(em.get("before", []), em.get("after", []), what="RL over the warm start", min_se=2)[1],
+            "- "
+            + paired_gain(
+                em.get("base", []), em.get("after", []), what="base model -> after RL", min_se=3, split=split_name
+            )[1],
+            "- "
+            + paired_gain(
+                em.get("before", []), em.get("after", []), what="RL over the warm start", min_se=2, split=split_name
+            )[1],
             "",
             f"| {split.lower()} | base model | after warm start | after RL | RL - warm start |",
             "|---|---|---|---|---|",
@@ -264,9 +274,13 @@ def summary_table(
             f"{split}: {n_held} test questions, greedy, never trained on "
             f"(s.e. of EM before / after: {f(b.get('eval/accuracy_se'))} / {f(a.get('eval/accuracy_se'))}).",
             "",
-            learning_check(b, a, em_before=result.eval_em.get("before", ()), em_after=result.eval_em.get("after", ()))[
-                1
-            ]
+            learning_check(
+                b,
+                a,
+                em_before=result.eval_em.get("before", ()),
+                em_after=result.eval_em.get("after", ()),
+                split=split_name,
+            )[1]
             + ".",
             "",
             f"| {split.lower()} | before RL | after RL | change |",
