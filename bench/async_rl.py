@@ -208,12 +208,11 @@ def pipeline(args: argparse.Namespace) -> None:
     by_eta = {eta: [r for r in rows if r["eta"] == eta] for eta in args.etas}
     base = [r["per_question"] for r in by_eta[args.etas[0]]]
     for eta, rs in by_eta.items():
-        ems = [r["em"] for r in rs]
-        sd = (sum((x - mean(ems)) ** 2 for x in ems) / (len(ems) - 1)) ** 0.5
-        c = seeds_contrast([r["per_question"] for r in rs], base)
+        c = seeds_contrast([r["per_question"] for r in rs], base)  # its sd_a: the spread of this eta's seeds
         versus = f"{c['mean']:+.3f} ({c['se']:.3f}, {c['mean'] / c['se']:+.1f} s.e.)" if c["se"] else "+0.000"
         print(
-            f"| {eta} | {len(rs)} | {mean([r['samples_per_s'] for r in rs]):.2f} | {mean(ems):.3f} ({sd:.3f}) | "
+            f"| {eta} | {len(rs)} | {mean([r['samples_per_s'] for r in rs]):.2f} | "
+            f"{mean([r['em'] for r in rs]):.3f} ({c['sd_a']:.3f}) | "
             f"{versus} |"
         )
     print(

@@ -54,6 +54,15 @@ def seed_overrides(recipe_run: Path, seed: int) -> list[str]:
     ]
 
 
+# a recipe run's evaluated split: (its name in the report, the questions file the run wrote)
+SPLITS = {"held_out": ("held-out", "held_out.jsonl"), "validation": ("validation", "validation.jsonl")}
+
+
+def split_of(cfg: dict[str, Any]) -> str:
+    """The split a recipe run evaluated before and after RL (`data.evaluate_on`)."""
+    return str(cfg["data"].get("evaluate_on", "held_out"))
+
+
 def recipe_config(recipe_run: Path) -> dict[str, Any]:
     """The recipe run's resolved config (its config.yaml), checked to be a finished held-out run."""
     if not finished(recipe_run):
@@ -64,14 +73,6 @@ def recipe_config(recipe_run: Path) -> dict[str, Any]:
     if split_of(cfg) not in SPLITS:
         raise ValueError(f"--recipe-run {recipe_run}: evaluated on {split_of(cfg)!r}; known: {', '.join(SPLITS)}")
     return cfg
-
-
-SPLITS = {"held_out": ("held-out", "held_out.jsonl"), "validation": ("validation", "validation.jsonl")}
-
-
-def split_of(cfg: dict[str, Any]) -> str:
-    """The split a recipe run evaluated before and after RL (`data.evaluate_on`)."""
-    return str(cfg["data"].get("evaluate_on", "held_out"))
 
 
 def run_seed(recipe_run: Path, seed: int, out: Path) -> Path:

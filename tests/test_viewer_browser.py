@@ -14,15 +14,16 @@ import pytest
 import torch
 from test_trainer_episode_log import CharTokenizer, _traj
 from test_viewer_page import CASES_A, CASES_B
-from viewer_support import Node, chromium, dump_dom, parse_dom, write_eval
+from viewer_support import Node, dump_dom, parse_dom, write_eval
 
 from pvpo.envs.data import QAExample
 from pvpo.trainer.config.schema import RunConfig
 from pvpo.trainer.episode_log import log_step_episodes, read_episode_log
+from pvpo.viewer.headless import find_chromium
 from pvpo.viewer.page import write_page
 
 pytestmark = pytest.mark.skipif(
-    chromium() is None,
+    find_chromium() is None,
     reason="headless Chromium is not installed (apt-get install chromium; `make test` installs it when run as root)",
 )
 

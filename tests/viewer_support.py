@@ -108,13 +108,10 @@ def write_eval(out: Path, dataset: str, cases: Sequence[tuple[str, str, Sequence
 
 
 # ---- headless Chromium ------------------------------------------------------------------------------
-chromium = find_chromium  # the tests' name for it
-
-
 def dump_dom(page: Path, fragment: str = "", *, timeout: float = 120) -> str:
     """The DOM of `page` (opened from file://, with `#fragment`) once its script has run, as headless
     Chromium serialises it: a fresh profile, no network, no GPU."""
-    exe = chromium()
+    exe = find_chromium()
     assert exe is not None
     url = page.resolve().as_uri() + (f"#{fragment}" if fragment else "")
     with tempfile.TemporaryDirectory(prefix="pvpo-chromium-") as profile:

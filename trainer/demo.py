@@ -151,8 +151,9 @@ def learning_check(
     split: str = "held-out",
 ) -> tuple[bool, str]:
     """Whether EM on the `split` questions (held-out, or validation) rose by at least `min_gain`
-    and by `min_se` standard errors of the gain, with the sentence that says so. Given each question's EM before and after (the same questions),
-    the s.e. is the paired one, sd(after_i - before_i) / sqrt(n); otherwise sqrt(se_b^2 + se_a^2)."""
+    and by `min_se` standard errors of the gain, with the sentence that says so. Given each
+    question's EM before and after (the same questions), the s.e. is the paired one,
+    sd(after_i - before_i) / sqrt(n); otherwise sqrt(se_b^2 + se_a^2)."""
     b, a = before.get("eval/accuracy"), after.get("eval/accuracy")
     if b is None or a is None:
         return False, "no held-out evaluation"
