@@ -251,7 +251,11 @@ def test_a_ctrl_c_storm_during_overwrite_puts_the_old_run_back_and_a_resume_cont
     run = copy_run(trained, tmp_path / "run")
     (run / "notes.txt").write_text("mine")
     before = _tree(run)
-    args = [sys.executable, "tests/fault_support.py", "train", "--run-dir", str(run), "--overwrite", *TINY_RUN]
+    # A new run far longer than the storm, checkpointed only at its end: the 2-step run took 1 s, and
+    # on CI's loaded machine the storm once began after it had finished (rc 0, reproduced with one
+    # SIGINT 0.9 s after the new config.yaml appeared).
+    long_run = [*TINY_RUN, "run.steps=500", "run.checkpoint_every=0"]
+    args = [sys.executable, "tests/fault_support.py", "train", "--run-dir", str(run), "--overwrite", *long_run]
     # SIGINT as a terminal's Ctrl-C delivers it, also when the suite runs as a background job (whose
     # children start with SIGINT ignored, which pvpo respects)
     sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
