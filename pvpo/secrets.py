@@ -46,6 +46,12 @@ def mask_config(data: Any, prefix: str = "") -> Any:
     return mask_value(prefix, data)
 
 
+def has_masked_credentials(url: str) -> bool:
+    """Whether `url` carries credentials that `mask_url` replaced (read back from a file a run
+    wrote): such a URL cannot authenticate."""
+    return f":{MASK}@" in url or f"://{MASK}@" in url
+
+
 def redact(text: str, secrets: Any) -> str:
     """`text` with each of `secrets` (strings, numbers; None skipped) replaced by MASK and URLs'
     credentials masked."""

@@ -22,6 +22,7 @@ import numpy as np
 from pvpo.atomic import atomic_write_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.retriever.types import Searcher
+from pvpo.secrets import has_masked_credentials
 from pvpo.trainer.config.schema import QUESTIONS_CORPUS, TrainConfig
 from pvpo.trainer.rollout.agent_settings import AgentSettings
 from pvpo.trainer.state.run_dir import RunDir
@@ -282,6 +283,11 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
 
     r = cfg.retriever
     if r.url:
+        if any(has_masked_credentials(u) for u in ([r.url] if isinstance(r.url, str) else r.url)):
+            raise ValueError(
+                "retriever.url: its credentials are not in the run's config.yaml (written as ***): "
+                "give retriever.url=... again on --resume, or keep the secret in PVPO_RETRIEVER_TOKEN"
+            )
         token = r.token or os.environ.get("PVPO_RETRIEVER_TOKEN") or None
         client = RetrieverClient(
             r.url, topk=r.topk, timeout=r.timeout, retries=r.retries, max_backoff=r.max_backoff, token=token

@@ -487,11 +487,21 @@ TOKEN_NOT_WRITTEN = (
 )
 
 
+URL_CREDENTIALS_NOT_WRITTEN = (
+    "# retriever.url held credentials, written here as ***: on --resume give retriever.url=... again "
+    "(or keep the secret in retriever.token / PVPO_RETRIEVER_TOKEN)\n"
+)
+
+
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML (what `--resume` reloads), without the retriever's token:
-    a comment says that one was set."""
+    """Write the resolved config as YAML (what `--resume` reloads), without the retriever's token
+    or the credentials of its URL (`http://user:***@host`): a comment says which was set."""
     data = cfg.model_dump(mode="json")
     had_token = data["retriever"].get("token") is not None
     data["retriever"]["token"] = None
+    url = data["retriever"].get("url")
+    masked = mask_value("retriever.url", url)
+    data["retriever"]["url"] = masked
     text = yaml.safe_dump(data, sort_keys=False)
-    atomic_write_text(path, (TOKEN_NOT_WRITTEN if had_token else "") + text)  # a full disk never leaves half of it
+    head = (TOKEN_NOT_WRITTEN if had_token else "") + (URL_CREDENTIALS_NOT_WRITTEN if masked != url else "")
+    atomic_write_text(path, head + text)  # a full disk never leaves half of it
