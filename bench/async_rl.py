@@ -18,10 +18,12 @@ not how far another seed's training would land.
 here or taken from a `pipeline` run with `--from-run`), the same prompts (the config's RL prompts),
 group size, per-turn and per-episode token limits, temperature, learning rate, KL weight and CPU
 threads, in one process: single-turn (`--turns 1`: TRL's own generation, ended at EOS and at the
-protocol's stop tags where each is one token, as ours ends a turn; our reward function on the
-completion) or multi-turn through our TRL adapter (`pvpo.integrations.trl.SearchRollout`: the same
-episode driver and retriever). Our side runs at eta = 0 and 1, RL steps only (no evaluation). Rollouts
-and model tokens per second over the steps after the first (the anchor's build, TRL's warm-up).
+protocol's stop tags as ours ends a turn, as EOS ids where each tag is one token, else as
+transformers' stop strings; our reward function on the completion) or multi-turn through our TRL
+adapter (`pvpo.integrations.trl.SearchRollout`: the same episode driver and retriever). Our side runs
+at eta = 0 and 1, RL steps only (no evaluation). Rollouts and model tokens per second over the steps
+after the first (the anchor's build, TRL's warm-up), model tokens per rollout (both sides should
+end turns alike) and the share of rows the update ran (ours skips a row whose loss is zero).
 
 Each prints the machine, the command and one table; `--out` keeps the runs.
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import shutil
 import sys
 import time
@@ -59,6 +62,7 @@ class Timed:
         self.walls: list[float] = []
         self.rollouts: list[float] = []
         self.tokens: list[float] = []
+        self.skipped: list[float] = []  # the share of rows whose forward and backward the update skipped
         self._last: dict[str, float] = {}
 
     def wrap(self, trainer: Any) -> None:
@@ -75,6 +79,7 @@ class Timed:
             )
             self.rollouts.append(own)
             self.tokens.append(own * metrics.get("model_tokens", 0.0))
+            self.skipped.append(metrics.get("update/skipped_rows_frac", 0.0))
             self._last = now
             return metrics
 
@@ -249,9 +254,18 @@ def trl_side(
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
-    # single-turn: a turn ends at the protocol's stop strings, as ours, where each is one token
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # single-turn: a turn ends at the protocol's stop strings, as ours: as EOS ids where each is one
+    # token; otherwise as transformers' stop strings, which need the tokenizer that TRL's `generate`
+    # call does not pass (bound here), with a stopped row padded by EOS, where TRL's mask ends it (a
+    # turn is then ours plus that one EOS; without it TRL ran every turn to the token limit)
     stops = [tok.convert_tokens_to_ids(s) for s in protocol.stop_strings]
-    single_token_stops = all(isinstance(t, int) and t != tok.unk_token_id for t in stops)
+    generation: dict[str, Any] | None = None
+    if args.turns == 1 and all(isinstance(t, int) and t != tok.unk_token_id for t in stops):
+        generation = {"eos_token_id": [tok.eos_token_id, *stops]}
+    elif args.turns == 1:
+        generation = {"stop_strings": list(protocol.stop_strings), "pad_token_id": tok.eos_token_id}
+        model.generate = functools.partial(model.generate, tokenizer=tok)
     config = trl.GRPOConfig(
         output_dir=str(out / "trl"),
         max_steps=args.steps,
@@ -262,16 +276,13 @@ def trl_side(
         learning_rate=cfg.optim.lr,
         beta=cfg.optim.kl_coef,
         num_iterations=cfg.optim.epochs,
-        generation_kwargs={"eos_token_id": [tok.eos_token_id, *stops]}
-        if single_token_stops and args.turns == 1
-        else None,
+        generation_kwargs=generation,
         logging_steps=1,
         report_to="none",
         save_strategy="no",
         use_cpu=True,
         seed=cfg.run.seed,
     )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if args.turns > 1:
         rollout = SearchRollout(
             examples,
@@ -321,7 +332,7 @@ def trl(args: argparse.Namespace) -> None:
         "optim.mini_batches=1",
         "algorithm.anchor.refresh_every=0",
     ]
-    rows: list[tuple[str, float, float]] = []
+    rows: list[tuple[str, float, float, str]] = []
     start = Path(args.from_run) if args.from_run else None
     for eta in (0, 1):
         run_dir = out / f"ours_eta{eta}"
@@ -335,16 +346,24 @@ def trl(args: argparse.Namespace) -> None:
             timer.wrap(trainer)
             for k in range(1, args.steps + 1):  # the steps alone: no held-out evaluation
                 trainer.train_step(k)
-            rows.append((f"ours, eta = {eta}", timer.per_second(skip=1), timer.tokens_per_second(skip=1)))
+            updated = f"{1 - mean(timer.skipped[1:]):.0%}"
+            rows.append((f"ours, eta = {eta}", timer.per_second(skip=1), timer.tokens_per_second(skip=1), updated))
             if eta == 1:  # TRL on the same model, prompts, limits and retriever, in this process
                 name = "TRL GRPOTrainer" + (" + our SearchRollout" if args.turns > 1 else "")
-                rows.append((name, *trl_side(args, cfg, trainer, searcher, run_dir / "initial_policy", out)))
+                rows.append((name, *trl_side(args, cfg, trainer, searcher, run_dir / "initial_policy", out), "100%"))
         start = start or run_dir
     turns = f"{args.turns} turn{'s' if args.turns > 1 else ''}"
-    print(f"| trainer ({turns}) | rollouts/s (steps 2-{args.steps}) | model tokens/s |")
-    print("|---|---|---|")
-    for name, rate, tokens in rows:
-        print(f"| {name} | {rate:.2f} | {tokens:.0f} |")
+    # model tokens per rollout says whether both ended their turns alike (a side run to the token limit
+    # has fewer, longer rollouts per second); rows updated, whether both did the same update: ours
+    # skips the forward and backward of a row whose loss is zero (advantage 0, no KL term), TRL runs
+    # every row, so where few rows carry a signal ours is faster for doing less
+    print(
+        f"| trainer ({turns}) | rollouts/s (steps 2-{args.steps}) | model tokens/s | model tokens/rollout "
+        "| rows updated |"
+    )
+    print("|---|---|---|---|---|")
+    for name, rate, tokens, updated in rows:
+        print(f"| {name} | {rate:.2f} | {tokens:.0f} | {tokens / rate:.1f} | {updated} |")
 
 
 def main() -> None:
