@@ -19,12 +19,19 @@ against a loopback server of the recipe's own index, with the recipe's agent set
 each reproduces its run's held-out EM question by question (greedy ties in another batch mix may
 flip a few; the report counts them).
 
+`--held-out` (a validation-mode recipe run, once its setting is chosen on validation): the
+held-out table, evaluated once. `pvpo eval` of the base model, the warm start and each seed's
+final policy on the run's held-out questions (the same index as validation), kept under
+OUT/held_out and never evaluated again (a later call reads them); OUT/held_out.md has the same
+table as results.md, on those questions, with base model -> RL.
+
 Seed runs are resumable: a finished one is kept, a killed one resumes from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -246,6 +253,62 @@ def reproduce(recipe_run: Path, seeds: Sequence[int], dirs: Sequence[Path], out:
     return lines
 
 
+def read_predictions(folder: Path) -> dict[str, dict[str, float]]:
+    """A finished `pvpo eval` output folder's answers: per question id, its EM and format_ok."""
+    got: dict[str, dict[str, float]] = {}
+    for path in folder.glob("*/predictions.jsonl"):
+        for row in map(json.loads, path.read_text().splitlines()):
+            out = row["output"]
+            got[str(row["id"])] = {"em": float(out["metric_score"]["em"]), "format_ok": float(out["format_ok"])}
+    return got
+
+
+def held_out_once(recipe_run: Path, seeds: Sequence[int], dirs: Sequence[Path], out: Path) -> list[dict[str, Any]]:
+    """The held-out questions of a validation-mode recipe run, evaluated once for the chosen setting:
+    `pvpo eval` of the base model, the warm start and each seed's final policy on the run's
+    held_out.jsonl, against a loopback server of its index (the one index every split searches).
+    An evaluation already under OUT/held_out/<label> is read, never run again. One record per seed
+    in `load_seed`'s shape (questions, EM before = warm start, after, base; format_ok after)."""
+    from pvpo.retriever.server import BackgroundServer
+
+    cfg = recipe_config(recipe_run)
+    if split_of(cfg) != "validation":
+        raise ValueError(f"--held-out: {recipe_run} is a held-out-mode run; its own table is the held-out one")
+    questions = recipe_run / SPLITS["held_out"][1]
+    todo = [("base", Path(str(cfg["model"]["path"]))), ("warm", recipe_run / "initial_policy")]
+    todo += [(f"seed_{s}", final_policy(d)) for s, d in zip(seeds, dirs)]
+    answers: dict[str, dict[str, dict[str, float]]] = {}
+    pending = [(label, model) for label, model in todo if not (out / "held_out" / label / "done").exists()]
+    server = BackgroundServer(str(recipe_run / "index")) if pending else contextlib.nullcontext(None)
+    with server as srv:
+        for label, model in todo:
+            folder = out / "held_out" / label
+            if (label, model) in pending:
+                assert srv is not None  # started above whenever an evaluation is pending
+                cmd = eval_command(cfg, model, questions, srv.url, folder)
+                print(f"[held-out {label}] {shlex.join(cmd)}", flush=True)
+                env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+                subprocess.run(cmd, check=True, env=env)
+                (folder / "done").write_text(f"{model}\n")
+            answers[label] = read_predictions(folder)
+    ids = [json.loads(line)["id"] for line in questions.read_text().splitlines() if line.strip()]
+    missing = [label for label, got in answers.items() if set(got) != set(map(str, ids))]
+    if missing:
+        raise ValueError(f"held-out evaluations that do not cover the {len(ids)} questions: {', '.join(missing)}")
+
+    def col(label: str, key: str = "em") -> list[float]:
+        return [answers[label][str(q)][key] for q in ids]
+
+    return [
+        {
+            "questions": [str(q) for q in ids],
+            "em": {"before": col("warm"), "after": col(f"seed_{s}"), "base": col("base")},
+            "scores": {"after": [{"format_ok": f} for f in col(f"seed_{s}", "format_ok")]},
+        }
+        for s in seeds
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -258,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/rl_seeds"), help="one folder per seed + results.md")
     ap.add_argument("--report-only", action="store_true", help="rewrite results.md from finished seed runs")
     ap.add_argument("--reproduce", action="store_true", help="then pvpo eval each seed's policy (module docstring)")
+    ap.add_argument(
+        "--held-out",
+        action="store_true",
+        help="a validation-mode recipe run, its setting chosen: evaluate the base model, the warm start and "
+        "each seed's final policy on the held-out questions, once (kept under OUT/held_out), into OUT/held_out.md",
+    )
     args = ap.parse_args(argv)
     try:
         cfg = recipe_config(args.recipe_run)
@@ -286,6 +355,20 @@ def main(argv: list[str] | None = None) -> int:
         text += "\n" + "\n".join(reproduce(args.recipe_run, seeds, dirs, args.out)) + "\n"
     (args.out / "results.md").write_text(text)
     print(text)
+    if args.held_out:
+        try:
+            records = held_out_once(args.recipe_run, seeds, dirs, args.out)
+        except ValueError as e:
+            ap.error(str(e))
+        held = report(
+            seeds,
+            records,
+            command=shlex.join(["python", "bench/rl_seeds.py", *sys.argv[1:]]),
+            machine=machine_line(("torch", "transformers", "vllm")),
+            split="held-out, evaluated once with `pvpo eval`",
+        )
+        (args.out / "held_out.md").write_text(held)
+        print(held)
     return 0
 
 

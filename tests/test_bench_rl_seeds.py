@@ -149,3 +149,62 @@ def test_pvpo_eval_gets_the_recipes_agent_settings():
         "--engine hf",
     ):
         assert flag in joined, flag
+
+
+def _validation_run(root: Path, qs: list[str]) -> Path:
+    run = _run(root, "recipe", [0] * len(qs), [0] * len(qs), ["v/1"] * len(qs))
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"]["evaluate_on"] = "validation"
+    cfg |= {
+        "model": {"path": "base-model", "dtype": "float32"},
+        "rollout": {"max_turns": 2, "max_new_tokens": 8, "max_response_tokens": 64, "batch_size": 4, "engine": "hf"},
+        "env": {"protocol": "search_r1"},
+        "retriever": {"topk": 2},
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "held_out.jsonl").write_text("".join(json.dumps({"id": q, "question": q}) + "\n" for q in qs))
+    return run
+
+
+def test_the_held_out_table_evaluates_base_warm_start_and_each_seed_once_and_later_calls_only_read_it(
+    tmp_path, monkeypatch
+):
+    import contextlib
+    import types
+
+    import pvpo.retriever.server as server
+
+    qs = ["hotpotqa/1", "hotpotqa/2", "musique/1", "musique/2"]
+    # each policy's held-out EM per question (what its pvpo eval answers)
+    ems = {"base-model": [0, 0, 0, 0], "initial_policy": [0, 0, 1, 0], "p1": [1, 0, 1, 1], "p2": [1, 1, 1, 0]}
+    ran: list[str] = []
+
+    def fake_eval(cmd, check, env):
+        model = Path(cmd[cmd.index("--model") + 1]).name
+        out = Path(cmd[cmd.index("--out") + 1]) / "held_out"
+        out.mkdir(parents=True)
+        rows = [
+            {"id": q, "output": {"metric_score": {"em": float(e)}, "format_ok": 1.0 if model != "base-model" else 0.0}}
+            for q, e in zip(qs, ems[model])
+        ]
+        (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        ran.append(model)
+
+    monkeypatch.setattr(rl_seeds.subprocess, "run", fake_eval)
+    monkeypatch.setattr(server, "BackgroundServer", lambda d: contextlib.nullcontext(types.SimpleNamespace(url="u")))
+    monkeypatch.setattr(rl_seeds, "final_policy", lambda d: Path(f"p{d.name[-1]}"))
+    recipe = _validation_run(tmp_path, qs)
+    dirs = [recipe.parent / "seed_1", recipe.parent / "seed_2"]
+    records = rl_seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out")
+    assert ran == ["base-model", "initial_policy", "p1", "p2"]
+    assert records[0]["em"] == {"before": [0, 0, 1, 0], "after": [1, 0, 1, 1], "base": [0, 0, 0, 0]}
+    text = rl_seeds.report([1, 2], records, command="c", machine="m", split="held-out")
+    assert "| 1 | 0.250 | 0.750 | +0.500 (0.289) |" in text and "Base model -> RL, mean over seeds: +0.750" in text
+    # evaluated once: a second call reads what the first wrote and runs nothing
+    again = rl_seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out")
+    assert ran == ["base-model", "initial_policy", "p1", "p2"] and again == records
+    cfg = yaml.safe_load((recipe / "config.yaml").read_text())
+    cfg["data"]["evaluate_on"] = "held_out"
+    (recipe / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match="held-out-mode run; its own table is the held-out one"):
+        rl_seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out2")
