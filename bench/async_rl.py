@@ -31,6 +31,8 @@ Each prints the machine, the command and one table; `--out` keeps the runs.
     python bench/async_rl.py pipeline --config demo --etas 0 1 2 --seeds 0 1 2 --out runs/bench-async-seeds
     python bench/async_rl.py pipeline --config real_smollm2_multihop --etas 0 1 2 \\
         --out runs/bench-async-multihop 'data.source=[DATA/hotpotqa/..., ...]'
+    python bench/async_rl.py pipeline --config RUN/config.yaml --from-run RUN --etas 0 1 2 --steps 8 \\
+        --out runs/bench-async-multihop-speed   # the recipe's RL phase from a finished recipe run's start
     python bench/async_rl.py trl --config demo --turns 1 --steps 8 --from-run runs/bench-async-demo/eta0
     python bench/async_rl.py trl --config demo --turns 3 --steps 8 --from-run runs/bench-async-demo/eta0
 """
@@ -125,14 +127,16 @@ def trainer_for(cfg: Any, run_dir: Path, searcher: Any | None = None) -> Iterato
 
 def share_start(first: Path, run_dir: Path) -> list[str]:
     """Copy the first run's initial policy and warm-start record into `run_dir`; the overrides that
-    reuse its anchor, partition and GT cache."""
+    reuse its anchor, partition and GT cache, and its index (the multi-hop recipe's 12,680 passages
+    take minutes to encode)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("initial_policy",):
         if (first / name).is_dir() and not (run_dir / name).exists():
             shutil.copytree(first / name, run_dir / name)
     if (first / "warm_start.json").exists():
         shutil.copyfile(first / "warm_start.json", run_dir / "warm_start.json")
-    return [f"algorithm.anchor.reuse_from={first}"]
+    index = [f"retriever.index_dir={first / 'index'}"] if (first / "index" / "meta.json").exists() else []
+    return [f"algorithm.anchor.reuse_from={first}", *index]
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -147,7 +151,8 @@ def pipeline(args: argparse.Namespace) -> None:
     out = Path(args.out)
     seeds: list[int | None] = list(args.seeds) if args.seeds else [None]
     rows: list[dict[str, Any]] = []
-    first: Path | None = None
+    # the start every eta shares: a given run's (--from-run), else the first eta's own warm start
+    first: Path | None = Path(args.from_run) if args.from_run else None
     for seed in seeds:
         for eta in args.etas:
             run_dir = out / (f"eta{eta}" if seed is None else f"eta{eta}_seed{seed}")
@@ -382,10 +387,13 @@ def main() -> None:
     t = sub.add_parser("trl", help="our step beside TRL's GRPOTrainer")
     t.add_argument("--turns", type=int, default=1, help="1: single-turn; more: multi-turn through our TRL adapter")
     t.add_argument("--steps", type=int, default=8)
-    t.add_argument(
-        "--from-run", default=None, help="a `pipeline` run dir whose initial policy and reference state to start from"
-    )
     for q in (p, t):
+        q.add_argument(
+            "--from-run",
+            default=None,
+            help="a finished run (a `pipeline` run, or the recipe's own) whose initial policy and reference state "
+            "(anchor, Group Sampling's partition, GT cache) every run starts from, instead of warm-starting here",
+        )
         q.add_argument("--config", default="demo", help="a preset or YAML file")
         q.add_argument("--out", default="runs/bench-async")
         q.add_argument("overrides", nargs="*", help="key=value config overrides")
