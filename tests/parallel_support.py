@@ -104,11 +104,44 @@ def start(args: Sequence[str], *, nproc: int | None, log: Path) -> Started:
     return Started(proc, log)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (torchrun starts each rank in a session of its
+    own, so a kill of the launcher's process group misses the ranks)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the name in parentheses may hold spaces
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a started run: the launcher's process group and every rank under it, then reap it."""
+    below = descendants(proc.pid)  # before the launcher dies and its ranks are re-parented
+    for pid in [proc.pid, *below]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    proc.wait()
+
+
 def finish(run: Started, timeout: float = TIMEOUT) -> None:
     try:
         run.proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(run.proc.pid, signal.SIGKILL)
+        kill_tree(run.proc)
         raise
     assert run.proc.returncode == 0, run.tail()
 
@@ -118,7 +151,7 @@ def run(args: Sequence[str], *, nproc: int | None, log: Path) -> None:
 
 
 def run_and_kill_after_first_checkpoint(args: Sequence[str], run_dir: Path, log: Path) -> None:
-    """Start a 2-rank run and SIGKILL its whole process group as soon as `latest` names step 1."""
+    """Start a 2-rank run and SIGKILL it, ranks included, as soon as `latest` names step 1."""
     started = start(args, nproc=2, log=log)
     latest = run_dir / "checkpoints" / "latest"
     deadline = time.monotonic() + TIMEOUT
@@ -128,8 +161,7 @@ def run_and_kill_after_first_checkpoint(args: Sequence[str], run_dir: Path, log:
             assert time.monotonic() < deadline, f"no checkpoint within {TIMEOUT} s"
             time.sleep(0.1)
     finally:
-        os.killpg(started.proc.pid, signal.SIGKILL)
-        started.proc.wait()
+        kill_tree(started.proc)
     # killed during step 2: its checkpoint never became `latest`
     assert latest.read_text().strip() == "step_000001"
 
