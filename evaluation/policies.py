@@ -92,6 +92,7 @@ def _outcome(prompt: str, t: Trajectory, protocol: TagProtocol) -> Outcome:
         prediction=t.prediction,
         format_ok=t.format_ok,
         num_searches=t.num_tool_calls,
+        num_queries_cut=int(t.info.get("num_queries_cut", 0)),
         num_turns=t.num_turns,
         prompt_tokens=t.prompt_tokens,
         completion_tokens=t.completion_tokens,

@@ -5,10 +5,10 @@ answer is written in FlashRAG's item layout, resumably, with the run's metrics.
 items (`id`, `question`, `golden_answers`, `output: {query, final_response, pred, metric_score:
 {em, f1, acc}}`, acc = cover-EM; question and golden answers as the loader reads them: stripped,
 duplicates dropped, which FlashRAG's normalisation makes no difference to), plus what an agent run adds to `output`: `num_searches`,
-`queries`, `num_turns`, `prompt_tokens`, `completion_tokens`, `format_ok`, `stop_reason`, and
+`num_queries_cut` (queries longer than the retriever takes, searched cut), `queries`, `num_turns`, `prompt_tokens`, `completion_tokens`, `format_ok`, `stop_reason`, and
 `passages` (per search, the passages returned as `[{id, title, score}]`, for `pvpo view`).
-`<out>/metrics.json` holds the means, the standard error of EM, N, the subset's seed and the
-settings; `<out>/run.json` the settings, so a restarted run refuses to mix settings.
+`<out>/metrics.json` holds the means, the standard error of EM, N, the number of queries cut,
+the subset's seed and the settings; `<out>/run.json` the settings, so a restarted run refuses to mix settings.
 
 Resume: questions are processed in fixed batches by position in the (sub)set; items already in
 predictions.jsonl are skipped, so a run killed mid-way and restarted writes the same file as an
@@ -76,6 +76,7 @@ class Outcome:
     completion_tokens: int
     stop_reason: str
     format_ok: bool = False
+    num_queries_cut: int = 0  # search queries longer than the retriever takes, searched cut
     queries: list[str] = field(default_factory=list)
     passages: list[list[dict[str, Any]]] = field(default_factory=list)  # per search: [{id, title, score}]
 
@@ -133,6 +134,7 @@ def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
             "pred": outcome.prediction if outcome.prediction is not None else "",
             "metric_score": {"em": m["em"], "f1": m["f1"], "acc": m["cem"]},
             "num_searches": outcome.num_searches,
+            "num_queries_cut": outcome.num_queries_cut,
             "queries": outcome.queries,
             "num_turns": outcome.num_turns,
             "prompt_tokens": outcome.prompt_tokens,
@@ -239,6 +241,8 @@ def summarize_items(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             stops[str(o["stop_reason"])] = stops.get(str(o["stop_reason"]), 0) + 1
     if stops:
         out["stop_reasons"] = dict(sorted(stops.items()))
+    if any("num_queries_cut" in o for o in outs):  # a count, not a mean: it should be 0
+        out["queries_cut"] = int(sum(int(o.get("num_queries_cut", 0)) for o in outs))
     return out
 
 

@@ -503,3 +503,21 @@ def test_no_file_of_an_eval_run_holds_the_api_key_given(tmp_path: Path) -> None:
     assert seen and all(h == "Bearer sk-s3cret-key-123" for h in seen)
     written = [p for p in out.rglob("*") if p.is_file()]
     assert written and not [p for p in written if b"s3cret" in p.read_bytes()], "the key reached a file"
+
+
+def test_a_query_cut_to_the_retrievers_limit_is_counted_in_the_item_and_the_metrics() -> None:
+    from pvpo.envs import QAExample
+    from pvpo.evaluation.policies import _outcome
+    from pvpo.evaluation.run import prediction_item, summarize_items
+    from pvpo.reward import get_protocol
+    from pvpo.trainer.rollout.trajectory import Trajectory
+
+    protocol = get_protocol("search_r1")
+    ex = QAExample(uid="nq/1", question="q?", golden_answers=("a",))
+    cut = Trajectory(uid="nq/1", prompt_ids=[1], num_tool_calls=2, info={"num_queries_cut": 2})
+    plain = Trajectory(uid="nq/1", prompt_ids=[1], num_tool_calls=1, info={"num_queries_cut": 0})
+    items = [prediction_item(ex, _outcome("p", t, protocol)) for t in (cut, plain)]
+    assert [it["output"]["num_queries_cut"] for it in items] == [2, 0]
+    assert summarize_items(items)["queries_cut"] == 2  # a count over the questions, not a mean
+    # items written before the field existed sum to no count at all rather than a false 0
+    assert "queries_cut" not in summarize_items([{"output": {"metric_score": {"em": 1.0}}}])
