@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from pvpo.envs.synthetic import synthetic_world
-from pvpo.trainer.config.schema import config_from_dict, dump_config
+from pvpo.trainer.config.schema import config_from_dict
+from pvpo.trainer.config.written import dump_config
 from pvpo.trainer.data import disjoint_splits, load_data
 from pvpo.trainer.heldout import eval_metrics
 from pvpo.trainer.rollout.trajectory import Trajectory

@@ -158,7 +158,8 @@ def _resume_cli(run: Path) -> tuple[int, str]:
     from typer.testing import CliRunner
 
     from pvpo.cli import app
-    from pvpo.trainer.config.schema import dump_config, load_config
+    from pvpo.trainer.config.schema import load_config
+    from pvpo.trainer.config.written import dump_config
 
     dump_config(load_config(None, ["run.steps=5"]), run / "config.yaml")
     res = CliRunner().invoke(app, ["train", "--run-dir", str(run), "--resume"])

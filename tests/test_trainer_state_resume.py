@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from pvpo.atomic import replaced_path
 from pvpo.owned import ASIDE, RECORD
-from pvpo.trainer.config.schema import dump_config, load_config
+from pvpo.trainer.config.schema import load_config
+from pvpo.trainer.config.written import dump_config
 from pvpo.trainer.state.checkpoint import save_checkpoint
 from pvpo.trainer.state.resume import RunDirError, check_resume_config, fresh_run_dir, resume_config
 

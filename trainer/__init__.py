@@ -18,7 +18,7 @@ _EXPORTS = {
     "TrainConfig": "config.schema",
     "ConfigError": "config.schema",
     "load_config": "config.schema",
-    "dump_config": "config.schema",
+    "dump_config": "config.written",
     "config_from_dict": "config.schema",
     # training and the demo
     "Trainer": "loop",

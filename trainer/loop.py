@@ -32,7 +32,8 @@ from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
 from pvpo.trainer.async_loop import AsyncSteps
-from pvpo.trainer.config.schema import TrainConfig, dump_config
+from pvpo.trainer.config.schema import TrainConfig
+from pvpo.trainer.config.written import dump_config
 from pvpo.trainer.data import Data, agent_settings, load_data, retriever_session, step_examples
 from pvpo.trainer.episode_log import log_step_episodes
 from pvpo.trainer.heldout import evaluate_trainer, evaluation_before, validation_point, watches_validation

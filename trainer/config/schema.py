@@ -14,7 +14,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from pvpo.atomic import atomic_write_text
 from pvpo.bounded_yaml import YAMLBoundsError, load_yaml
 from pvpo.secrets import mask_value
 from pvpo.trainer.algorithms.spec import check_aggregation
@@ -478,30 +477,3 @@ def check_preset_aggregation(file_agg: Any, overrides: list[str], cfg: TrainConf
         f"optim.loss_agg={file_agg} would replace: add optim.loss_agg=null to follow the estimator, or "
         f"optim.loss_agg={file_agg} to keep the file's"
     )
-
-
-# A secret's place in a written config: that one was set, never its value.
-TOKEN_NOT_WRITTEN = (
-    "# retriever.token was set and is not written here: on --resume give it again "
-    "(retriever.token=... or PVPO_RETRIEVER_TOKEN)\n"
-)
-
-
-URL_CREDENTIALS_NOT_WRITTEN = (
-    "# retriever.url held credentials, written here as ***: on --resume give retriever.url=... again "
-    "(or keep the secret in retriever.token / PVPO_RETRIEVER_TOKEN)\n"
-)
-
-
-def dump_config(cfg: TrainConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML (what `--resume` reloads), without the retriever's token
-    or the credentials of its URL (`http://user:***@host`): a comment says which was set."""
-    data = cfg.model_dump(mode="json")
-    had_token = data["retriever"].get("token") is not None
-    data["retriever"]["token"] = None
-    url = data["retriever"].get("url")
-    masked = mask_value("retriever.url", url)
-    data["retriever"]["url"] = masked
-    text = yaml.safe_dump(data, sort_keys=False)
-    head = (TOKEN_NOT_WRITTEN if had_token else "") + (URL_CREDENTIALS_NOT_WRITTEN if masked != url else "")
-    atomic_write_text(path, head + text)  # a full disk never leaves half of it

@@ -35,7 +35,7 @@ RUN_ENTRIES = (
 )
 
 
-# the sections of a config.yaml a run writes (`schema.dump_config`: every section, always)
+# the sections of a config.yaml a run writes (`written.dump_config`: every section, always)
 _CONFIG_SECTIONS = {"run", "model", "data", "rollout", "algorithm", "optim", "retriever"}
 
 
