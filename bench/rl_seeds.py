@@ -25,6 +25,9 @@ final policy on the run's held-out questions (the same index as validation), kep
 OUT/held_out and never evaluated again (a later call reads them); OUT/held_out.md has the same
 table as results.md, on those questions, with base model -> RL.
 
+The seeds start from the recipe run's warm start (`initial_policy`, written before its RL phase),
+so they may run while the recipe run's own RL goes on (on another core); the report waits for it.
+
 Seed runs are resumable: a finished one is kept, a killed one resumes from its last checkpoint.
 """
 
@@ -70,10 +73,14 @@ def split_of(cfg: dict[str, Any]) -> str:
     return str(cfg["data"].get("evaluate_on", "held_out"))
 
 
-def recipe_config(recipe_run: Path) -> dict[str, Any]:
-    """The recipe run's resolved config (its config.yaml), checked to be a finished held-out run."""
-    if not finished(recipe_run):
+def recipe_config(recipe_run: Path, *, warm_start_only: bool = False) -> dict[str, Any]:
+    """The recipe run's resolved config (its config.yaml), checked to be a finished run of a known
+    split; with `warm_start_only`, a run past its warm start (the seeds need only its saved policy,
+    config and index, so they can start while its own RL phase runs beside them)."""
+    if not warm_start_only and not finished(recipe_run):
         raise ValueError(f"--recipe-run {recipe_run}: no finished demo run there (summary.md, held_out_em.json)")
+    if warm_start_only and not (recipe_run / "config.yaml").is_file():
+        raise ValueError(f"--recipe-run {recipe_run}: no demo run there (config.yaml)")
     if not (recipe_run / "initial_policy" / "config.json").is_file():
         raise ValueError(f"--recipe-run {recipe_run}: no initial_policy (the warm start) to start the seeds from")
     cfg = yaml.safe_load((recipe_run / "config.yaml").read_text())
@@ -329,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     try:
-        cfg = recipe_config(args.recipe_run)
+        # running seeds needs the recipe's warm start only; the report needs the recipe run finished
+        cfg = recipe_config(args.recipe_run, warm_start_only=not args.report_only)
         extra = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError as e:
         ap.error(str(e))
@@ -341,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / f"seed_{s}") if args.report_only else run_seed(args.recipe_run, s, args.out) for s in extra
     ]
     unfinished = [str(d) for d in dirs if not finished(d)]
+    if unfinished == [str(args.recipe_run)] and not args.report_only:
+        print(f"the seeds are done; {args.recipe_run} is still running: --report-only once it ends", flush=True)
+        return 0
     if unfinished:
         ap.error(f"unfinished seed runs: {', '.join(unfinished)}; run without --report-only")
     seeds = [own, *extra]

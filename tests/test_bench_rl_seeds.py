@@ -208,3 +208,28 @@ def test_the_held_out_table_evaluates_base_warm_start_and_each_seed_once_and_lat
     (recipe / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match="held-out-mode run; its own table is the held-out one"):
         rl_seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out2")
+
+
+def test_seeds_start_from_a_recipe_run_past_its_warm_start_and_the_report_waits_for_its_end(
+    tmp_path, monkeypatch, capsys
+):
+    run = _run(tmp_path, "recipe", [0, 1], [1, 1], ["a/1", "a/2"])
+    (run / "summary.md").unlink()  # its RL phase still going: warm start, config and index in place
+    started: list[int] = []
+
+    def fake_seed(recipe_run: Path, seed: int, out: Path) -> Path:
+        started.append(seed)
+        return _run(out, f"seed_{seed}", [0, 1], [1, 0], ["a/1", "a/2"])
+
+    monkeypatch.setattr(rl_seeds, "run_seed", fake_seed)
+    monkeypatch.setattr(rl_seeds, "machine_line", lambda *a: "m")
+    assert rl_seeds.main(["--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out")]) == 0
+    assert started == [1] and "still running: --report-only once it ends" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "results.md").exists()
+    with pytest.raises(SystemExit):  # the report needs the recipe run's own result
+        rl_seeds.main(["--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out"), "--report-only"])
+    (run / "summary.md").write_text("done\n")
+    assert (
+        rl_seeds.main(["--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out"), "--report-only"]) == 0
+    )
+    assert "2 RL seeds from one warm start" in (tmp_path / "out" / "results.md").read_text()
