@@ -12,7 +12,9 @@ left alone). Each seed run evaluates those questions before RL (the warm start, 
 answers in every run) and after; the report (OUT/results.md)
 gives per seed RL - warm start with its paired standard error, and the mean over the seeds with a
 standard error that counts the seeds' spread (`pvpo.stats.seeds_difference`: sqrt(se_q^2 +
-sd_s^2 / S)), per dataset too, beside base model -> RL and the format rate.
+sd_s^2 / S)), per dataset too, beside base model -> RL and the format rate; and, where the runs
+kept validation points with each question's EM (`run.eval_every`), the validation EM by RL step
+of each seed and the mean over seeds minus the warm start at each step, with the same s.e.
 
 `--reproduce` then evaluates each seed's final policy (and the warm start) with `pvpo eval`,
 against a loopback server of the recipe's own index, with the recipe's agent settings, and checks
@@ -109,6 +111,45 @@ def load_seed(run_dir: Path) -> dict[str, Any]:
     """A finished seed run's held-out record: questions, each question's scores by stage."""
     rec = json.loads((run_dir / "held_out_em.json").read_text())
     return {"questions": rec["questions"], "em": rec["em"], "scores": rec.get("scores", {})}
+
+
+def load_curve(run_dir: Path) -> dict[str, Any] | None:
+    """A run's validation curve with each question's EM (`checkpoints/best.json`, written with
+    `run.eval_every` on a validation split): its questions, and by step the EM of each in that
+    order; None when the run kept none."""
+    path = run_dir / "checkpoints" / "best.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    points = {int(p["step"]): [float(x) for x in p["em"]] for p in data["points"] if "em" in p}
+    return {"questions": list(data.get("questions", [])), "points": points} if points else None
+
+
+def curve_table(seeds: Sequence[int], runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Validation EM by RL step per seed, and the mean over seeds minus the first seed's step-0
+    answers (the warm start) with the seeds' spread in its s.e.; the steps every seed evaluated."""
+    for seed, run in zip(seeds[1:], runs[1:]):
+        if run["questions"] != runs[0]["questions"]:
+            raise ValueError(f"seed {seed}'s validation curve is over other questions than seed {seeds[0]}'s")
+    curves = [run["points"] for run in runs]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    if 0 not in steps:
+        return []
+    warm = curves[0][0]
+    lines = ["", "| validation EM by RL step | " + " | ".join(str(k) for k in steps) + " |"]
+    lines.append("|---|" + "---|" * len(steps))
+    for seed, c in zip(seeds, curves):
+        lines.append(f"| seed {seed} | " + " | ".join(f"{mean(c[k]):.3f}" for k in steps) + " |")
+    cells = []
+    for k in steps[1:]:
+        d = seeds_difference(warm, [c[k] for c in curves])
+        cells.append(f"{d['mean']:+.3f} ({d['se']:.3f})")
+    lines.append(
+        f"| mean of the {len(curves)} seeds minus seed {seeds[0]}'s step 0 (s.e. with seeds) | | "
+        + " | ".join(cells)
+        + " |"
+    )
+    return lines
 
 
 def _stage_mean(rec: dict[str, Any], stage: str, key: str) -> float | None:
@@ -362,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         machine=machine_line(("torch", "transformers", "vllm")),
         split=SPLITS[split_of(cfg)][0],
     )
+    curves = [load_curve(d) for d in dirs]
+    if all(c is not None for c in curves):  # validation points with per-question EM (run.eval_every)
+        text += "\n".join(curve_table(seeds, [c for c in curves if c is not None])) + "\n"
     if args.reproduce:
         text += "\n" + "\n".join(reproduce(args.recipe_run, seeds, dirs, args.out)) + "\n"
     (args.out / "results.md").write_text(text)

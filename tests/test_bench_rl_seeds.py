@@ -233,3 +233,29 @@ def test_seeds_start_from_a_recipe_run_past_its_warm_start_and_the_report_waits_
         rl_seeds.main(["--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out"), "--report-only"]) == 0
     )
     assert "2 RL seeds from one warm start" in (tmp_path / "out" / "results.md").read_text()
+
+
+def _curve(run: Path, qs: list[str], by_step: dict[int, list[float]]) -> None:
+    (run / "checkpoints").mkdir(parents=True, exist_ok=True)
+    points = [
+        {"step": float(k), "accuracy": sum(v) / len(v), "accuracy_se": 0.0, "n": 4.0, "em": v}
+        for k, v in by_step.items()
+    ]
+    best = {"best": None, "points": points, "questions": qs}
+    (run / "checkpoints" / "best.json").write_text(json.dumps(best))
+
+
+def test_the_validation_curve_table_gives_each_seed_by_step_and_the_mean_gain_with_the_seeds_spread(tmp_path):
+    qs = ["a/1", "a/2", "a/3", "a/4"]
+    r0, r1 = tmp_path / "r0", tmp_path / "r1"
+    _curve(r0, qs, {0: [0, 0, 1, 0], 8: [1, 0, 1, 0], 16: [1, 1, 1, 0]})
+    _curve(r1, qs, {0: [0, 0, 1, 1], 8: [0, 0, 1, 1], 16: [1, 0, 1, 1]})  # no step 24 in either: not shown
+    lines = rl_seeds.curve_table([0, 1], [rl_seeds.load_curve(r0), rl_seeds.load_curve(r1)])
+    assert lines[1] == "| validation EM by RL step | 0 | 8 | 16 |"
+    assert "| seed 0 | 0.250 | 0.500 | 0.750 |" in lines and "| seed 1 | 0.500 | 0.500 | 0.750 |" in lines
+    d16 = seeds_difference([0, 0, 1, 0], [[1, 1, 1, 0], [1, 0, 1, 1]])  # against seed 0's step-0 answers
+    assert lines[-1].endswith(f"| {d16['mean']:+.3f} ({d16['se']:.3f}) |") and d16["mean"] == 0.5
+    assert rl_seeds.load_curve(tmp_path / "none") is None
+    _curve(r1, ["b/1", "b/2", "b/3", "b/4"], {0: [0, 0, 0, 0]})
+    with pytest.raises(ValueError, match="seed 1's validation curve is over other questions"):
+        rl_seeds.curve_table([0, 1], [rl_seeds.load_curve(r0), rl_seeds.load_curve(r1)])
