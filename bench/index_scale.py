@@ -5,24 +5,17 @@ Measures, in one run: for each candidate FAISS index (Flat; IVF + SQ8 / SQ4 / PQ
 without exact re-ranking of a shortlist from fp16 vectors in a memory-mapped file, which is what
 `pvpo retriever build --rerank-depth` builds; HNSW32,SQ8 as the CPU-only option) the build time,
 bytes per vector, recall@5 against exact Flat search, and queries/s at batch 1 / 64 / 512; the
-same recipe at a quarter of the size (how recall moves with N); the corpus store on a generated
-JSON-lines file (first open with the offset scan, cached reopen, RSS, fetch latency of 512 ids);
-and the whole server's startup to first answer (`pvpo retriever serve` in its own process, the
-packaged MiniLM encoder, 384-d, over an index of the corpus's size built by our build code).
-With faiss GPU support, the IVF rows are measured again on the GPUs (fp16, sharded, our
-`to_device`); elsewhere those rows are marked skipped. Prints the machine, the command and a
-markdown table, and writes them to runs/bench/index_scale-<time>.md (git-ignored).
+same recipe at a quarter of the size (how recall moves with N). With faiss GPU support, the IVF
+rows are measured again on the GPUs (fp16, sharded, our `to_device`); elsewhere those rows are
+marked skipped. After the indexes, in the same run (each section skippable with `--skip`): the
+corpus store on a generated JSON-lines file (`bench/corpus_store.py`: first open with the offset
+scan, cached reopen, RSS, fetch latency of 512 ids) and the whole server's start-up to its first
+answer over an index of the corpus's size (`bench/server_startup.py`); each of the two also runs
+alone. Prints the machine, the command and a markdown table, and writes them to
+runs/bench/index_scale-<time>.md (git-ignored).
 
-Synthetic vectors (seeded; `clustered_vectors`): a two-level Gaussian mixture shaped like dense
-passage embeddings. `n // 2000` topic centres; `n // 500` cluster centres, each a topic centre
-plus its own offset; cluster sizes lognormal (sigma 1.2: a few clusters hold many passages, most
-hold few); within a cluster, spread along the cluster's own random 24-dimensional basis with a
-decaying spectrum and a per-cluster scale (anisotropic), plus isotropic noise; a common mean
-direction shared by all vectors (contrastive text encoders' vectors occupy a narrow cone: mean
-cosine of two random passages 0.5-0.7; the run prints this set's), then unit length. Queries: a random data point plus
-a fresh draw of its cluster's spread and isotropic noise, unit length (cosine to that point about
-0.8), so they sit near the data as real queries do, not uniformly at random (which makes every
-index look either perfect or hopeless).
+The vectors are `synthetic_index.clustered_vectors` (seeded; described there; the run prints the
+mean cosine of two random vectors of this set).
 
     .venv/bin/python bench/index_scale.py [--n 1000000] [--dim 768] [--quick]
 
@@ -33,10 +26,7 @@ end. Compare rows within one run, not across runs.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,82 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from corpus_store import corpus_section
+from server_startup import server_section
+from synthetic_index import WIKI18, clustered_vectors, fp16_store_gib, load_average, nlist_for
 
 REPO = Path(__file__).resolve().parents[1]
-WIKI18 = 21_015_324  # passages in Search-R1's wiki-18.jsonl
 RECALL_K = 5
-
-
-def fp16_store_gib(n: int, dim: int) -> float:
-    """GiB of the fp16 re-ranking store of `n` vectors of `dim` (2 bytes a component)."""
-    return n * dim * 2 / 2**30
-
-
-def load_average() -> str:
-    return " ".join(f"{v:.1f}" for v in os.getloadavg())
-
-
-# --- synthetic data ---------------------------------------------------------------------------
-
-
-@dataclass
-class Mixture:
-    """Parameters of the two-level anisotropic Gaussian mixture (see the module docstring)."""
-
-    centres: np.ndarray  # (clusters, dim)
-    bases: np.ndarray  # (clusters, rank, dim), orthonormal rows
-    scales: np.ndarray  # (clusters, rank)
-    weights: np.ndarray  # (clusters,)
-    iso: float
-
-    @classmethod
-    def make(cls, n: int, dim: int, seed: int, rank: int = 24) -> Mixture:
-        rng = np.random.default_rng(seed)
-        topics = max(4, n // 2000)
-        clusters = max(16, n // 500)
-        mean_dir = rng.normal(size=dim)
-        mean_dir /= np.linalg.norm(mean_dir)
-        topic_c = rng.normal(size=(topics, dim)) / np.sqrt(dim)
-        centres = (
-            1.6 * mean_dir
-            + topic_c[rng.integers(0, topics, clusters)]
-            + 0.6 * rng.normal(size=(clusters, dim)) / np.sqrt(dim)
-        ).astype(np.float32)
-        bases = np.linalg.qr(rng.normal(size=(clusters, dim, rank)))[0].transpose(0, 2, 1).astype(np.float32)
-        spectrum = np.arange(1, rank + 1) ** -0.5
-        scales = (0.45 * spectrum[None, :] * rng.lognormal(0.0, 0.3, size=(clusters, 1))).astype(np.float32)
-        weights = rng.lognormal(0.0, 1.2, size=clusters)
-        return cls(centres, bases, scales, weights / weights.sum(), 0.35 / np.sqrt(dim))
-
-    def spread(self, members: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One draw of each member cluster's anisotropic spread plus isotropic noise."""
-        z = rng.standard_normal((len(members), self.scales.shape[1]), dtype=np.float32) * self.scales[members]
-        out = np.empty((len(members), self.bases.shape[2]), dtype=np.float32)
-        order = np.argsort(members, kind="stable")
-        bounds = np.flatnonzero(np.diff(members[order])) + 1
-        for group in np.split(order, bounds):  # one GEMM per cluster (a batched 1-row matmul was 4x slower)
-            out[group] = z[group] @ self.bases[members[group[0]]]
-        out += self.iso * rng.standard_normal(out.shape, dtype=np.float32)
-        return out
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    return x
-
-
-def clustered_vectors(n: int, dim: int, n_queries: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(data (n, dim), queries (n_queries, dim)) float32 unit vectors from `Mixture` (seeded)."""
-    mix = Mixture.make(n, dim, seed)
-    rng = np.random.default_rng(seed + 1)
-    labels = rng.choice(len(mix.weights), size=n, p=mix.weights)
-    data = np.empty((n, dim), dtype=np.float32)
-    for start in range(0, n, 65536):
-        part = labels[start : start + 65536]
-        data[start : start + len(part)] = _unit(mix.centres[part] + mix.spread(part, rng))
-    anchors = rng.choice(n, size=n_queries, replace=False)
-    queries = _unit(data[anchors] + 0.9 * mix.spread(labels[anchors], rng))
-    return data, queries
 
 
 # --- timing helpers ---------------------------------------------------------------------------
@@ -189,13 +109,6 @@ def candidates(nlist: int) -> list[Candidate]:
     ]
 
 
-def nlist_for(n: int) -> int:
-    """IVF lists for n vectors: the power of two nearest sqrt(n) (faiss's guideline is 4-16 x
-    sqrt(n); on 2 cores, k-means for 4 x sqrt(n) lists at 1M x 768 takes several minutes per
-    candidate, so the bench stays at the low end; at 21M the recipe uses 65536 = 14 x sqrt(N))."""
-    return int(2 ** round(np.log2(np.sqrt(n))))
-
-
 def train_quantizer(data: np.ndarray, nlist: int, seed: int) -> tuple[np.ndarray, float]:
     """IVF centroids trained once on a seeded sample of 64 x nlist points (faiss wants >= 39 x),
     shared by every IVF candidate so each build pays only for its codes."""
@@ -261,123 +174,6 @@ def _build(
     return index, seconds, (size - fixed) // len(data), fixed
 
 
-# --- corpus store and server startup (each in a fresh process, for clean RSS) -----------------
-
-
-def write_corpus(path: Path, lines: int, seed: int) -> None:
-    """A Search-R1-shaped jsonl ({"id", "contents": "\\"Title\\"\\ntext"}), about 100 words a
-    passage like wiki-18, from a seeded pool of 4,096 passages with distinct ids and titles."""
-    rng = np.random.default_rng(seed)
-    vocab = np.array([f"w{i}" for i in range(30000)])
-    pool = [" ".join(vocab[rng.integers(0, len(vocab), int(rng.integers(80, 120)))]) for _ in range(4096)]
-    with path.open("w", encoding="utf-8") as f:
-        for start in range(0, lines, 100_000):
-            f.write(
-                "".join(
-                    f'{{"id": "{i}", "contents": "\\"Title {i}\\"\\n{pool[i % 4096]}"}}\n'
-                    for i in range(start, min(lines, start + 100_000))
-                )
-            )
-
-
-PROBE = """
-import json, time, sys
-import numpy as np
-t0 = time.perf_counter()
-from pvpo.retriever.corpus import CorpusStore
-t_import = time.perf_counter() - t0
-def rss():
-    out = {}
-    for line in open("/proc/self/status"):
-        if line.startswith(("RssAnon:", "RssFile:")):
-            out[line.split(":")[0]] = int(line.split()[1]) / 1024
-    return out
-before = rss()
-t0 = time.perf_counter()
-store = CorpusStore(sys.argv[1], sys.argv[2])
-opened = time.perf_counter() - t0
-after = rss()
-rng = np.random.default_rng(0)
-lat = []
-for _ in range(30):
-    rows = rng.integers(0, len(store), 512)
-    t0 = time.perf_counter()
-    store.passages(rows)
-    lat.append(time.perf_counter() - t0)
-print(json.dumps({"n": len(store), "open_s": opened, "rss_before": before, "rss_after": after,
-                  "fetch512_first_ms": lat[0] * 1e3, "fetch512_p50_ms": float(np.median(lat)) * 1e3,
-                  "fetch512_p90_ms": float(np.percentile(lat, 90)) * 1e3, "rss_end": rss()}))
-"""
-
-
-def corpus_probe(corpus: Path, offsets: Path) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(corpus), str(offsets)], capture_output=True, text=True, check=True, cwd=REPO
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def server_startup(index_dir: Path) -> dict[str, Any]:
-    """Seconds from spawning `pvpo retriever serve` to its first /retrieve answer, the CPU seconds
-    the server had used by then (which a busy machine does not inflate as it does the wall time),
-    with the server's own log of the index + corpus open."""
-    import httpx
-    from http_load import process_cpu
-
-    from pvpo.retriever.testing import start_server, stop_server
-
-    log_path = index_dir / "serve.log"
-    t0 = time.perf_counter()
-    proc, (url,) = start_server(index_dir, log_level="info", log=log_path, wait=False, cwd=REPO)
-    try:
-        first = cpu = None
-        while time.perf_counter() - t0 < 600:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log_path.read_text()[-2000:]}")
-            try:
-                r = httpx.post(
-                    url + "/retrieve",
-                    json={"queries": ["who wrote Hamlet"], "topk": 5},
-                    timeout=30,
-                )
-                if r.status_code == 200 and len(r.json()["result"][0]) == 5:
-                    first = time.perf_counter() - t0
-                    cpu = process_cpu(proc.pid)
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        rss = next(
-            (
-                int(line.split()[1]) / 1024
-                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                if line.startswith("RssAnon:")
-            ),
-            float("nan"),
-        )
-    finally:
-        stop_server(proc)
-    text = log_path.read_text()
-    opened = next(
-        (
-            float(line.split(" opened in ")[1].split("s")[0])
-            for line in text.splitlines()
-            if "index + corpus opened in" in line
-        ),
-        float("nan"),
-    )
-    loaded = next(
-        (float(line.rsplit(" in ", 1)[1].rstrip("s")) for line in text.splitlines() if "passages) in " in line),
-        float("nan"),
-    )
-    return {
-        "first_answer_s": first,
-        "cpu_s": cpu,
-        "index_corpus_open_s": opened,
-        "load_retriever_s": loaded,
-        "rss_anon_mb": rss,
-    }
-
-
 # --- main -------------------------------------------------------------------------------------
 
 
@@ -431,7 +227,12 @@ def main() -> None:
     path = args.results_dir / f"index_scale-{time.strftime('%Y%m%d-%H%M%S')}.md"
     path.write_text("\n".join(out) + "\n")  # each section is appended as it finishes
     t_run = time.perf_counter()
-    for name, section in (("indexes", index_section), ("corpus", corpus_section), ("server", server_section)):
+    sections = {
+        "indexes": index_section,
+        "corpus": lambda a: corpus_section(a, keep_corpus="server" not in a.skip),  # the server reuses it
+        "server": server_section,
+    }
+    for name, section in sections.items():
         if name not in args.skip:
             lines = section(args)
             out += lines
@@ -634,117 +435,6 @@ def scaling_rows(
     ivf = f"IVF{nlist_full}"
     cells = [full[f"{ivf},{c}{suffix}"] for c in codes for suffix in (" + rerank 100", "")]
     lines.append(f"| {len(data):,} | {nlist_full} | " + " | ".join(f"{r:.3f}" for r in cells) + " |")
-    return lines
-
-
-def corpus_section(args: argparse.Namespace) -> list[str]:
-    corpus = args.work_dir / "corpus.jsonl"
-    offsets = args.work_dir / "corpus.offsets.npy"
-    t0 = time.perf_counter()
-    write_corpus(corpus, args.corpus_lines, args.seed)
-    write_s = time.perf_counter() - t0
-    offsets.unlink(missing_ok=True)
-    first = corpus_probe(corpus, offsets)
-    again = corpus_probe(corpus, offsets)
-    size = corpus.stat().st_size
-    scale = WIKI18 / args.corpus_lines
-    lines = [
-        "",
-        f"## Corpus store: {args.corpus_lines:,}-line JSON-lines file ({size / 2**30:.2f} GiB, "
-        f"{size / args.corpus_lines:.0f} bytes a passage; written in {write_s:.0f} s, so in page cache)",
-        "",
-        "| open | seconds | RssAnon after open | RssFile after open | 512-id fetch p50 / p90 (first) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, p in (("first (scans lines, writes offsets)", first), ("cached (offsets memory-mapped)", again)):
-        lines.append(
-            f"| {name} | {p['open_s']:.2f} | {p['rss_after']['RssAnon'] - p['rss_before']['RssAnon']:+.0f} MB | "
-            f"{p['rss_after']['RssFile'] - p['rss_before']['RssFile']:+.0f} MB | "
-            f"{p['fetch512_p50_ms']:.1f} / {p['fetch512_p90_ms']:.1f} ms ({p['fetch512_first_ms']:.1f}) |"
-        )
-    lines += [
-        "",
-        f"21M extrapolation: first open ~ {first['open_s'] * scale:.0f} s once (linear in bytes: the scan "
-        f"reads the whole file, {size / args.corpus_lines * WIKI18 / 2**30:.1f} GiB at this passage length); "
-        f"offsets file {WIKI18 * 16 / 2**20:.0f} MB; cached open {again['open_s']:.2f} s here and does not grow "
-        "with N (np.load with mmap reads the header and the last row); a 512-id fetch touches 512 lines "
-        "whatever N (warm page cache here; on a cold cache it costs up to 512 random reads).",
-    ]
-    print("\n".join(lines), flush=True)
-    offsets.unlink(missing_ok=True)
-    if "server" in args.skip:
-        corpus.unlink()
-    return lines
-
-
-def server_section(args: argparse.Namespace) -> list[str]:
-    from pvpo.retriever.build import write_dense_index
-    from pvpo.retriever.index import write_meta
-
-    n = args.server_lines
-    idx = args.work_dir / "server_idx"
-    idx.mkdir(exist_ok=True)
-    corpus = args.work_dir / "corpus.jsonl"
-    if not corpus.exists() or sum(1 for _ in open(corpus, "rb")) != n:
-        write_corpus(corpus, n, args.seed)
-    dim = 384  # the packaged all-MiniLM-L6-v2 (no other encoder is on this machine)
-    t0 = time.perf_counter()
-    data, _ = clustered_vectors(n, dim, 1, args.seed)
-    nlist = nlist_for(n)
-    recipe = args.server_index == "recipe"
-    meta = write_dense_index(
-        idx,
-        [data[i : i + 262144] for i in range(0, n, 262144)],
-        index_type=f"IVF{nlist},SQ4" if recipe else "Flat",
-        rerank_depth=100 if recipe else 0,
-        search_params={"nprobe": 32},
-        max_train=64 * nlist,
-        seed=args.seed,
-    )
-    build_s = time.perf_counter() - t0
-    del data
-    write_meta(
-        idx,
-        meta
-        | {
-            "format": 1,
-            "corpus": str(corpus),
-            "size": n,
-            "model": None,
-            "query_prefix": "",
-            "passage_prefix": "",
-            "max_length": 256,
-        },
-    )
-    (idx / "corpus.offsets.npy").unlink(missing_ok=True)
-    cold = server_startup(idx)  # the first start also scans the corpus for its offsets
-    warm = server_startup(idx)
-    index_mb = (idx / meta["index_file"]).stat().st_size / 2**20
-    kind = (
-        f"IVF{nlist},SQ4 + rerank 100 ({index_mb:.0f} MB index file, its lists memory-mapped, fp16 store "
-        f"{fp16_store_gib(n, dim):.2f} GiB mmap)"
-        if recipe
-        else f"Flat ({index_mb:.0f} MB index file, memory-mapped)"
-    )
-    lines = [
-        "",
-        f"## Server startup to first answer: {n:,} passages, {kind}, packaged MiniLM 384-d on CPU (index built "
-        f"by write_dense_index from synthetic vectors in {build_s:.0f} s)",
-        "",
-        "| start | spawn -> first /retrieve answer (server CPU s) | load_retriever (index + corpus + encoder) | "
-        "of which index + corpus | server RssAnon |",
-        "|---|---|---|---|---|",
-    ]
-    for name, s in (("first (offsets built)", cold), ("again (offsets cached)", warm)):
-        lines.append(
-            f"| {name} | {s['first_answer_s']:.1f} s ({s['cpu_s']:.1f}) | {s['load_retriever_s']:.1f} s | "
-            f"{s['index_corpus_open_s']:.1f} s | {s['rss_anon_mb']:.0f} MB |"
-        )
-    print("\n".join(lines), flush=True)
-    for p in idx.iterdir():
-        p.unlink()
-    idx.rmdir()
-    corpus.unlink(missing_ok=True)
     return lines
 
 
