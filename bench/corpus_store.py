@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from synthetic_index import WIKI18, load_average, write_corpus
+from synthetic_index import WIKI18, run_alone, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,16 +108,7 @@ def main() -> None:
     ap.add_argument("--corpus-lines", type=int, default=2_100_000)
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "pvpo-index-scale")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    from machine import machine_line
-
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {machine_line(('numpy',))}")
-    print(f"command: {shlex.join([Path(sys.executable).name] + sys.argv)}")
-    print(f"load average at start (1/5/15 min): {load_average()}", flush=True)
-    t0 = time.perf_counter()
-    corpus_section(args)
-    print(f"\nload average at end: {load_average()}; run took {time.perf_counter() - t0:.0f} s")
+    run_alone(corpus_section, ap.parse_args(), ("numpy",))
 
 
 if __name__ == "__main__":

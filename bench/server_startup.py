@@ -14,14 +14,12 @@ markdown table.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from synthetic_index import clustered_vectors, fp16_store_gib, load_average, nlist_for, write_corpus
+from synthetic_index import clustered_vectors, fp16_store_gib, nlist_for, run_alone, write_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -171,16 +169,7 @@ def main() -> None:
     )
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "pvpo-index-scale")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    from machine import machine_line
-
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {machine_line(('faiss-cpu', 'numpy', 'onnxruntime'))}")
-    print(f"command: {shlex.join([Path(sys.executable).name] + sys.argv)}")
-    print(f"load average at start (1/5/15 min): {load_average()}", flush=True)
-    t0 = time.perf_counter()
-    server_section(args)
-    print(f"\nload average at end: {load_average()}; run took {time.perf_counter() - t0:.0f} s")
+    run_alone(server_section, ap.parse_args(), ("faiss-cpu", "numpy", "onnxruntime"))
 
 
 if __name__ == "__main__":

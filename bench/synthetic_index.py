@@ -16,7 +16,12 @@ uniformly at random (which makes every index look either perfect or hopeless).
 
 from __future__ import annotations
 
+import argparse
 import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,3 +120,19 @@ def write_corpus(path: Path, lines: int, seed: int) -> None:
                     for i in range(start, min(lines, start + 100_000))
                 )
             )
+
+
+def run_alone(
+    section: Callable[[argparse.Namespace], object], args: argparse.Namespace, packages: tuple[str, ...]
+) -> None:
+    """Run one section of the index benches as a bench of its own: the machine, the command and the
+    load average before and after around it (its table prints as it finishes)."""
+    from machine import machine_line
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine_line(packages)}")
+    print(f"command: {shlex.join([Path(sys.executable).name] + sys.argv)}")
+    print(f"load average at start (1/5/15 min): {load_average()}", flush=True)
+    t0 = time.perf_counter()
+    section(args)
+    print(f"\nload average at end: {load_average()}; run took {time.perf_counter() - t0:.0f} s")
