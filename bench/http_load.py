@@ -34,6 +34,18 @@ def questions_and_queries(data: Path) -> tuple[list[dict], list[str]]:
     return questions, list(dict.fromkeys(pool))
 
 
+def musique_corpus(data: Path, bench: str) -> Path:
+    """The musique_mini corpus file the retriever benches serve; exits with one line naming where
+    it was looked for when the sample is not on this machine."""
+    corpus_file = data / "musique_mini" / "corpus.json"
+    if not corpus_file.exists():
+        raise SystemExit(
+            f"{bench} needs the musique_mini sample at {corpus_file} (../shared/data beside the checkout, "
+            "or set PVPO_SHARED_DATA); it is not on this machine."
+        )
+    return corpus_file
+
+
 def uvicorn_impl() -> str:
     """Which event loop and HTTP parser uvicorn's "auto" picks here (uvloop/httptools when installed)."""
     import importlib.util

@@ -51,6 +51,7 @@ from http_load import (  # noqa: E402
     DEFAULT_DATA,
     body,
     measured,
+    musique_corpus,
     process_cpu,
     python_load,
     questions_and_queries,
@@ -191,12 +192,7 @@ def main() -> None:
         help="a flag for our server beyond its defaults, e.g. --serve-flag=--solo-threads=1 (repeatable)",
     )
     args = ap.parse_args()
-    corpus_file = args.data / "musique_mini" / "corpus.json"
-    if not corpus_file.exists():
-        sys.exit(
-            f"bench/retriever.py needs the musique_mini sample at {corpus_file} (../shared/data beside the "
-            "checkout, or set PVPO_SHARED_DATA); it is not on this machine."
-        )
+    corpus_file = musique_corpus(args.data, "bench/retriever.py")
     if not args.search_r1.is_file():
         sys.exit(f"--search-r1 {args.search_r1}: no such file (see this script's docstring for how to get it)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

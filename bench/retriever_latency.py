@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from http_load import DEFAULT_DATA, body, questions_and_queries, start_server
+from http_load import DEFAULT_DATA, body, musique_corpus, questions_and_queries, start_server
 from machine import machine_line
 
 from pvpo.retriever.thread_budget import cpu_cores
@@ -128,12 +128,7 @@ def main() -> None:
         "--solo-threads=1)",
     )
     args = ap.parse_args()
-    corpus_file = args.data / "musique_mini" / "corpus.json"
-    if not corpus_file.exists():
-        sys.exit(
-            f"bench/retriever_latency.py needs the musique_mini sample at {corpus_file} (../shared/data beside "
-            "the checkout, or set PVPO_SHARED_DATA); it is not on this machine."
-        )
+    corpus_file = musique_corpus(args.data, "bench/retriever_latency.py")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pvpo.retriever.build import build_index
 
