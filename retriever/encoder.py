@@ -208,8 +208,14 @@ class Encoder:
             # a half dtype asked for (the recipe's `encoder_dtype: auto` on an AVX512-BF16 CPU) with no backend
             # named: only torch computes it, so a query encoder's default (ONNX, float32) yields to torch
             self.backend = "torch"
-        if self.dtype != "float32" and self.backend != "torch":
-            raise ValueError(f"encoder dtype {self.dtype!r} needs backend 'torch' (got {self.backend!r})")
+        if (
+            self.dtype != "float32"
+            and self.backend != "torch"
+            and (self.dtype, self.backend) != ("bfloat16", "openvino")
+        ):
+            raise ValueError(
+                f"encoder dtype {self.dtype!r} needs backend 'torch' (or 'openvino' for bfloat16), not {self.backend!r}"
+            )
         self.path = resolve_model_path(model)
         self._max_length = max_length
         self._st: Any = None
@@ -290,7 +296,7 @@ class Encoder:
         if export is None:
             export = exported_model(self.model, self.path, self.backend, cache_dir=cache_dir)
             self.max_seq_length = int(self.model.max_seq_length or 512)
-        self._runtime = ExportedEncoderModel(export, self.backend)
+        self._runtime = ExportedEncoderModel(export, self.backend, dtype=self.dtype)
         if config is not None:
             lower = bool(config.get("do_lower_case", False))
             self._tokenizer = LocalTokenizer(folder, self.max_seq_length, lower_case=lower)
@@ -310,16 +316,17 @@ class Encoder:
         if self._runtime is not None:
             from pvpo.retriever.runtimes import encode_sorted
 
-            return encode_sorted(
+            emb = encode_sorted(
                 self._runtime, self._tokenizer, texts, batch_size=batch_size, max_length=self.max_seq_length
             )
-        emb = self.model.encode(
-            texts,
-            batch_size=batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-            show_progress_bar=False,
-        )
+        else:
+            emb = self.model.encode(
+                texts,
+                batch_size=batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
         emb = np.ascontiguousarray(emb, dtype=np.float32)
         if self.dtype != "float32":  # normalised in half precision: norms were up to 1.6e-3 off 1 in bf16
             emb /= np.linalg.norm(emb, axis=1, keepdims=True).clip(min=1e-12)

@@ -20,6 +20,7 @@ from pvpo.retriever.encoder import (
     set_default_backend,
     set_default_dtype,
 )
+from pvpo.retriever.runtimes import ExportedEncoderModel
 from pvpo.retriever.testing import TINY_CORPUS, TINY_QUERIES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -123,6 +124,24 @@ def test_process_dtype_applies_and_half_precision_output_is_unit_float32(referen
     assert Encoder(device="cpu", backend="torch").dtype == "float32"
     with pytest.raises(ValueError, match="encoder dtype 'float16' needs backend 'torch'"):
         Encoder(device="cpu", backend="onnx", dtype="float16")
+
+
+def test_openvino_computes_bfloat16_when_asked_and_refuses_float16(reference, cache: Path) -> None:
+    """`--encoder-backend openvino --encoder-dtype bfloat16`: OpenVINO's bf16 precision hint
+    (on a CPU without native bf16 OpenVINO computes f32 instead); the vectors stay unit-length
+    float32 and rank the passages as torch's float32 ones do. float16 is torch's alone."""
+    _needs("openvino", "openvino")
+    enc = Encoder(device="cpu", backend="openvino", dtype="bfloat16", cache_dir=cache)
+    assert enc.backend == "openvino" and enc.dtype == "bfloat16" and enc.runtime is not None
+    assert enc.runtime.dtype == "bfloat16"
+    q, p = enc.encode_queries(QUERIES), enc.encode_passages(PASSAGES, batch_size=4)
+    assert q.dtype == np.float32 and np.allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-5)
+    assert float(np.min(np.sum(q * reference[0], axis=1))) > 0.99  # cosine to torch's float32 vector
+    assert ((q @ p.T).argmax(1) == (reference[0] @ reference[1].T).argmax(1)).all()
+    with pytest.raises(ValueError, match="encoder dtype 'float16' needs backend 'torch' .or 'openvino' for bfloat16"):
+        Encoder(device="cpu", backend="openvino", dtype="float16", cache_dir=cache)
+    with pytest.raises(ValueError, match="'onnx' computes float32 only"):
+        ExportedEncoderModel(cache / "none.onnx", "onnx", dtype="bfloat16")
 
 
 def test_a_half_dtype_with_no_backend_named_encodes_queries_with_torch(reference) -> None:
