@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 RUNTIMES = ("onnx", "onnx-int8", "openvino")
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 ONNX_OPSET = 17
+OPENVINO_DIR = "openvino-f32"  # the OpenVINO export's folder in a model's cache (float32 weights)
 # what installs each backend's packages (onnxruntime and onnx are dependencies of the project)
 INSTALL_HINT = {
     "onnx": "pip install onnxruntime onnx",
@@ -146,13 +147,15 @@ def exported_model(st_model: Any, model_path: str, backend: str, *, cache_dir: P
         if not q.exists():
             _quantize_int8(onnx_file, q)
         return q
-    xml = folder / "openvino" / "model.xml"
+    xml = folder / OPENVINO_DIR / "model.xml"
     if not xml.exists():
         ov = _require("openvino", "openvino")
         tmp = Path(tempfile.mkdtemp(dir=folder))
         try:
-            ov.save_model(ov.convert_model(str(onnx_file)), str(tmp / "model.xml"))
-            os.replace(tmp, folder / "openvino")
+            # float32 weights: save_model's default halves them to float16, which put the vectors
+            # 1.7e-4 off ONNX Runtime's (the folder "openvino" of earlier exports); now 1e-7.
+            ov.save_model(ov.convert_model(str(onnx_file)), str(tmp / "model.xml"), compress_to_fp16=False)
+            os.replace(tmp, folder / OPENVINO_DIR)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return xml
@@ -292,7 +295,7 @@ def cached_export(model_path: str, max_length: int, backend: str, *, cache_dir: 
     path = {
         "onnx": folder / "model.onnx",
         "onnx-int8": folder / "model.int8.onnx",
-        "openvino": folder / "openvino" / "model.xml",
+        "openvino": folder / OPENVINO_DIR / "model.xml",
     }[backend]
     return path if path.is_file() else None
 
