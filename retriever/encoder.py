@@ -171,9 +171,9 @@ class Encoder:
     `backend`: "torch" (any device), or on CPU "onnx", "onnx-int8", "openvino" (the model is
     exported once to a cache directory, see runtimes.py; once exported, a local model with a
     `tokenizer.json` encodes without torch, transformers or sentence-transformers being imported,
-    and is loaded by sentence-transformers only if `model` is asked for). `dtype` (torch backend):
-    "float32", "float16", "bfloat16" or "auto" (`resolve_dtype`); default float16 on GPU, float32
-    on CPU. `queries`: the encoder serves queries (its default backend is DEFAULT_QUERY_BACKEND)."""
+    and is loaded by sentence-transformers only if `model` is asked for). `dtype`: "float32",
+    "float16", "bfloat16" or "auto" (`resolve_dtype`); default float16 on GPU, float32 on CPU;
+    torch computes each, "openvino" float32 and bfloat16, the other runtimes float32. `queries`: the encoder serves queries (its default backend is DEFAULT_QUERY_BACKEND)."""
 
     def __init__(
         self,
