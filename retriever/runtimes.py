@@ -166,7 +166,9 @@ class ExportedEncoderModel:
     in float32, or in bfloat16 by OpenVINO when `dtype` asks for it). Each
     call computes with the calling thread's budget (`thread_budget`, else `threads`): one ONNX
     Runtime session, or OpenVINO compiled model, per thread count, made on first use. Calls from
-    several threads run at once (each thread has its own OpenVINO infer request)."""
+    several threads run at once: an ONNX Runtime session runs concurrent calls as they come; an
+    OpenVINO compiled model runs as many at once as it has streams, one per caller its first
+    `runner` call announced (each calling thread has its own infer request)."""
 
     def __init__(self, path: Path, backend: str, *, threads: int | None = None, dtype: str = "float32") -> None:
         if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and backend != "openvino"):
@@ -179,18 +181,22 @@ class ExportedEncoderModel:
         self.threads = threads or cpu_cores()
         self._runtime = _require("openvino" if backend == "openvino" else "onnxruntime", backend)
         self._runners: dict[int, Any] = {}
+        self._callers: dict[int, int] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         self._names: list[str] = []
         self.runner(self.threads)  # a model that does not load fails here, not at the first query
 
-    def runner(self, threads: int) -> Any:
-        """The session (compiled model) computing with `threads` threads, made on first use."""
+    def runner(self, threads: int, callers: int = 1) -> Any:
+        """The session (compiled model) computing a call with `threads` threads, made on first use;
+        `callers`: how many threads will call it at once (OpenVINO: its streams), as the first call
+        for this thread count said."""
         runner = self._runners.get(threads)
         if runner is None:
             with self._lock:
                 runner = self._runners.get(threads)
                 if runner is None:
+                    self._callers.setdefault(threads, max(1, callers))
                     runner = self._runners[threads] = self._load(threads)
         return runner
 
@@ -199,12 +205,17 @@ class ExportedEncoderModel:
             core = self._runtime.Core()
             model = core.read_model(str(self.path))
             self._names = [p.get_any_name() for p in model.inputs]
+            streams = self._callers.get(threads, 1)
+            # One stream runs one call at a time: two search workers calling one single-stream
+            # model used 1.1 of 2 cores at 8-64 clients (bench/retriever.py, bf16); a stream
+            # per worker, each with the worker's threads.
+            stream_config = {"PERFORMANCE_HINT": "LATENCY"} if streams == 1 else {"NUM_STREAMS": streams}
             return core.compile_model(
                 model,
                 "CPU",
                 {
-                    "INFERENCE_NUM_THREADS": threads,
-                    "PERFORMANCE_HINT": "LATENCY",
+                    "INFERENCE_NUM_THREADS": threads * streams,
+                    **stream_config,
                     # On AMX CPUs (this one) OpenVINO would run bf16 by default: 1e-3 off
                     # torch's vectors; f32 keeps it exact, bf16 only when asked for (a MiniLM
                     # query at batch 1: 2.3 ms on one thread against f32's 5.0 and ONNX

@@ -293,13 +293,15 @@ def _query_encoder(retriever: Retriever) -> Any:
 
 
 async def _load_runners(retriever: Retriever, plan: SearchPlan) -> None:
-    """Makes the exported encoder's sessions for the plan's thread counts, at once on threads of
-    their own, before the server answers: the first queries do not wait for a session (0.4-0.7 s
+    """Makes the exported encoder's sessions for the plan's thread counts (the workers' for as many
+    callers as workers), at once on threads of their own, before the server answers: the first queries do not wait for a session (0.4-0.7 s
     each for MiniLM on 2 loaded cores)."""
     runtime = getattr(_query_encoder(retriever), "runtime", None)
-    counts = {n for n in (plan.worker_threads, plan.solo_threads) if n is not None}
+    counts = {n: 1 for n in (plan.solo_threads,) if n is not None}
+    if plan.worker_threads is not None:
+        counts[plan.worker_threads] = plan.workers  # the workers call it at once
     if runtime is not None and counts:
-        await asyncio.gather(*(asyncio.to_thread(runtime.runner, n) for n in counts))
+        await asyncio.gather(*(asyncio.to_thread(runtime.runner, n, c) for n, c in counts.items()))
 
 
 def _pad_group(retriever: Retriever) -> int | None:
