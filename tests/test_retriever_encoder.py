@@ -144,6 +144,21 @@ def test_openvino_computes_bfloat16_when_asked_and_refuses_float16(reference, ca
         ExportedEncoderModel(cache / "none.onnx", "onnx", dtype="bfloat16")
 
 
+def test_openvino_gives_each_announced_caller_a_stream(cache: Path) -> None:
+    """Two search workers calling one single-stream OpenVINO model ran one call at a time (1.1 of 2
+    cores served); the workers' model now has a stream per worker, each with the worker's threads,
+    and a lone caller's keeps one stream. The count a thread count was first made with stays."""
+    _needs("openvino", "openvino")
+    enc = Encoder(device="cpu", backend="openvino", cache_dir=cache)
+    runtime = enc.runtime
+    assert runtime is not None
+    shared = runtime.runner(1, callers=2)
+    assert int(shared.get_property("NUM_STREAMS")) == 2 and int(shared.get_property("INFERENCE_NUM_THREADS")) == 2
+    assert runtime.runner(1) is shared  # made once, for as many callers as first announced
+    alone = runtime.runner(2)
+    assert int(alone.get_property("NUM_STREAMS")) == 1
+
+
 def test_a_half_dtype_with_no_backend_named_encodes_queries_with_torch(reference) -> None:
     """A loaded index's query encoder defaults to ONNX (float32 only): with the process dtype at
     bfloat16 (the multi-hop recipe's `encoder_dtype: auto` on an AVX512-BF16 CPU) and no backend
