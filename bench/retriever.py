@@ -160,6 +160,25 @@ def top_ids(url: str, pool: list[str]) -> list[list[str]]:
     return out
 
 
+def batch_counters(url: str) -> tuple[int, int] | None:
+    """(batches, queries) our server has searched so far, from `/info`; None for a server without
+    them (Search-R1's)."""
+    import httpx
+
+    try:
+        batching = httpx.get(url + "/info", timeout=30).json()["batching"]
+        return int(batching["batches"]), int(batching["queries"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+
+
+def mean_batch(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Queries a batch between two `batch_counters` readings; None where either is missing."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return (after[1] - before[1]) / (after[0] - before[0])
+
+
 def summarise(rs: list[dict[str, float]]) -> dict[str, float]:
     """Mean q/s and CPU shares over rounds, median p50 / p99, summed errors."""
     return {
@@ -238,7 +257,10 @@ def main() -> None:
             for r in range(args.rounds):
                 for name in order if r % 2 == 0 else order[::-1]:
                     proc, url = arms[name]
-                    runs[name].append(measured(gen, proc.pid, url, pool, clients, args.duration / args.rounds))
+                    before = batch_counters(url) if name == "ours" else None
+                    run = measured(gen, proc.pid, url, pool, clients, args.duration / args.rounds)
+                    run["mean_batch"] = mean_batch(before, batch_counters(url) if before else None)
+                    runs[name].append(run)
             level = {"clients": clients, "load_before": load, "rounds": runs} | {
                 name: summarise(rs) for name, rs in runs.items()
             }
@@ -277,11 +299,15 @@ def print_tables(out: dict[str, Any], generator: str) -> None:
         )
     by = {lv["clients"]: lv for lv in out["levels"]}
     if 8 in by and 32 in by:
-        pairs = [(a["qps"], b["qps"]) for a, b in zip(by[8]["rounds"]["ours"], by[32]["rounds"]["ours"])]
-        held = all(b >= a for a, b in pairs)
+        rounds = list(zip(by[8]["rounds"]["ours"], by[32]["rounds"]["ours"]))
+        held = all(b["qps"] >= a["qps"] for a, b in rounds)
+
+        def batch(r: dict[str, Any]) -> str:
+            return f" (batch {r['mean_batch']:.1f})" if r.get("mean_batch") else ""
+
         print(
-            "\nours, q/s at 8 -> 32 clients by round: "
-            + ", ".join(f"{a:.0f} -> {b:.0f}" for a, b in pairs)
+            "\nours, q/s at 8 -> 32 clients by round (mean queries a batch, warm-up included): "
+            + ", ".join(f"{a['qps']:.0f}{batch(a)} -> {b['qps']:.0f}{batch(b)}" for a, b in rounds)
             + f" ({'never below' if held else 'BELOW in a round'})"
         )
     st = out["startup_s"]
