@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pvpo.retriever.runtimes import RUNTIMES
+from pvpo.retriever.runtimes import RUNTIME_DTYPES, RUNTIMES
 
 if TYPE_CHECKING:
     from pvpo.retriever.runtimes import ExportedEncoderModel
@@ -173,7 +173,8 @@ class Encoder:
     `tokenizer.json` encodes without torch, transformers or sentence-transformers being imported,
     and is loaded by sentence-transformers only if `model` is asked for). `dtype`: "float32",
     "float16", "bfloat16" or "auto" (`resolve_dtype`); default float16 on GPU, float32 on CPU;
-    torch computes each, "openvino" float32 and bfloat16, the other runtimes float32. `queries`: the encoder serves queries (its default backend is DEFAULT_QUERY_BACKEND)."""
+    torch computes each, the runtimes those of `runtimes.RUNTIME_DTYPES`. `queries`: the encoder
+    serves queries (its default backend is DEFAULT_QUERY_BACKEND)."""
 
     def __init__(
         self,
@@ -208,14 +209,9 @@ class Encoder:
             # a half dtype asked for (the recipe's `encoder_dtype: auto` on an AVX512-BF16 CPU) with no backend
             # named: only torch computes it, so a query encoder's default (ONNX, float32) yields to torch
             self.backend = "torch"
-        if (
-            self.dtype != "float32"
-            and self.backend != "torch"
-            and (self.dtype, self.backend) != ("bfloat16", "openvino")
-        ):
-            raise ValueError(
-                f"encoder dtype {self.dtype!r} needs backend 'torch' (or 'openvino' for bfloat16), not {self.backend!r}"
-            )
+        if self.backend != "torch" and self.dtype not in RUNTIME_DTYPES[self.backend]:
+            half = ", ".join(f"{n!r} for {d}" for n, ds in RUNTIME_DTYPES.items() for d in ds if d != "float32")
+            raise ValueError(f"encoder dtype {self.dtype!r} needs backend 'torch' (or {half}), not {self.backend!r}")
         self.path = resolve_model_path(model)
         self._max_length = max_length
         self._st: Any = None

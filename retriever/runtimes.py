@@ -29,6 +29,8 @@ from pvpo.retriever.thread_budget import cpu_cores, thread_budget
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("onnx", "onnx-int8", "openvino")
+# the dtypes each runtime computes in (the vectors it returns are float32 either way)
+RUNTIME_DTYPES = {"onnx": ("float32",), "onnx-int8": ("float32",), "openvino": ("float32", "bfloat16")}
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 ONNX_OPSET = 17
 OPENVINO_DIR = "openvino-f32"  # the OpenVINO export's folder in a model's cache (float32 weights)
@@ -171,9 +173,9 @@ class ExportedEncoderModel:
     `runner` call announced (each calling thread has its own infer request)."""
 
     def __init__(self, path: Path, backend: str, *, threads: int | None = None, dtype: str = "float32") -> None:
-        if dtype not in ("float32", "bfloat16") or (dtype == "bfloat16" and backend != "openvino"):
+        if dtype not in RUNTIME_DTYPES[backend]:
             raise ValueError(
-                f"encoder runtime {backend!r} computes float32 only (openvino also bfloat16), not {dtype!r}"
+                f"encoder runtime {backend!r} computes {' or '.join(RUNTIME_DTYPES[backend])} only, not {dtype!r}"
             )
         self.backend = backend
         self.path = path
@@ -181,7 +183,6 @@ class ExportedEncoderModel:
         self.threads = threads or cpu_cores()
         self._runtime = _require("openvino" if backend == "openvino" else "onnxruntime", backend)
         self._runners: dict[int, Any] = {}
-        self._callers: dict[int, int] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         self._names: list[str] = []
@@ -196,16 +197,14 @@ class ExportedEncoderModel:
             with self._lock:
                 runner = self._runners.get(threads)
                 if runner is None:
-                    self._callers.setdefault(threads, max(1, callers))
-                    runner = self._runners[threads] = self._load(threads)
+                    runner = self._runners[threads] = self._load(threads, max(1, callers))
         return runner
 
-    def _load(self, threads: int) -> Any:
+    def _load(self, threads: int, streams: int) -> Any:
         if self.backend == "openvino":
             core = self._runtime.Core()
             model = core.read_model(str(self.path))
             self._names = [p.get_any_name() for p in model.inputs]
-            streams = self._callers.get(threads, 1)
             # One stream runs one call at a time: two search workers calling one single-stream
             # model used 1.1 of 2 cores at 8-64 clients (bench/retriever.py, bf16); a stream
             # per worker, each with the worker's threads.

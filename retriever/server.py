@@ -294,8 +294,8 @@ def _query_encoder(retriever: Retriever) -> Any:
 
 async def _load_runners(retriever: Retriever, plan: SearchPlan) -> None:
     """Makes the exported encoder's sessions for the plan's thread counts (the workers' for as many
-    callers as workers), at once on threads of their own, before the server answers: the first queries do not wait for a session (0.4-0.7 s
-    each for MiniLM on 2 loaded cores)."""
+    callers as workers), at once on threads of their own, before the server answers: the first
+    queries do not wait for a session (0.4-0.7 s each for MiniLM on 2 loaded cores)."""
     runtime = getattr(_query_encoder(retriever), "runtime", None)
     counts = {n: 1 for n in (plan.solo_threads,) if n is not None}
     if plan.worker_threads is not None:
