@@ -16,8 +16,9 @@ The environment variables reach any child process; the probes' answers only this
 `pvpo.hardware.cpu_bf16_native` then reports no native bf16, so `model.dtype: auto` and
 `retriever.encoder_dtype: auto` choose float32, as on such a CPU.
 
-Not capped: ONNX Runtime's and OpenVINO's kernels (their CPU dispatch has no switch; the recipe
-encodes with torch) and code compiled for this CPU by other libraries.
+Not capped: ONNX Runtime's and OpenVINO's kernels (their CPU dispatch has no switch), so a loaded
+index's query encoder (ONNX Runtime by default; passages are encoded with torch, which is capped)
+still runs AVX-512 code, as does code compiled for this CPU by other libraries.
 
     python bench/avx2_emulated.py demo --config real_smollm2_multihop --run-dir runs/avx2 ...
     python bench/avx2_emulated.py --check     # what each library now reports, then exit
