@@ -62,6 +62,7 @@ from pvpo.trainer.state.checkpoint import (
 )
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
+from pvpo.trainer.state.optimizer_spill import optimizer_state_on_disk, remove_stale_spill, spillable
 from pvpo.trainer.state.resume import (
     check_checkpoint_config,
     check_resume_config,
@@ -127,6 +128,8 @@ class Trainer:
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
         self.cost = CostCounter()
+        if resume and ddp.is_main():
+            remove_stale_spill(self.files.optimizer_spill)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if ckpt is not None:  # a hand-edited config.yaml would continue another run from these weights
             check_checkpoint_config(ckpt, cfg)
@@ -272,7 +275,10 @@ class Trainer:
         """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question of
         `examples` (default: the run's evaluation set, whose per-question scores are kept);
         `per_question_out` receives each question's EM."""
-        return evaluate_trainer(self, tag, examples, per_question_out)  # rollouts beside the update pause
+        # RL's AdamW state waits on disk meanwhile (1.08 GB for SmolLM2-135M): it was the recipe's peak
+        spill = spillable(self.optimizer, distributed=ddp.is_distributed())
+        with optimizer_state_on_disk(self.optimizer, self.files.optimizer_spill, enabled=spill):
+            return evaluate_trainer(self, tag, examples, per_question_out)  # rollouts beside the update pause
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:

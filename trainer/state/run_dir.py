@@ -32,6 +32,7 @@ RUN_ENTRIES = (
     "held_out_em.json",
     "eval_before.json",
     "episodes.jsonl",
+    "optimizer_spill.pt",
 )
 
 
@@ -162,6 +163,11 @@ class RunDir:
         """The held-out evaluation before RL's first step (after any warm start): its metrics and
         each question's EM, so a resumed run still compares RL against it."""
         return self.root / "eval_before.json"
+
+    @property
+    def optimizer_spill(self) -> Path:
+        """The optimizer's state while the policy is evaluated (`optimizer_spill.py`); gone after."""
+        return self.root / "optimizer_spill.pt"
 
     @property
     def index(self) -> Path:
