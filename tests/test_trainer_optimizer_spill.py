@@ -12,7 +12,7 @@ from test_trainer_reference_dataset_source import P_APA, P_JOURNAL, P_OTHER, _mu
 from trainer_support import TINY, OverlapSearcher
 
 from pvpo.trainer.config.schema import load_config
-from pvpo.trainer.state.optimizer_spill import optimizer_state_on_disk, remove_stale_spill, spillable, state_bytes
+from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk, remove_stale_spill, spillable, state_bytes
 
 
 def _trained(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

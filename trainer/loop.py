@@ -40,6 +40,7 @@ from pvpo.trainer.heldout import evaluate_trainer, evaluation_before, validation
 from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
 from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
+from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk, remove_stale_spill, spillable
 from pvpo.trainer.model.update import importance_for, policy_update, reference_logprobs
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
@@ -62,7 +63,6 @@ from pvpo.trainer.state.checkpoint import (
 )
 from pvpo.trainer.state.cost import CostCounter
 from pvpo.trainer.state.metrics_log import MetricsLogger
-from pvpo.trainer.state.optimizer_spill import optimizer_state_on_disk, remove_stale_spill, spillable
 from pvpo.trainer.state.resume import (
     check_checkpoint_config,
     check_resume_config,
