@@ -39,7 +39,7 @@ def test_the_state_is_on_disk_inside_the_block_and_identical_after(tmp_path: Pat
     before, path = _state(opt), tmp_path / "spill.pt"
     params = list(model.parameters())  # two float32 moments a weight, and a float32 step count a tensor
     assert state_bytes(opt) == 2 * 4 * sum(p.numel() for p in params) + 4 * len(params)
-    with optimizer_state_on_disk(opt, path):
+    with optimizer_state_on_disk(opt, path, distributed=False):
         assert not opt.state and path.is_file()
     assert not path.exists()
     after = _state(opt)
@@ -52,7 +52,7 @@ def test_the_state_is_on_disk_inside_the_block_and_identical_after(tmp_path: Pat
 def test_the_next_update_after_a_spill_equals_one_without(tmp_path: Path) -> None:
     spilled_model, spilled = _trained()
     kept_model, kept = _trained()
-    with optimizer_state_on_disk(spilled, tmp_path / "spill.pt"):
+    with optimizer_state_on_disk(spilled, tmp_path / "spill.pt", distributed=False):
         pass
     _step(spilled_model, spilled)
     _step(kept_model, kept)
@@ -63,19 +63,19 @@ def test_the_next_update_after_a_spill_equals_one_without(tmp_path: Path) -> Non
 def test_an_error_inside_the_block_still_restores_the_state(tmp_path: Path) -> None:
     _, opt = _trained()
     before, path = _state(opt), tmp_path / "spill.pt"
-    with pytest.raises(RuntimeError, match="evaluation failed"), optimizer_state_on_disk(opt, path):
+    with pytest.raises(RuntimeError, match="evaluation failed"), optimizer_state_on_disk(opt, path, distributed=False):
         raise RuntimeError("evaluation failed")
     assert not path.exists()
     assert all(torch.equal(before[0][k], v) for k, v in next(iter(opt.state.values())).items())
 
 
-def test_nothing_is_written_without_state_or_when_disabled(tmp_path: Path) -> None:
+def test_nothing_is_written_without_state_or_under_torchrun(tmp_path: Path) -> None:
     fresh = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
     path = tmp_path / "spill.pt"
-    with optimizer_state_on_disk(fresh, path):
+    with optimizer_state_on_disk(fresh, path, distributed=False):
         assert not path.exists()
     _, opt = _trained()
-    with optimizer_state_on_disk(opt, path, enabled=False):
+    with optimizer_state_on_disk(opt, path, distributed=True):
         assert opt.state and not path.exists()
 
 
@@ -115,6 +115,7 @@ def test_evaluations_during_rl_run_without_the_optimizer_state_and_training_is_u
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pvpo.trainer import heldout, loop
+    from pvpo.trainer.model import optimizer_spill as spill
 
     source = tmp_path / "musique.json"
     source.write_text(json.dumps(_musique_rows(8)))
@@ -138,5 +139,5 @@ def test_evaluations_during_rl_run_without_the_optimizer_state_and_training_is_u
     assert seen[0][:2] == ("before", 0)
     after_updates = [s for s in seen if s[0] not in ("before", "val_before")]
     assert after_updates and all(n == 0 and on_disk for _, n, on_disk in after_updates)
-    monkeypatch.setattr(loop, "spillable", lambda *a, **k: False)
+    monkeypatch.setattr(spill, "spillable", lambda *a, **k: False)
     assert run("kept") == spilled

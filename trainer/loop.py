@@ -40,7 +40,7 @@ from pvpo.trainer.heldout import evaluate_trainer, evaluation_before, validation
 from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
 from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
-from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk, remove_stale_spill, spillable
+from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk, remove_stale_spill
 from pvpo.trainer.model.update import importance_for, policy_update, reference_logprobs
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
@@ -128,7 +128,7 @@ class Trainer:
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
         self.cost = CostCounter()
-        if resume and ddp.is_main():
+        if resume:  # a killed run's optimizer state, older than the checkpoint loaded below
             remove_stale_spill(self.files.optimizer_spill)
         ckpt = latest_checkpoint(self.run_dir) if resume else None
         if ckpt is not None:  # a hand-edited config.yaml would continue another run from these weights
@@ -274,10 +274,8 @@ class Trainer:
     ) -> dict[str, float]:
         """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question of
         `examples` (default: the run's evaluation set, whose per-question scores are kept);
-        `per_question_out` receives each question's EM."""
-        # RL's AdamW state waits on disk meanwhile (1.08 GB for SmolLM2-135M): it was the recipe's peak
-        spill = spillable(self.optimizer, distributed=ddp.is_distributed())
-        with optimizer_state_on_disk(self.optimizer, self.files.optimizer_spill, enabled=spill):
+        `per_question_out` receives each question's EM. RL's optimizer state waits on disk meanwhile."""
+        with optimizer_state_on_disk(self.optimizer, self.files.optimizer_spill, distributed=ddp.is_distributed()):
             return evaluate_trainer(self, tag, examples, per_question_out)  # rollouts beside the update pause
 
     # ---- one step ----------------------------------------------------------------------------

@@ -56,11 +56,11 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 @contextlib.contextmanager
-def optimizer_state_on_disk(optimizer: torch.optim.Optimizer, path: Path, *, enabled: bool = True) -> Iterator[None]:
+def optimizer_state_on_disk(optimizer: torch.optim.Optimizer, path: Path, *, distributed: bool) -> Iterator[None]:
     """Inside the block `optimizer` holds no state: it waits in `path`, which is read back into the
-    optimizer and deleted on leaving (an exception inside the block included). Nothing happens when
-    not `enabled` or when the optimizer has no state yet."""
-    if not enabled or not optimizer.state:
+    optimizer and deleted on leaving (an exception inside the block included). Nothing happens
+    where the state cannot be spilled (`spillable`: none yet, under torchrun, or not on the CPU)."""
+    if not spillable(optimizer, distributed=distributed):
         yield
         return
     size, t0 = state_bytes(optimizer), time.perf_counter()
