@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from test_trainer_reference_dataset_source import P_APA, P_JOURNAL, P_OTHER, _musique_rows, _passages
-from trainer_support import TINY, OverlapSearcher
+from test_trainer_validation import _cfg
+from trainer_support import OverlapSearcher
 
-from pvpo.trainer.config.schema import load_config
 from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk, remove_stale_spill, spillable, state_bytes
 
 
@@ -93,24 +93,6 @@ def test_a_killed_runs_spill_file_is_removed(tmp_path: Path) -> None:
     assert remove_stale_spill(path) and not path.exists()
 
 
-def _cfg(source: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            *TINY,
-            f"data.source={source}",
-            "data.held_out_examples=2",
-            "data.validation_examples=2",
-            "data.max_train_examples=3",
-            "data.shuffle_seed=0",
-            "rollout.max_turns=2",
-            "run.eval_every=1",
-            "run.steps=2",
-            *extra,
-        ],
-    )
-
-
 def test_evaluations_during_rl_run_without_the_optimizer_state_and_training_is_unchanged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,7 +112,7 @@ def test_evaluations_during_rl_run_without_the_optimizer_state_and_training_is_u
 
     def run(name: str) -> list[dict[str, float]]:
         searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))
-        result = loop.train(_cfg(source), tmp_path / name, searcher=searcher, show_progress=False)
+        result = loop.train(_cfg(source, "run.steps=2"), tmp_path / name, searcher=searcher, show_progress=False)
         assert not (tmp_path / name / "optimizer_spill.pt").exists()
         return [{k: v for k, v in r.items() if not k.startswith(("time/", "mem/"))} for r in result.metrics]
 
