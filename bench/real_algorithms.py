@@ -18,8 +18,10 @@ setting, from the same start, on the same questions.
 
 Each arm is a `pvpo demo` run of the recipe config under OUT/<arm>/ (skipped when it finished
 earlier: resumable); the report, OUT/results.md, compares the arms' per-question held-out EM
-(`held_out_em.json`) with paired standard errors. One RL seed per arm: the s.e. is over questions
-only, stated as the power.
+(`held_out_em.json`) with paired standard errors. With one RL seed per arm the s.e. is over questions
+only, stated as the power; `--seeds 0 1 2` trains each arm once per seed (seed 0 under OUT/<arm>,
+seed k under OUT/seed<k>/<arm>) and the report's EM is the mean over seeds, its s.e. counting the
+seeds' spread (`pvpo.stats.seeds_difference`, `seeds_contrast`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 
 from machine import machine_line
 
-from pvpo.stats import paired_difference, standard_error
+from pvpo.stats import mean, paired_difference, seeds_contrast, seeds_difference, standard_error
 
 CONFIG = "real_smollm2_multihop"
 DEFAULT_ARMS = "pvpo+gs:2,grpo:4"
@@ -141,9 +143,15 @@ def finished(run_dir: Path) -> bool:
     return (run_dir / "summary.md").is_file() and (run_dir / "held_out_em.json").is_file()
 
 
-def run_arm(arm: Arm, out: Path, overrides: list[str], config: str = CONFIG) -> float:
-    """Run `arm`'s demo of `config` into OUT/<arm>; its wall time in seconds (0 when it had finished)."""
-    run_dir = out / arm.name
+def arm_dir(out: Path, arm: Arm, seed: int = 0) -> Path:
+    """Where `arm`'s run for RL seed `seed` lives: OUT/<arm> for seed 0, OUT/seed<k>/<arm> for another."""
+    return out / arm.name if seed == 0 else out / f"seed{seed}" / arm.name
+
+
+def run_arm(arm: Arm, out: Path, overrides: list[str], config: str = CONFIG, seed: int = 0) -> float:
+    """Run `arm`'s demo of `config` for RL seed `seed` into `arm_dir`; its wall time in seconds (0 when
+    it had finished)."""
+    run_dir = arm_dir(out, arm, seed)
     if finished(run_dir):
         print(f"[{arm.name}] finished earlier, kept", flush=True)
         return 0.0
@@ -176,6 +184,56 @@ def load_arm(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def load_seeds(out: Path, arm: Arm, seeds: Sequence[int]) -> dict[str, Any]:
+    """`load_arm` over `arm`'s finished runs of `seeds` (at least one): `after` the mean over seeds of
+    each question's EM, `afters` the per-seed lists, `seeds` the seeds found; costs, F1, format and
+    wall the means over seeds; the validation curve's EM averaged at each step every seed evaluated.
+    Every seed must have been evaluated on the same questions from the same start."""
+    found = [k for k in seeds if finished(arm_dir(out, arm, k))]
+    if not found:
+        raise ValueError(f"{arm.name}: no finished run for seeds {', '.join(map(str, seeds))} under {out}")
+    runs = [load_arm(arm_dir(out, arm, k)) for k in found]
+    first = runs[0]
+    for k, r in zip(found[1:], runs[1:]):
+        if r["questions"] != first["questions"] or r["before"] != first["before"]:
+            raise ValueError(f"{arm.name}: seed {k} started from another policy or questions than seed {found[0]}")
+    n = len(first["questions"])
+
+    def averaged(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = set.intersection(*(set(r) for r in rows))
+        return {k: mean([r[k] for r in rows]) for k in keys if all(isinstance(r[k], (int, float)) for r in rows)}
+
+    walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
+    curves = [r["curve"] for r in runs if r["curve"].get("points")]
+    curve: dict[str, Any] = {}
+    if curves:
+        steps = set.intersection(*({int(p["step"]) for p in c["points"]} for c in curves))
+        curve = {
+            "points": [
+                {
+                    "step": t,
+                    "accuracy": mean([p["accuracy"] for c in curves for p in c["points"] if int(p["step"]) == t]),
+                }
+                for t in sorted(steps)
+            ],
+            "questions": curves[0].get("questions"),
+        }
+        if curve["points"]:
+            curve["best"] = {"step": max(curve["points"], key=lambda p: p["accuracy"])["step"]}
+        if len(curves) == 1:
+            curve = curves[0]
+    return {
+        **first,
+        "after": [mean([r["after"][i] for r in runs]) for i in range(n)],
+        "afters": [r["after"] for r in runs],
+        "seeds": found,
+        "last": averaged([r["last"] for r in runs]),
+        "eval_row": averaged([r["eval_row"] for r in runs]),
+        "wall_s": mean(walls) if walls else None,
+        "curve": curve,
+    }
+
+
 def curve_cell(curve: dict[str, Any]) -> str:
     """`0: 0.153, 8: 0.180, 16: 0.173 (8)`: validation EM at each evaluated step, the best step last."""
     points = sorted(curve.get("points", []), key=lambda p: p["step"])
@@ -183,6 +241,14 @@ def curve_cell(curve: dict[str, Any]) -> str:
         return "n/a"
     best = curve.get("best") or {}
     return ", ".join(f"{int(p['step'])}: {p['accuracy']:.3f}" for p in points) + f" ({best.get('step', 'n/a')})"
+
+
+def seeds_label(arm: Arm, run: dict[str, Any]) -> str:
+    """The arm's label, with its seeds when it was trained with more than one or with another than 0."""
+    seeds = run.get("seeds", [0])
+    if seeds == [0]:
+        return arm.label
+    return f"{arm.label} ({'seed' if len(seeds) == 1 else 'seeds'} {', '.join(map(str, seeds))})"
 
 
 def curve_point(curve: dict[str, Any], step: int) -> dict[str, Any] | None:
@@ -243,7 +309,14 @@ def report(
             if split == "validation"
             else ""
         )
-        + ". One RL seed per arm: standard errors are over questions only (paired where two columns share questions).",
+        + (
+            ". Arms with several RL seeds: EM after is the mean over seeds and its gain's s.e. counts the seeds' "
+            "spread, sqrt(se_q^2 + sd_seeds^2 / S) (pvpo.stats.seeds_difference; between arms seeds_contrast); "
+            "an arm with one seed: over questions only (paired where two columns share questions)."
+            if any(len(runs[a.name].get("afters", [])) > 1 for a in arms)
+            else ". One RL seed per arm: standard errors are over questions only (paired where two columns share "
+            "questions)."
+        ),
         "",
         "| arm | model rollouts (anchor incl.) | tool calls (all-in) | policy tokens | EM start | EM after "
         "| gain (paired s.e.) | F1 after | format ok after | wall (s) | validation EM by step (best) |",
@@ -253,21 +326,25 @@ def report(
         r = runs[arm.name]
         c, e = r["last"], r["eval_row"]
         model_rollouts = c.get("cost/cum_rollouts", 0) - c.get("cost/cum_gt_rollouts", 0)
-        gain, se = paired_difference(r["before"], r["after"])
+        g = seeds_difference(r["before"], r.get("afters") or [r["after"]])
+        gain, se = g["mean"], g["se"]
         lines.append(
-            f"| {arm.label} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
+            f"| {seeds_label(arm, r)} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
             f"| {c.get('cost/cum_policy_tokens', 0):.0f} | {sum(r['before']) / n_q:.3f} | {sum(r['after']) / n_q:.3f} "
             f"(s.e. {standard_error(r['after']):.3f}) | {gain:+.3f} ({se:.3f}) | {_f(e.get('eval/f1'))} "
             f"| {_f(e.get('eval/format_ok'))} | {_f(r['wall_s'], '.0f')} | {curve_cell(r.get('curve', {}))} |"
         )
     lines.append("")
     for arm in arms[1:]:
-        diff, se = paired_difference(runs[arm.name]["after"], first["after"])
+        r = runs[arm.name]
+        c = seeds_contrast(first.get("afters") or [first["after"]], r.get("afters") or [r["after"]])
+        diff, se = c["mean"], c["se"]
         z = diff / se if se else 0.0
         verdict = "resolved" if abs(z) >= 2 else "not resolved"
+        kind = "s.e. with seeds" if len(first.get("afters", [])) > 1 or len(r.get("afters", [])) > 1 else "paired s.e."
         lines.append(
-            f"- {arms[0].label} - {arm.label}, {split} EM after RL: {diff:+.3f} "
-            f"(paired s.e. {se:.3f}, {z:+.1f} s.e.: {verdict} at 2 s.e.; this design resolves differences of about "
+            f"- {seeds_label(arms[0], first)} - {seeds_label(arm, r)}, {split} EM after RL: {diff:+.3f} "
+            f"({kind} {se:.3f}, {z:+.1f} s.e.: {verdict} at 2 s.e.; this design resolves differences of about "
             f"{2 * se:.2f} EM)"
         )
     if len(datasets) > 1:
@@ -281,7 +358,7 @@ def report(
                 b, a = [r["before"][i] for i in idx], [r["after"][i] for i in idx]
                 gain, se = paired_difference(b, a)
                 cells.append(f"{sum(a) / len(a):.3f} ({gain:+.3f}, {se:.3f})")
-            lines.append(f"| {arm.label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {seeds_label(arm, r)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -299,7 +376,14 @@ def main(argv: list[str] | None = None) -> int:
         f"compared with each other one (default {DEFAULT_ARMS})",
     )
     ap.add_argument("--steps", type=int, default=8, help="RL steps per arm (the recipe's 8: each of 32 prompts once)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="RL seeds: each arm trained once per seed, seed 0 under OUT/<arm>, seed k under OUT/seed<k>/<arm> "
+        "(default 0). With --report-only, an arm's finished seeds among these",
+    )
     ap.add_argument(
         "--set",
         dest="common",
@@ -342,20 +426,23 @@ def main(argv: list[str] | None = None) -> int:
             "start": args.start,
             "data": args.data,
             "steps": args.steps,
-            "seed": args.seed,
             "common": args.common,
             "split": args.split,
         }
         try:
-            check_configs(arms, args.config, **common)
+            check_configs(arms, args.config, seed=args.seeds[0], **common)
         except ValueError as e:
             ap.error(str(e))
-        for arm in arms:
-            run_arm(arm, args.out, arm_overrides(arm, **common), args.config)
-    unfinished = [a.name for a in arms if not finished(args.out / a.name)]
+        for seed in args.seeds:
+            for arm in arms:
+                run_arm(arm, args.out, arm_overrides(arm, seed=seed, **common), args.config, seed)
+    unfinished = [a.name for a in arms if not any(finished(arm_dir(args.out, a, k)) for k in args.seeds)]
     if unfinished:
         ap.error(f"unfinished arms under {args.out}: {', '.join(unfinished)}; run without --report-only")
-    runs = {a.name: load_arm(args.out / a.name) for a in arms}
+    try:
+        runs = {a.name: load_seeds(args.out, a, args.seeds) for a in arms}
+    except ValueError as e:
+        ap.error(str(e))
     text = report(
         arms,
         runs,

@@ -136,3 +136,55 @@ def test_an_arms_last_validation_point_is_paired_with_the_reference_runs_at_the_
     ]
     late = {"questions": qs, "points": [{"step": 16, "accuracy": 0.75, "em": [1, 1, 1, 0]}]}
     assert "no validation point at step 16" in ra.curve_comparison(ref, {"x": {"curve": late}}, {"x": "x"})[0]
+
+
+def test_each_rl_seed_of_an_arm_has_its_own_folder_seed_0_where_one_seed_always_ran(tmp_path):
+    arm = ra.parse_arms("pvpo+gs:4,pvpo+gs:4:optim.lr=5e-5")[1]
+    assert ra.arm_dir(tmp_path, arm) == tmp_path / "pvpo+gs_n4_lr5e-5"
+    assert ra.arm_dir(tmp_path, arm, 2) == tmp_path / "seed2" / "pvpo+gs_n4_lr5e-5"
+    overrides = ra.arm_overrides(arm, start=tmp_path, data=[tmp_path / "q.json"], steps=16, seed=2)
+    assert "run.seed=2" in overrides
+
+
+def test_an_arm_with_several_seeds_reports_its_mean_and_an_se_counting_the_seeds_spread(tmp_path):
+    qs = ["q1", "q2", "q3", "q4"]
+    before = [0, 0, 1, 0]
+    _run(tmp_path, "pvpo+gs_n4", before, [0, 1, 1, 0], qs, cum_rollouts=10)
+    _run(tmp_path, "pvpo+gs_n4_lr5e-5", before, [1, 1, 1, 0], qs, cum_rollouts=10)
+    _run(tmp_path / "seed1", "pvpo+gs_n4_lr5e-5", before, [1, 0, 1, 0], qs, cum_rollouts=20)
+    arms = ra.parse_arms("pvpo+gs:4,pvpo+gs:4:optim.lr=5e-5")
+    runs = {a.name: ra.load_seeds(tmp_path, a, [0, 1]) for a in arms}
+    assert runs["pvpo+gs_n4"]["seeds"] == [0] and runs["pvpo+gs_n4_lr5e-5"]["seeds"] == [0, 1]
+    text = ra.report(arms, runs, command="c", machine="m")
+    # per-seed gains 0.50 and 0.25 (sd 0.177); seed-averaged differences 1, .5, 0, 0 (s.e. 0.239):
+    # sqrt(0.239^2 + 0.177^2 / 2) = 0.270
+    assert "| pvpo+gs N=4 optim.lr=5e-5 (seeds 0, 1) | 15 |" in text
+    assert "| 0.250 | 0.625 (s.e. 0.239) | +0.375 (0.270) |" in text
+    # default - lr: per question -1, .5, 0, 0 (s.e. 0.315) and the lr arm's seed spread 0.177 / sqrt(2)
+    assert (
+        "pvpo+gs N=4 - pvpo+gs N=4 optim.lr=5e-5 (seeds 0, 1), validation EM after RL: -0.125 (s.e. with seeds 0.339, -0.4 s.e."
+        in text
+    )
+    assert "counts the seeds' spread" in text
+
+
+def test_a_seed_that_started_elsewhere_is_refused_and_an_arm_without_any_seed_is_named(tmp_path):
+    qs = ["q1", "q2"]
+    _run(tmp_path, "pvpo+gs_n4", [0, 1], [1, 1], qs)
+    _run(tmp_path / "seed1", "pvpo+gs_n4", [1, 1], [1, 1], qs)
+    arm = ra.parse_arms("pvpo+gs:4,grpo:4")[0]
+    with pytest.raises(ValueError, match="seed 1 started from another policy"):
+        ra.load_seeds(tmp_path, arm, [0, 1])
+    with pytest.raises(ValueError, match="no finished run for seeds 3"):
+        ra.load_seeds(tmp_path, arm, [3])
+
+
+def test_an_arms_validation_curve_over_seeds_is_the_mean_at_each_step_every_seed_evaluated(tmp_path):
+    qs = ["q1", "q2"]
+    for root, points in ((tmp_path, [(0, 0.5), (8, 0.5), (16, 1.0)]), (tmp_path / "seed1", [(0, 0.5), (8, 0.0)])):
+        _run(root, "pvpo+gs_n4", [0, 1], [1, 1], qs)
+        (root / "pvpo+gs_n4" / "checkpoints").mkdir()
+        best = {"points": [{"step": s, "accuracy": a} for s, a in points], "best": {"step": points[-1][0]}}
+        (root / "pvpo+gs_n4" / "checkpoints" / "best.json").write_text(json.dumps(best))
+    run = ra.load_seeds(tmp_path, ra.parse_arms("pvpo+gs:4,grpo:4")[0], [0, 1])
+    assert ra.curve_cell(run["curve"]) == "0: 0.500, 8: 0.250 (0)"  # step 16: seed 0 only, left out
