@@ -359,4 +359,10 @@ DEFAULT_BACKEND = "torch"
 # cores); and with the export cached a server imports neither torch nor sentence-transformers
 # (11 s of imports on 2 loaded cores). Passages stay with torch (DEFAULT_BACKEND): ONNX Runtime
 # encoded them at 0.50x torch's rate in the same run (longer texts, where torch's attention wins).
+# Weight-only int8 (ONNX Runtime's MatMulNBits, 8 bits, symmetric blocks of 32, activations float32),
+# tried for a faster lone query and not kept: its top-3 ids over musique_mini's Flat index differ
+# from float32's on 7 of the 204 bench queries (on 13 with int8 compute, `accuracy_level=4`; 4-bit:
+# on 84), and only the int8-compute variant was faster at batch 1 (1.37x float32's median; the
+# float32-compute one 3.1x slower), measured interleaved on 2 threads with both cores busy with
+# training (2026-12-02, AMD EPYC), so the ratio is rough; the ids are what rule it out.
 DEFAULT_QUERY_BACKEND = "onnx"
