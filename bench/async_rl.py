@@ -194,7 +194,7 @@ def pipeline(args: argparse.Namespace) -> None:
             )
     print(
         "| eta | seed | steps | RL wall (s) | rollouts/s | engine idle | update wait (s) | staleness | clamp | "
-        "held-out EM | by eval step | vs first eta, same seed (paired) |"
+        "EM after (the run's evaluated split) | by eval step | vs first eta, same seed (paired) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -204,7 +204,7 @@ def pipeline(args: argparse.Namespace) -> None:
         versus = f"{diff:+.3f} ({diff / se:+.1f} s.e.)" if se else f"{diff:+.3f}"
         curve = " / ".join(f"{v:.3f}" for v in r["em_by_step"])
         print(
-            f"| {r['eta']} | {r['seed']} | {r['steps']} | {r['rl_wall_s']:.0f} | {r['samples_per_s']:.2f} | "
+            f"| {r['eta']} | {r['seed']} | {r['steps']} | {r['rl_wall_s']:.0f} | {r['samples_per_s']:.3g} | "
             f"{r['idle']:.2f} | {r['wait_s']:.1f} | {r['stale']:.2f} | {r['clamp']:.3f} | "
             f"{r['em']:.3f} +- {r['em_se']:.3f} | {curve} | {versus} |"
         )
@@ -212,7 +212,7 @@ def pipeline(args: argparse.Namespace) -> None:
         return
     print()
     print(
-        f"| eta | seeds | rollouts/s, mean | held-out EM, mean (sd over seeds) | vs eta {args.etas[0]} (s.e. with seeds) |"
+        f"| eta | seeds | rollouts/s, mean | EM after, mean (sd over seeds) | vs eta {args.etas[0]} (s.e. with seeds) |"
     )
     print("|---|---|---|---|---|")
     by_eta = {eta: [r for r in rows if r["eta"] == eta] for eta in args.etas}
@@ -221,7 +221,7 @@ def pipeline(args: argparse.Namespace) -> None:
         c = seeds_contrast([r["per_question"] for r in rs], base)  # its sd_a: the spread of this eta's seeds
         versus = f"{c['mean']:+.3f} ({c['se']:.3f}, {c['mean'] / c['se']:+.1f} s.e.)" if c["se"] else "+0.000"
         print(
-            f"| {eta} | {len(rs)} | {mean([r['samples_per_s'] for r in rs]):.2f} | "
+            f"| {eta} | {len(rs)} | {mean([r['samples_per_s'] for r in rs]):.3g} | "
             f"{mean([r['em'] for r in rs]):.3f} ({c['sd_a']:.3f}) | "
             f"{versus} |"
         )
