@@ -205,23 +205,6 @@ def load_seeds(out: Path, arm: Arm, seeds: Sequence[int]) -> dict[str, Any]:
 
     walls = [r["wall_s"] for r in runs if r["wall_s"] is not None]
     curves = [r["curve"] for r in runs if r["curve"].get("points")]
-    curve: dict[str, Any] = {}
-    if curves:
-        steps = set.intersection(*({int(p["step"]) for p in c["points"]} for c in curves))
-        curve = {
-            "points": [
-                {
-                    "step": t,
-                    "accuracy": mean([p["accuracy"] for c in curves for p in c["points"] if int(p["step"]) == t]),
-                }
-                for t in sorted(steps)
-            ],
-            "questions": curves[0].get("questions"),
-        }
-        if curve["points"]:
-            curve["best"] = {"step": max(curve["points"], key=lambda p: p["accuracy"])["step"]}
-        if len(curves) == 1:
-            curve = curves[0]
     return {
         **first,
         "after": [mean([r["after"][i] for r in runs]) for i in range(n)],
@@ -230,8 +213,22 @@ def load_seeds(out: Path, arm: Arm, seeds: Sequence[int]) -> dict[str, Any]:
         "last": averaged([r["last"] for r in runs]),
         "eval_row": averaged([r["eval_row"] for r in runs]),
         "wall_s": mean(walls) if walls else None,
-        "curve": curve,
+        "curve": curves[0] if len(curves) == 1 else mean_curve(curves),
     }
+
+
+def mean_curve(curves: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several seeds' validation curves as one: EM averaged at each step every curve evaluated, the
+    best step that mean's highest ({} for no curve)."""
+    if not curves:
+        return {}
+    steps = sorted(set.intersection(*({int(p["step"]) for p in c["points"]} for c in curves)))
+    points = [
+        {"step": t, "accuracy": mean([p["accuracy"] for c in curves for p in c["points"] if int(p["step"]) == t])}
+        for t in steps
+    ]
+    best = {"step": max(points, key=lambda p: p["accuracy"])["step"]} if points else {}
+    return {"points": points, "best": best, "questions": curves[0].get("questions")}
 
 
 def curve_cell(curve: dict[str, Any]) -> str:
@@ -241,6 +238,11 @@ def curve_cell(curve: dict[str, Any]) -> str:
         return "n/a"
     best = curve.get("best") or {}
     return ", ".join(f"{int(p['step'])}: {p['accuracy']:.3f}" for p in points) + f" ({best.get('step', 'n/a')})"
+
+
+def seed_scores(run: dict[str, Any]) -> list[list[float]]:
+    """Each seed's per-question EM after RL (a `load_arm` run: its one seed's)."""
+    return run.get("afters") or [run["after"]]
 
 
 def seeds_label(arm: Arm, run: dict[str, Any]) -> str:
@@ -313,7 +315,7 @@ def report(
             ". Arms with several RL seeds: EM after is the mean over seeds and its gain's s.e. counts the seeds' "
             "spread, sqrt(se_q^2 + sd_seeds^2 / S) (pvpo.stats.seeds_difference; between arms seeds_contrast); "
             "an arm with one seed: over questions only (paired where two columns share questions)."
-            if any(len(runs[a.name].get("afters", [])) > 1 for a in arms)
+            if any(len(seed_scores(runs[a.name])) > 1 for a in arms)
             else ". One RL seed per arm: standard errors are over questions only (paired where two columns share "
             "questions)."
         ),
@@ -326,7 +328,7 @@ def report(
         r = runs[arm.name]
         c, e = r["last"], r["eval_row"]
         model_rollouts = c.get("cost/cum_rollouts", 0) - c.get("cost/cum_gt_rollouts", 0)
-        g = seeds_difference(r["before"], r.get("afters") or [r["after"]])
+        g = seeds_difference(r["before"], seed_scores(r))
         gain, se = g["mean"], g["se"]
         lines.append(
             f"| {seeds_label(arm, r)} | {model_rollouts:.0f} | {c.get('cost/cum_tool_calls', 0):.0f} "
@@ -337,11 +339,11 @@ def report(
     lines.append("")
     for arm in arms[1:]:
         r = runs[arm.name]
-        c = seeds_contrast(first.get("afters") or [first["after"]], r.get("afters") or [r["after"]])
+        c = seeds_contrast(seed_scores(first), seed_scores(r))
         diff, se = c["mean"], c["se"]
         z = diff / se if se else 0.0
         verdict = "resolved" if abs(z) >= 2 else "not resolved"
-        kind = "s.e. with seeds" if len(first.get("afters", [])) > 1 or len(r.get("afters", [])) > 1 else "paired s.e."
+        kind = "s.e. with seeds" if max(len(seed_scores(first)), len(seed_scores(r))) > 1 else "paired s.e."
         lines.append(
             f"- {seeds_label(arms[0], first)} - {seeds_label(arm, r)}, {split} EM after RL: {diff:+.3f} "
             f"({kind} {se:.3f}, {z:+.1f} s.e.: {verdict} at 2 s.e.; this design resolves differences of about "
