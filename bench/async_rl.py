@@ -25,7 +25,9 @@ at eta = 0 and 1, RL steps only (no evaluation). Rollouts and model tokens per s
 after the first (the anchor's build, TRL's warm-up), model tokens per rollout (both sides should
 end turns alike) and the share of rows the update ran (ours skips a row whose loss is zero).
 
-Each prints the machine, the command and one table; `--out` keeps the runs.
+Each prints the machine, the command and one table; `--out` keeps the runs. `pipeline` trains each
+run in a process of its own and keeps its row in its folder (bench_row.json): a rerun keeps the runs
+that finished with the same settings and trains the rest.
 
     python bench/async_rl.py pipeline --config demo --etas 0 1 2 --out runs/bench-async-demo
     python bench/async_rl.py pipeline --config demo --etas 0 1 2 --seeds 0 1 2 --out runs/bench-async-seeds
@@ -42,10 +44,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
+import multiprocessing
 import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -125,16 +130,19 @@ def trainer_for(cfg: Any, run_dir: Path, searcher: Any | None = None) -> Iterato
         yield trainer, s
 
 
-def share_start(first: Path, run_dir: Path) -> list[str]:
-    """Copy the first run's initial policy and warm-start record into `run_dir`; the overrides that
-    reuse its anchor, partition and GT cache, and its index (the multi-hop recipe's 12,680 passages
-    take minutes to encode)."""
+def share_start(first: Path, run_dir: Path) -> None:
+    """Copy the first run's initial policy and warm-start record into `run_dir`."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("initial_policy",):
         if (first / name).is_dir() and not (run_dir / name).exists():
             shutil.copytree(first / name, run_dir / name)
     if (first / "warm_start.json").exists():
         shutil.copyfile(first / "warm_start.json", run_dir / "warm_start.json")
+
+
+def share_start_overrides(first: Path) -> list[str]:
+    """The overrides that reuse the first run's anchor, partition and GT cache, and its index (the
+    multi-hop recipe's 12,680 passages take minutes to encode)."""
     index = [f"retriever.index_dir={first / 'index'}"] if (first / "index" / "meta.json").exists() else []
     return [f"algorithm.anchor.reuse_from={first}", *index]
 
@@ -143,10 +151,59 @@ def mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def pipeline(args: argparse.Namespace) -> None:
-    from pvpo.stats import paired_difference, seeds_contrast
+ROW = "bench_row.json"  # a finished run's row, kept in its folder: a rerun of the bench keeps the run
+
+
+def run_one(config: str, overrides: list[str], run_dir: str) -> dict[str, Any]:
+    """One run of `config` with `overrides` in `run_dir`, timed as the module docstring says; its row
+    (also written to `run_dir`/bench_row.json). Called in a process of its own: a run's memory is not
+    all returned before the next would start in the same process (three recipe runs in one process
+    peaked at 12.4 GiB, one alone at 6.4 GiB)."""
     from pvpo.trainer.config.presets import resolve_config
     from pvpo.trainer.config.schema import load_config
+
+    cfg = load_config(resolve_config(config), overrides)
+    timer = Timed()
+    with trainer_for(cfg, Path(run_dir)) as (trainer, _):
+        trainer.ensure_reference(0)  # the anchor and GT set (the first run's; reused after): not timed
+        timer.wrap(trainer)
+        t0 = time.perf_counter()
+        result = trainer.run()
+        # the run's wall but its evaluations: rollouts beside the update also run while a step
+        # logs and checkpoints, and pause while the policy is evaluated
+        rl_wall = time.perf_counter() - t0 - timer.evaluations
+    steps = result.metrics
+    row = {
+        "overrides": overrides,
+        "eta": cfg.rollout.max_staleness,
+        "seed": cfg.run.seed,
+        "steps": len(steps),
+        "rl_wall_s": rl_wall,
+        "samples_per_s": sum(timer.rollouts) / rl_wall,
+        "idle": mean([m.get("time/engine_idle_frac", float("nan")) for m in steps]),
+        "wait_s": mean([m.get("time/update_wait_s", float("nan")) for m in steps]),
+        "stale": mean([m.get("stale/mean", 0.0) for m in steps]),
+        "clamp": mean([m.get("mismatch/truncated_frac", 0.0) for m in steps]),
+        "em": result.eval_after.get("eval/accuracy", float("nan")),
+        "em_se": result.eval_after.get("eval/accuracy_se", float("nan")),
+        "em_by_step": [m["eval/accuracy"] for m in steps if "eval/accuracy" in m],
+        "per_question": result.eval_em.get("after", []),
+    }
+    (Path(run_dir) / ROW).write_text(json.dumps(row, indent=1) + "\n")
+    return row
+
+
+def kept_row(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+    """The row of a run finished earlier in `run_dir` with the same overrides, else None."""
+    try:
+        row = json.loads((run_dir / ROW).read_text())
+    except (OSError, ValueError):
+        return None
+    return row if row.get("overrides") == overrides else None
+
+
+def pipeline(args: argparse.Namespace) -> None:
+    from pvpo.stats import paired_difference, seeds_contrast
 
     out = Path(args.out)
     seeds: list[int | None] = list(args.seeds) if args.seeds else [None]
@@ -156,42 +213,27 @@ def pipeline(args: argparse.Namespace) -> None:
     for seed in seeds:
         for eta in args.etas:
             run_dir = out / (f"eta{eta}" if seed is None else f"eta{eta}_seed{seed}")
-            if run_dir.exists():
-                shutil.rmtree(run_dir)
-            extra = [] if first is None else share_start(first, run_dir)
+            extra = [] if first is None else share_start_overrides(first)
             overrides = [*args.overrides, *extra, f"rollout.max_staleness={eta}"]
             overrides += [f"run.seed={seed}"] if seed is not None else []
             if args.steps:
                 overrides.append(f"run.steps={args.steps}")
-            cfg = load_config(resolve_config(args.config), overrides)
-            timer = Timed()
-            with trainer_for(cfg, run_dir) as (trainer, _):
-                trainer.ensure_reference(0)  # the anchor and GT set (the first run's; reused after): not timed
-                timer.wrap(trainer)
-                t0 = time.perf_counter()
-                result = trainer.run()
-                # the run's wall but its evaluations: rollouts beside the update also run while a step
-                # logs and checkpoints, and pause while the policy is evaluated
-                rl_wall = time.perf_counter() - t0 - timer.evaluations
-            steps = result.metrics
+            if first is not None and run_dir.resolve() == first.resolve():
+                raise SystemExit(f"--from-run {first} is this bench's own run folder {run_dir}: give another --out")
+            row = kept_row(run_dir, overrides)
+            if row is not None:
+                print(f"[{run_dir.name}] finished earlier with the same settings, kept", flush=True)
+            else:
+                if run_dir.exists():  # a run stopped part-way, or one of other settings: this bench's own folder
+                    shutil.rmtree(run_dir)
+                if first is not None:
+                    share_start(first, run_dir)
+                print(f"[{run_dir.name}] training", flush=True)
+                # a fresh process per run ("spawn": nothing of the last run's memory or threads carried over)
+                with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    row = pool.submit(run_one, args.config, overrides, str(run_dir)).result()
             first = first or run_dir
-            rows.append(
-                {
-                    "eta": eta,
-                    "seed": cfg.run.seed,
-                    "steps": len(steps),
-                    "rl_wall_s": rl_wall,
-                    "samples_per_s": sum(timer.rollouts) / rl_wall,
-                    "idle": mean([m.get("time/engine_idle_frac", float("nan")) for m in steps]),
-                    "wait_s": mean([m.get("time/update_wait_s", float("nan")) for m in steps]),
-                    "stale": mean([m.get("stale/mean", 0.0) for m in steps]),
-                    "clamp": mean([m.get("mismatch/truncated_frac", 0.0) for m in steps]),
-                    "em": result.eval_after.get("eval/accuracy", float("nan")),
-                    "em_se": result.eval_after.get("eval/accuracy_se", float("nan")),
-                    "em_by_step": [m["eval/accuracy"] for m in steps if "eval/accuracy" in m],
-                    "per_question": result.eval_em.get("after", []),
-                }
-            )
+            rows.append(row)
     print(
         "| eta | seed | steps | RL wall (s) | rollouts/s | engine idle | update wait (s) | staleness | clamp | "
         "EM after (the run's evaluated split) | by eval step | vs first eta, same seed (paired) |"
@@ -327,8 +369,8 @@ def trl(args: argparse.Namespace) -> None:
     from pvpo.trainer.config.schema import load_config
 
     out = Path(args.out)
-    if out.exists():
-        shutil.rmtree(out)
+    for own in ("ours_eta0", "ours_eta1", "trl"):  # this bench's folders only: --out may hold other things
+        shutil.rmtree(out / own, ignore_errors=True)
     # RL steps only: no evaluation, one optimizer step a batch (TRL's default), the anchor built once
     limits = [
         f"rollout.max_turns={args.turns}",
@@ -341,7 +383,10 @@ def trl(args: argparse.Namespace) -> None:
     start = Path(args.from_run) if args.from_run else None
     for eta in (0, 1):
         run_dir = out / f"ours_eta{eta}"
-        extra = share_start(start, run_dir) if start is not None else []
+        extra = []
+        if start is not None:
+            share_start(start, run_dir)
+            extra = share_start_overrides(start)
         cfg = load_config(
             resolve_config(args.config), [*args.overrides, *limits, *extra, f"rollout.max_staleness={eta}"]
         )
