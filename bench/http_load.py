@@ -76,12 +76,16 @@ def process_cpu(pid: int, *, children: bool = False) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def machine_busy() -> tuple[float, float]:
-    """(busy, elapsed) CPU seconds of the whole machine, all cores, from /proc/stat: their ratio
-    over an interval is how many cores were busy, ours and every other job's."""
-    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    total = sum(v[:8]) / os.sysconf("SC_CLK_TCK")
-    return total - (v[3] + v[4]) / os.sysconf("SC_CLK_TCK"), total / (os.cpu_count() or 1)
+def machine_busy(stat: Path = Path("/proc/stat")) -> tuple[float, float, float]:
+    """(busy, elapsed, stolen) CPU seconds of the whole machine, all cores, from /proc/stat: busy
+    over elapsed across an interval is how many cores were busy, ours and every other job's;
+    stolen is the time the hypervisor gave our virtual cores to other guests (counted in busy),
+    over elapsed x cores the share of the machine a run did not get."""
+    v = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    total = sum(v[:8]) / tick
+    steal = v[7] / tick if len(v) > 7 else 0.0
+    return total - (v[3] + v[4]) / tick, total / (os.cpu_count() or 1), steal
 
 
 def body(query: str, topk: int = 3) -> dict[str, Any]:
@@ -189,11 +193,13 @@ async def load(url: str, pool: list[str], clients: int, seconds: float, warmup: 
 
 
 def measured(gen: Generator, pid: int, url: str, pool: list[str], clients: int, seconds: float) -> dict[str, float]:
-    """One load run (`gen`) with the server's CPU (process `pid`) and the whole machine's busy
-    cores over it."""
+    """One load run (`gen`) with the server's CPU (process `pid`), the whole machine's busy cores
+    and the share of its CPU time stolen by the hypervisor over it."""
     cpu0, busy0, t0 = process_cpu(pid), machine_busy(), time.perf_counter()
     r = gen(url, pool, clients, seconds)  # its warm-up second included in the CPU shares
     cpu1, busy1, wall = process_cpu(pid), machine_busy(), time.perf_counter() - t0
     r["server_cores"] = (cpu1 - cpu0) / wall
     r["machine_cores"] = (busy1[0] - busy0[0]) / max(1e-9, busy1[1] - busy0[1])
+    # a lone query on both cores loses more to a stolen core than a one-core server does
+    r["stolen"] = (busy1[2] - busy0[2]) / max(1e-9, (busy1[1] - busy0[1]) * (os.cpu_count() or 1))
     return r

@@ -14,7 +14,8 @@ In order:
 3. throughput: q/s and p50 / p99 at 1, 8, 32 and 64 closed-loop clients (wrk when on PATH, see
    http_load.py), the two servers alternating in `--rounds` rounds per level (each round starts
    with the other one), each server's CPU and the machine's busy cores beside, since a ratio is
-   only read within one run on a machine with other jobs.
+   only read within one run on a machine with other jobs, and the share of the machine's CPU time
+   the hypervisor stole during each server's runs (a lone query on both cores loses more to it).
 
 Then the table of docs/benchmarks/retriever.md: ours / Search-R1 at each level against the
 targets (>= 3x at 1 client, >= 5x at 32 and 64), and ours at 32 clients against 8 in each round
@@ -189,6 +190,7 @@ def summarise(rs: list[dict[str, float]]) -> dict[str, float]:
         "server_cores": float(np.mean([r["server_cores"] for r in rs])),
         "gen_cores": float(np.mean([r["gen_cores"] for r in rs])),
         "machine_cores": float(np.mean([r["machine_cores"] for r in rs])),
+        "stolen": float(np.mean([r.get("stolen", float("nan")) for r in rs])),
     }
 
 
@@ -286,7 +288,8 @@ def print_tables(out: dict[str, Any], generator: str) -> None:
     print(
         f"\nload generator: {generator}; uvicorn loop / http: {uvicorn_impl()}\n"
         "\n| clients | ours q/s (p50 / p99 ms) | Search-R1 q/s (p50 / p99 ms) | ours / Search-R1 | target | "
-        "load avg | ours / Search-R1 / machine cores |\n|---|---|---|---|---|---|---|"
+        "load avg | ours / Search-R1 / machine cores | CPU stolen, ours / Search-R1 runs |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     for lv in out["levels"]:
         o, s, c = lv["ours"], lv["search_r1"], lv["clients"]
@@ -295,7 +298,8 @@ def print_tables(out: dict[str, Any], generator: str) -> None:
         print(
             f"| {c} | {o['qps']:.0f} ({o['p50']:.0f} / {o['p99']:.0f}) | {s['qps']:.1f} ({s['p50']:.0f} / "
             f"{s['p99']:.0f}) | {ratio:.2f} | {target} | {lv['load_before']:.2f} | {o['server_cores']:.2f} / "
-            f"{s['server_cores']:.2f} / {(o['machine_cores'] + s['machine_cores']) / 2:.2f} |"
+            f"{s['server_cores']:.2f} / {(o['machine_cores'] + s['machine_cores']) / 2:.2f} | "
+            f"{o.get('stolen', float('nan')):.1%} / {s.get('stolen', float('nan')):.1%} |"
         )
     by = {lv["clients"]: lv for lv in out["levels"]}
     if 8 in by and 32 in by:
