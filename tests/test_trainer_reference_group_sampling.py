@@ -126,6 +126,10 @@ def test_cached_gt_trajectory_is_injected_with_pi_gt_as_its_ratio_denominator(tm
     stats = gt_ratio_stats(logp, batch)
     assert stats["gt/ratio_mean"] == pytest.approx((torch.e**0.5 + 1) / 2)
     assert stats["gt/ratio_max"] == pytest.approx(torch.e**0.5)
+    assert "gt/above_clip_frac" not in stats  # no clip given
+    # e^0.5 = 1.65 is past 1 + 0.28, the other token's 1.0 is not: half the GT tokens; past 1 + 1.0, none
+    assert gt_ratio_stats(logp, batch, clip_high=0.28)["gt/above_clip_frac"] == pytest.approx(0.5)
+    assert gt_ratio_stats(logp, batch, clip_high=1.0)["gt/above_clip_frac"] == 0.0
     assert gt_ratio_stats(logp[1:], collate([Trajectory("x", [1], [5], [1], [-1.0])], pad_id=0)) == {}
 
 

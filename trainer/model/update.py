@@ -144,7 +144,7 @@ def micro_batch_loss(
         logp, old, adv_tok, batch.loss_mask, ref_logprobs=ref_logprobs, entropy=entropy, is_weights=is_weights
     )
     if bool(batch.is_gt.any()):
-        stats.update(gt_ratio_stats(logp.detach(), batch))
+        stats.update(gt_ratio_stats(logp.detach(), batch, loss_cfg.clip_high))
     return loss, stats, logits
 
 
@@ -162,14 +162,21 @@ def logged_entropy(logits: torch.Tensor, mask: torch.Tensor, temperature: float)
     return out
 
 
-def gt_ratio_stats(logp: torch.Tensor, batch: Batch) -> dict[str, float]:
+def gt_ratio_stats(logp: torch.Tensor, batch: Batch, clip_high: float | None = None) -> dict[str, float]:
     """PPO ratio pi_theta / pi_gt over the model tokens of the batch's injected GT trajectories
-    (PVPO: the GT source's own probabilities are the denominator); `gt/ratio_mean`, `gt/ratio_max`."""
+    (PVPO: the GT source's own probabilities are the denominator); `gt/ratio_mean`, `gt/ratio_max`
+    and, given `clip_high`, `gt/above_clip_frac`: the share of those tokens whose ratio is past
+    1 + clip_high, which under a positive advantage (a GT row's, usually) give no gradient. pi_gt is
+    fixed for the run, so once the policy has raised a GT token that far the row stops teaching it
+    (the recipe's lr arm logged GT ratios up to 10^5 in its last steps)."""
     m = (batch.loss_mask > 0) & batch.is_gt.unsqueeze(1)
     if not bool(m.any()):
         return {}
     ratio = torch.exp((logp - batch.old_logprobs).clamp(-20.0, 20.0))[m]
-    return {"gt/ratio_mean": float(ratio.mean()), "gt/ratio_max": float(ratio.max())}
+    stats = {"gt/ratio_mean": float(ratio.mean()), "gt/ratio_max": float(ratio.max())}
+    if clip_high is not None:
+        stats["gt/above_clip_frac"] = float((ratio > 1.0 + clip_high).float().mean())
+    return stats
 
 
 def _sampled(batch: Batch) -> torch.Tensor:
