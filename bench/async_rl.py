@@ -174,6 +174,7 @@ def run_one(config: str, overrides: list[str], run_dir: str) -> dict[str, Any]:
         rl_wall = time.perf_counter() - t0 - timer.evaluations
     steps = result.metrics
     row = {
+        "config": config,
         "overrides": overrides,
         "eta": cfg.rollout.max_staleness,
         "seed": cfg.run.seed,
@@ -193,13 +194,13 @@ def run_one(config: str, overrides: list[str], run_dir: str) -> dict[str, Any]:
     return row
 
 
-def kept_row(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
-    """The row of a run finished earlier in `run_dir` with the same overrides, else None."""
+def kept_row(run_dir: Path, config: str, overrides: list[str]) -> dict[str, Any] | None:
+    """The row of a run finished earlier in `run_dir` with the same config and overrides, else None."""
     try:
         row = json.loads((run_dir / ROW).read_text())
     except (OSError, ValueError):
         return None
-    return row if row.get("overrides") == overrides else None
+    return row if (row.get("config"), row.get("overrides")) == (config, overrides) else None
 
 
 def pipeline(args: argparse.Namespace) -> None:
@@ -220,7 +221,7 @@ def pipeline(args: argparse.Namespace) -> None:
                 overrides.append(f"run.steps={args.steps}")
             if first is not None and run_dir.resolve() == first.resolve():
                 raise SystemExit(f"--from-run {first} is this bench's own run folder {run_dir}: give another --out")
-            row = kept_row(run_dir, overrides)
+            row = kept_row(run_dir, args.config, overrides)
             if row is not None:
                 print(f"[{run_dir.name}] finished earlier with the same settings, kept", flush=True)
             else:

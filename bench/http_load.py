@@ -200,6 +200,7 @@ def measured(gen: Generator, pid: int, url: str, pool: list[str], clients: int, 
     cpu1, busy1, wall = process_cpu(pid), machine_busy(), time.perf_counter() - t0
     r["server_cores"] = (cpu1 - cpu0) / wall
     r["machine_cores"] = (busy1[0] - busy0[0]) / max(1e-9, busy1[1] - busy0[1])
-    # a lone query on both cores loses more to a stolen core than a one-core server does
+    # recorded because our lone query uses both cores and Search-R1's server one: whether a stolen core
+    # costs ours more is what this column lets a record check (not measured yet)
     r["stolen"] = (busy1[2] - busy0[2]) / max(1e-9, (busy1[1] - busy0[1]) * (os.cpu_count() or 1))
     return r

@@ -15,7 +15,7 @@ In order:
    http_load.py), the two servers alternating in `--rounds` rounds per level (each round starts
    with the other one), each server's CPU and the machine's busy cores beside, since a ratio is
    only read within one run on a machine with other jobs, and the share of the machine's CPU time
-   the hypervisor stole during each server's runs (a lone query on both cores loses more to it).
+   the hypervisor stole during each server's runs (ours runs a lone query on both cores).
 
 Then the table of docs/benchmarks/retriever.md: ours / Search-R1 at each level against the
 targets (>= 3x at 1 client, >= 5x at 32 and 64), and ours at 32 clients against 8 in each round

@@ -22,15 +22,17 @@ import async_rl  # noqa: E402
 from trainer_support import TINY  # noqa: E402
 
 
-def test_a_kept_row_is_used_only_for_the_same_overrides(tmp_path):
+def test_a_kept_row_is_used_only_for_the_same_config_and_overrides(tmp_path):
     run = tmp_path / "eta1"
     run.mkdir()
-    assert async_rl.kept_row(run, ["a=1"]) is None  # nothing finished there
+    assert async_rl.kept_row(run, "demo", ["a=1"]) is None  # nothing finished there
     (run / async_rl.ROW).write_text("{torn")
-    assert async_rl.kept_row(run, ["a=1"]) is None  # a torn row is a run to redo
-    (run / async_rl.ROW).write_text(json.dumps({"overrides": ["a=1"], "eta": 1}))
-    assert async_rl.kept_row(run, ["a=1"]) == {"overrides": ["a=1"], "eta": 1}
-    assert async_rl.kept_row(run, ["a=2"]) is None
+    assert async_rl.kept_row(run, "demo", ["a=1"]) is None  # a torn row is a run to redo
+    row = {"config": "demo", "overrides": ["a=1"], "eta": 1}
+    (run / async_rl.ROW).write_text(json.dumps(row))
+    assert async_rl.kept_row(run, "demo", ["a=1"]) == row
+    assert async_rl.kept_row(run, "demo", ["a=2"]) is None
+    assert async_rl.kept_row(run, "real_smollm2_multihop", ["a=1"]) is None  # another config
 
 
 def test_a_from_run_start_inside_the_bench_folders_is_refused_not_deleted(tmp_path):
