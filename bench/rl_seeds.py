@@ -301,6 +301,21 @@ def reproduce(recipe_run: Path, seeds: Sequence[int], dirs: Sequence[Path], out:
     return lines
 
 
+def base_model(cfg: dict[str, Any]) -> Path:
+    """The base model under a recipe run's warm start: its `model.path`, or, where that is another
+    run's saved policy (a run started from a finished run's `initial_policy` or checkpoint with its
+    own config.yaml beside it, as an arm from a shared warm start is), that run's base, followed back."""
+    path = Path(str(cfg["model"]["path"]))
+    seen: set[Path] = set()
+    while True:
+        # a run's initial_policy sits in the run's folder, a checkpoint's policy three levels down
+        origin = next((d for d in path.parents[:3] if (d / "config.yaml").is_file()), None)
+        if origin is None or origin in seen or not (path / "config.json").is_file():
+            return path
+        seen.add(origin)
+        path = Path(str(yaml.safe_load((origin / "config.yaml").read_text())["model"]["path"]))
+
+
 def read_predictions(folder: Path) -> dict[str, dict[str, float]]:
     """A finished `pvpo eval` output folder's answers: per question id, its EM and format_ok."""
     got: dict[str, dict[str, float]] = {}
@@ -323,7 +338,7 @@ def held_out_once(recipe_run: Path, seeds: Sequence[int], dirs: Sequence[Path], 
     if split_of(cfg) != "validation":
         raise ValueError(f"--held-out: {recipe_run} is a held-out-mode run; its own table is the held-out one")
     questions = recipe_run / SPLITS["held_out"][1]
-    todo = [("base", Path(str(cfg["model"]["path"]))), ("warm", recipe_run / "initial_policy")]
+    todo = [("base", base_model(cfg)), ("warm", recipe_run / "initial_policy")]
     todo += [(f"seed_{s}", final_policy(d)) for s, d in zip(seeds, dirs)]
     answers: dict[str, dict[str, dict[str, float]]] = {}
     pending = [(label, model) for label, model in todo if not (out / "held_out" / label / "done").exists()]

@@ -259,3 +259,23 @@ def test_the_validation_curve_table_gives_each_seed_by_step_and_the_mean_gain_wi
     _curve(r1, ["b/1", "b/2", "b/3", "b/4"], {0: [0, 0, 0, 0]})
     with pytest.raises(ValueError, match="seed 1's validation curve is over other questions"):
         rl_seeds.curve_table([0, 1], [rl_seeds.load_curve(r0), rl_seeds.load_curve(r1)])
+
+
+def test_the_held_out_base_is_the_model_under_a_warm_start_taken_from_another_run(tmp_path):
+    # an arm that starts from another run's saved warm start names that policy as its model.path;
+    # its base model is the other run's, not the warm start
+    first = tmp_path / "first"
+    (first / "initial_policy").mkdir(parents=True)
+    (first / "initial_policy" / "config.json").write_text("{}")
+    (first / "config.yaml").write_text(yaml.safe_dump({"model": {"path": "smollm2-135m-instruct"}}))
+    arm = {"model": {"path": str(first / "initial_policy")}}
+    assert rl_seeds.base_model(arm) == Path("smollm2-135m-instruct")
+    ckpt = first / "checkpoints" / "step_000016" / "policy"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    assert rl_seeds.base_model({"model": {"path": str(ckpt)}}) == Path("smollm2-135m-instruct")
+    # a model folder of its own (no run around it) is its own base
+    alone = tmp_path / "weights"
+    alone.mkdir()
+    (alone / "config.json").write_text("{}")
+    assert rl_seeds.base_model({"model": {"path": str(alone)}}) == alone
