@@ -307,13 +307,14 @@ def base_model(cfg: dict[str, Any]) -> Path:
     own config.yaml beside it, as an arm from a shared warm start is), that run's base, followed back."""
     path = Path(str(cfg["model"]["path"]))
     seen: set[Path] = set()
-    while True:
+    while (path / "config.json").is_file():  # a saved model folder (a catalog name is not one)
         # a run's initial_policy sits in the run's folder, a checkpoint's policy three levels down
         origin = next((d for d in path.parents[:3] if (d / "config.yaml").is_file()), None)
-        if origin is None or origin in seen or not (path / "config.json").is_file():
-            return path
+        if origin is None or origin in seen:
+            break
         seen.add(origin)
         path = Path(str(yaml.safe_load((origin / "config.yaml").read_text())["model"]["path"]))
+    return path
 
 
 def read_predictions(folder: Path) -> dict[str, dict[str, float]]:
