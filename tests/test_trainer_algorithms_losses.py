@@ -306,3 +306,34 @@ def test_chunked_logprobs_and_entropy_equal_unchunked_values_and_gradients(monke
     torch.testing.assert_close(lp.double(), lp_ref.float().double(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent.double(), ent_ref.float().double(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_token_logprobs_with_mask_computes_only_masked_positions_with_the_same_floats_and_gradients():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 9, 13, generator=g)
+    ids = torch.randint(0, 13, (2, 9), generator=g)
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 1, 1, 1, 0, 0]])
+    full_in = logits.clone().requires_grad_(True)
+    part_in = logits.clone().requires_grad_(True)
+    full = token_logprobs(full_in, ids, 0.7, chunk_size=4)
+    part = token_logprobs(part_in, ids, 0.7, chunk_size=4, mask=mask)
+    assert torch.equal(part[mask > 0], full[mask > 0])
+    assert torch.equal(part[mask == 0], torch.zeros(int((mask == 0).sum())))
+    (full * mask).sum().backward()
+    (part * mask).sum().backward()
+    assert full_in.grad is not None and part_in.grad is not None
+    assert torch.equal(part_in.grad, full_in.grad)
+    assert float(part_in.grad[mask == 0].abs().sum()) == 0.0
+
+
+def test_token_logprobs_with_an_empty_mask_is_zero_and_still_differentiable():
+    logits = torch.randn(1, 3, 5, requires_grad=True)
+    out = token_logprobs(logits, torch.tensor([[0, 1, 2]]), mask=torch.zeros(1, 3))
+    assert torch.equal(out.detach(), torch.zeros(1, 3))
+    out.sum().backward()  # a zero-weight micro-batch's backward (FSDP's padded plans) must run
+    assert logits.grad is not None
+
+
+def test_token_logprobs_rejects_a_mask_of_another_shape():
+    with pytest.raises(ValueError, match="mask"):
+        token_logprobs(torch.zeros(1, 3, 5), torch.zeros(1, 3, dtype=torch.long), mask=torch.ones(1, 4))

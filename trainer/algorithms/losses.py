@@ -215,16 +215,27 @@ def _per_chunk(fn: Callable[[torch.Tensor], torch.Tensor], chunk: torch.Tensor) 
 
 
 def token_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, *, chunk_size: int | None = None
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Log-probability `[B, T]` (float32) of `token_ids [B, T]` under `logits [B, T, V] / temperature`,
     the distribution the sampler drew from: `logit[id] - logsumexp(logits)` in float32, a chunk of
     positions at a time (see `_chunks`, `_per_chunk`), so no `[B, T, V]` float32 log-softmax is
-    ever held, in the forward or the backward (a selective log-softmax)."""
+    ever held, in the forward or the backward (a selective log-softmax).
+
+    With `mask [B, T]`, only the positions where it is non-zero are computed (the same floats as
+    without it) and the others are 0: a multi-turn response is mostly env tokens (the recipe's:
+    ~180 model tokens of ~590), whose vocabulary-wide softmax and its backward no loss uses."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if logits.shape[:-1] != token_ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match token_ids {tuple(token_ids.shape)}")
+    if mask is not None:
+        return _masked_token_logprobs(logits, token_ids, temperature, chunk_size, mask)
     out = []
     for sl in _chunks(logits.shape, chunk_size):
         ids = token_ids[:, sl].long().unsqueeze(-1)
@@ -235,6 +246,24 @@ def token_logprobs(
 
         out.append(_per_chunk(lp, logits[:, sl]))
     return torch.cat(out, dim=1) if out else logits.new_zeros(token_ids.shape, dtype=torch.float32)
+
+
+def _masked_token_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, chunk_size: int | None, mask: torch.Tensor
+) -> torch.Tensor:
+    """`token_logprobs` at the positions where `mask` is non-zero, gathered into one row, 0
+    elsewhere. Without such a position, every position (the graph a zero-weight micro-batch's
+    backward needs, times 0)."""
+    if mask.shape != token_ids.shape:
+        raise ValueError(f"mask {tuple(mask.shape)} does not match token_ids {tuple(token_ids.shape)}")
+    rows, cols = (mask > 0).nonzero(as_tuple=True)
+    if len(rows) == 0:
+        return token_logprobs(logits, token_ids, temperature, chunk_size=chunk_size) * 0.0
+    picked = token_logprobs(
+        logits[rows, cols].unsqueeze(0), token_ids[rows, cols].unsqueeze(0), temperature, chunk_size=chunk_size
+    ).squeeze(0)
+    out = torch.zeros(token_ids.shape, dtype=picked.dtype, device=picked.device)
+    return out.index_put((rows, cols), picked)
 
 
 def _entropy(z: torch.Tensor) -> torch.Tensor:

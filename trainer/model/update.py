@@ -75,13 +75,13 @@ def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len
 def batch_logprobs(
     model: torch.nn.Module, batch: Batch, temperature: float, micro: int = 16, max_tokens: int | None = None
 ) -> torch.Tensor:
-    """Log-probs `[B, R]` of the response tokens under `model` (the frozen reference, or the
-    policy before its update), without gradient, `micro` rows and at most `max_tokens` padded
-    tokens at a time (0 beyond each row's response)."""
+    """Log-probs `[B, R]` of the response's model tokens (loss mask 1) under `model` (the frozen
+    reference, or the policy before its update), without gradient, `micro` rows and at most
+    `max_tokens` padded tokens at a time (0 at env tokens and beyond each row's response)."""
     batch = batch.to(next(model.parameters()).device)
     return batch_forward(
         batch,
-        lambda sub: token_logprobs(response_logits(model, sub), sub.response_ids, temperature),
+        lambda sub: token_logprobs(response_logits(model, sub), sub.response_ids, temperature, mask=sub.loss_mask),
         max_tokens=max_tokens,
         max_rows=micro,
     )
@@ -130,7 +130,7 @@ def micro_batch_loss(
     when given, is called with this forward's own detached log-probs (the weights that sampled the
     batch, before any optimizer step) and returns the (denominator, importance weights) to use."""
     logits = response_logits(model, batch)
-    logp = token_logprobs(logits, batch.response_ids, temperature)
+    logp = token_logprobs(logits, batch.response_ids, temperature, mask=batch.loss_mask)  # 0 at env tokens
     if denominator is not None:
         old_logprobs, is_weights = denominator(logp.detach())
     entropy = (

@@ -21,7 +21,7 @@ def sft_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """Mean negative log-likelihood of the model tokens (loss mask 1) of `batch`."""
     from pvpo.trainer.algorithms.losses import aggregate, token_logprobs
 
-    logp = token_logprobs(response_logits(model, batch), batch.response_ids)
+    logp = token_logprobs(response_logits(model, batch), batch.response_ids, mask=batch.loss_mask)
     return -aggregate(logp, batch.loss_mask, "token-mean")
 
 
