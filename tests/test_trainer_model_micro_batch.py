@@ -155,3 +155,41 @@ def test_rows_with_zero_advantage_are_skipped_and_the_update_is_the_same(tok):
     per_token[1, model_tok] = 0.2
     per_token[2, env_tok] = 0.7  # on an env token: masked out of the loss, the row stays inert
     assert inert_rows(per_token, batch.loss_mask) == set(range(8)) - {1}
+
+
+def test_the_update_and_the_warm_start_skip_env_positions_softmax_with_bitwise_the_same_weights(tok, monkeypatch):
+    """The loss pass and the SFT compute log-probs only at model tokens (`token_logprobs(mask=)`):
+    the weights after an update (temperature 0.8, a GT row, micro-batches of <= 96 tokens) and the
+    SFT gradients are bitwise those of computing every response position, as before."""
+    import copy
+
+    import pvpo.trainer.algorithms.losses as losses
+    import pvpo.trainer.model.update as update
+    import pvpo.trainer.model.warmstart as warmstart
+    from pvpo.trainer.algorithms.losses import token_logprobs
+
+    def every_position(logits, ids, temperature=1.0, *, chunk_size=None, mask=None):
+        return token_logprobs(logits, ids, temperature, chunk_size=chunk_size)
+
+    base = small_model(tok)
+    trajs = random_trajectories(8, len(tok), seed=11)
+    trajs[1].is_gt = True
+    batch = collate(trajs, tok.pad_token_id)
+    assert 0 < int(batch.loss_mask.sum()) < int(batch.attention_mask[:, batch.prompt_len :].sum())  # env tokens
+    cfg = load_config(None, ["optim.max_tokens_per_micro_batch=96"])
+    adv = torch.linspace(-1, 1, len(batch))
+    weights, grads, values = [], [], []
+    for fn in (every_position, token_logprobs):
+        monkeypatch.setattr(update, "token_logprobs", fn)
+        monkeypatch.setattr(losses, "token_logprobs", fn)  # the SFT loss imports it when called
+        model = copy.deepcopy(base)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out = update.policy_update(model, opt, batch, adv, cfg.optim, temperature=0.8, seed=0)
+        weights.append([p.detach().clone() for p in model.parameters()])
+        values.append(out["loss/mini_batch"])
+        sft = copy.deepcopy(base)
+        values.append(warmstart.sft_backward(sft, trajs, tok.pad_token_id, max_tokens=96))
+        grads.append(gradients(sft))
+    assert values[0] == values[2] and values[1] == values[3]
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
