@@ -334,6 +334,27 @@ def test_token_logprobs_with_an_empty_mask_is_zero_and_still_differentiable():
     assert logits.grad is not None
 
 
+def test_entropy_with_mask_computes_only_masked_positions_with_the_same_floats_and_gradients():
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(2, 9, 13, generator=g)
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 1, 1, 1, 0, 0]])
+    full_in = logits.clone().requires_grad_(True)
+    part_in = logits.clone().requires_grad_(True)
+    full = entropy_from_logits(full_in, 0.7, chunk_size=4)
+    part = entropy_from_logits(part_in, 0.7, chunk_size=4, mask=mask)
+    assert torch.equal(part[mask > 0], full[mask > 0])
+    assert torch.equal(part[mask == 0], torch.zeros(int((mask == 0).sum())))
+    (full * mask).sum().backward()
+    (part * mask).sum().backward()
+    assert full_in.grad is not None and part_in.grad is not None
+    assert torch.equal(part_in.grad, full_in.grad)
+    assert float(part_in.grad[mask == 0].abs().sum()) == 0.0
+    empty = entropy_from_logits(logits.clone().requires_grad_(True), mask=torch.zeros(2, 9))
+    assert torch.equal(empty.detach(), torch.zeros(2, 9)) and empty.requires_grad
+    with pytest.raises(ValueError, match="mask"):
+        entropy_from_logits(logits, mask=torch.ones(2, 8))
+
+
 def test_token_logprobs_rejects_a_mask_of_another_shape():
     with pytest.raises(ValueError, match="mask"):
         token_logprobs(torch.zeros(1, 3, 5), torch.zeros(1, 3, dtype=torch.long), mask=torch.ones(1, 4))

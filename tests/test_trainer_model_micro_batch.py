@@ -193,3 +193,34 @@ def test_the_update_and_the_warm_start_skip_env_positions_softmax_with_bitwise_t
     assert values[0] == values[2] and values[1] == values[3]
     assert all(torch.equal(a, b) for a, b in zip(*weights))
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_the_entropy_bonus_at_model_tokens_only_leaves_bitwise_the_same_weights(tok, monkeypatch):
+    """With an entropy bonus (optim.entropy_coef) the loss pass computes the entropy only at model
+    tokens (`entropy_from_logits(mask=)`): the weights after an update and its loss are bitwise
+    those of computing the entropy at every response position, as before."""
+    import copy
+
+    import pvpo.trainer.model.update as update
+    from pvpo.trainer.algorithms.losses import entropy_from_logits
+
+    def every_position(logits, temperature=1.0, *, chunk_size=None, mask=None):
+        return entropy_from_logits(logits, temperature, chunk_size=chunk_size)
+
+    base = small_model(tok)
+    trajs = random_trajectories(8, len(tok), seed=12)
+    batch = collate(trajs, tok.pad_token_id)
+    assert 0 < int(batch.loss_mask.sum()) < int(batch.attention_mask[:, batch.prompt_len :].sum())  # env tokens
+    cfg = load_config(None, ["optim.max_tokens_per_micro_batch=96", "optim.entropy_coef=0.01"])
+    adv = torch.linspace(-1, 1, len(batch))
+    weights, losses = [], []
+    for fn in (every_position, entropy_from_logits):
+        monkeypatch.setattr(update, "entropy_from_logits", fn)
+        model = copy.deepcopy(base)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out = update.policy_update(model, opt, batch, adv, cfg.optim, temperature=0.8, seed=0)
+        weights.append([p.detach().clone() for p in model.parameters()])
+        losses.append(out["loss/mini_batch"])
+    assert losses[0] == losses[1]
+    assert not all(torch.equal(a, b) for a, b in zip(weights[0], base.parameters()))  # it trained
+    assert all(torch.equal(a, b) for a, b in zip(*weights))

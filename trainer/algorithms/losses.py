@@ -235,7 +235,11 @@ def token_logprobs(
     if logits.shape[:-1] != token_ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match token_ids {tuple(token_ids.shape)}")
     if mask is not None:
-        return _masked_token_logprobs(logits, token_ids, temperature, chunk_size, mask)
+
+        def at(x: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+            return token_logprobs(x, token_ids if ids is None else ids, temperature, chunk_size=chunk_size)
+
+        return _at_mask(at, logits, token_ids, mask)
     out = []
     for sl in _chunks(logits.shape, chunk_size):
         ids = token_ids[:, sl].long().unsqueeze(-1)
@@ -248,21 +252,24 @@ def token_logprobs(
     return torch.cat(out, dim=1) if out else logits.new_zeros(token_ids.shape, dtype=torch.float32)
 
 
-def _masked_token_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, chunk_size: int | None, mask: torch.Tensor
+def _at_mask(
+    compute: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+    logits: torch.Tensor,
+    token_ids: torch.Tensor | None,
+    mask: torch.Tensor,
 ) -> torch.Tensor:
-    """`token_logprobs` at the positions where `mask` is non-zero, gathered into one row, 0
-    elsewhere. Without such a position, every position (the graph a zero-weight micro-batch's
-    backward needs, times 0)."""
-    if mask.shape != token_ids.shape:
-        raise ValueError(f"mask {tuple(mask.shape)} does not match token_ids {tuple(token_ids.shape)}")
+    """`compute(logits, token_ids)` (a per-position float32 `[B, T]`) at the positions where `mask`
+    is non-zero, gathered into one row, 0 elsewhere: the same floats at those positions, since each
+    position's value depends on its own logits only. Without such a position, every position (the
+    graph a zero-weight micro-batch's backward needs, times 0)."""
+    if mask.shape != logits.shape[:-1]:
+        raise ValueError(f"mask {tuple(mask.shape)} does not match the logits' positions {tuple(logits.shape[:-1])}")
     rows, cols = (mask > 0).nonzero(as_tuple=True)
     if len(rows) == 0:
-        return token_logprobs(logits, token_ids, temperature, chunk_size=chunk_size) * 0.0
-    picked = token_logprobs(
-        logits[rows, cols].unsqueeze(0), token_ids[rows, cols].unsqueeze(0), temperature, chunk_size=chunk_size
-    ).squeeze(0)
-    out = torch.zeros(token_ids.shape, dtype=picked.dtype, device=picked.device)
+        return compute(logits, token_ids) * 0.0
+    ids = None if token_ids is None else token_ids[rows, cols].unsqueeze(0)
+    picked = compute(logits[rows, cols].unsqueeze(0), ids).squeeze(0)
+    out = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((rows, cols), picked)
 
 
@@ -271,13 +278,20 @@ def _entropy(z: torch.Tensor) -> torch.Tensor:
 
 
 def entropy_from_logits(
-    logits: torch.Tensor, temperature: float = 1.0, *, chunk_size: int | None = None
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    chunk_size: int | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Entropy `[B, T]` (float32) of softmax(logits [B, T, V] / temperature), the distribution the
     sampler drew from: `logsumexp(z) - sum(softmax(z) * z)`, in float32, a chunk of positions at
-    a time (as `token_logprobs`)."""
+    a time (as `token_logprobs`). With `mask [B, T]`, only the positions where it is non-zero are
+    computed (the same floats as without it), 0 elsewhere, as `token_logprobs(mask=)`."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
+    if mask is not None:
+        return _at_mask(lambda x, _ids: entropy_from_logits(x, temperature, chunk_size=chunk_size), logits, None, mask)
     out = []
     for sl in _chunks(logits.shape, chunk_size):
         out.append(_per_chunk(lambda x: _entropy(_scaled(x, temperature)), logits[:, sl]))

@@ -134,7 +134,7 @@ def micro_batch_loss(
     if denominator is not None:
         old_logprobs, is_weights = denominator(logp.detach())
     entropy = (
-        entropy_from_logits(logits, temperature)
+        entropy_from_logits(logits, temperature, mask=batch.loss_mask)  # 0 at env tokens, as logp
         if loss_cfg.entropy_coef
         else logged_entropy(logits, batch.loss_mask, temperature)
     )
