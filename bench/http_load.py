@@ -192,6 +192,19 @@ async def load(url: str, pool: list[str], clients: int, seconds: float, warmup: 
     }
 
 
+# Cores that other processes may keep busy during a measured run before it is called not quiet. Over
+# four runs of bench/retriever.py on a 2-core Xeon (2026-12-03) the quiet rounds read -0.45 to +0.20
+# (/proc/stat's steal and the per-process CPU clocks do not add up exactly under heavy steal), and
+# the rounds with a 24-s unit-test run beside them +0.37 to +0.99.
+BESIDE_LIMIT = 0.3
+
+
+def cores_beside(run: dict[str, float], cores: int) -> float:
+    """Cores that processes other than the server and the load generator kept busy during a `run`
+    of `measured`: the machine's busy cores less the stolen ones, the server's and the generator's."""
+    return run["machine_cores"] - run.get("stolen", 0.0) * cores - run["server_cores"] - run["gen_cores"]
+
+
 def measured(gen: Generator, pid: int, url: str, pool: list[str], clients: int, seconds: float) -> dict[str, float]:
     """One load run (`gen`) with the server's CPU (process `pid`), the whole machine's busy cores
     and the share of its CPU time stolen by the hypervisor over it."""
@@ -203,4 +216,5 @@ def measured(gen: Generator, pid: int, url: str, pool: list[str], clients: int, 
     # recorded because our lone query uses both cores and Search-R1's server one: whether a stolen core
     # costs ours more is what this column lets a record check (not measured yet)
     r["stolen"] = (busy1[2] - busy0[2]) / max(1e-9, (busy1[1] - busy0[1]) * (os.cpu_count() or 1))
+    r["beside_cores"] = cores_beside(r, os.cpu_count() or 1)
     return r

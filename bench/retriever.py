@@ -15,7 +15,10 @@ In order:
    http_load.py), the two servers alternating in `--rounds` rounds per level (each round starts
    with the other one), each server's CPU and the machine's busy cores beside, since a ratio is
    only read within one run on a machine with other jobs, and the share of the machine's CPU time
-   the hypervisor stole during each server's runs (ours runs a lone query on both cores).
+   the hypervisor stole during each server's runs (ours runs a lone query on both cores); a level
+   during a round of which other processes kept more than `http_load.BESIDE_LIMIT` cores busy (the
+   machine's busy cores less the stolen ones, the server's and the load generator's) is named NOT
+   QUIET under the table.
 
 Then the table of docs/benchmarks/retriever.md: ours / Search-R1 at each level against the
 targets (>= 3x at 1 client, >= 5x at 32 and 64), and ours at 32 clients against 8 in each round
@@ -49,6 +52,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from http_load import (  # noqa: E402
+    BESIDE_LIMIT,
     DEFAULT_DATA,
     body,
     measured,
@@ -191,7 +195,21 @@ def summarise(rs: list[dict[str, float]]) -> dict[str, float]:
         "gen_cores": float(np.mean([r["gen_cores"] for r in rs])),
         "machine_cores": float(np.mean([r["machine_cores"] for r in rs])),
         "stolen": float(np.mean([r.get("stolen", float("nan")) for r in rs])),
+        "beside_cores": float(max((r.get("beside_cores", float("nan")) for r in rs), default=float("nan"))),
     }
+
+
+def not_quiet(levels: list[dict[str, Any]]) -> list[str]:
+    """The levels and servers with a round during which other processes kept more than
+    `BESIDE_LIMIT` cores busy (`http_load.cores_beside`), e.g. "1 client, Search-R1 (0.94 cores)":
+    their q/s, and the ratio of that level, are not a quiet measurement."""
+    out = []
+    for lv in levels:
+        for key, name in (("ours", "ours"), ("search_r1", "Search-R1")):
+            beside = max((r.get("beside_cores", float("nan")) for r in lv["rounds"][key]), default=float("nan"))
+            if beside > BESIDE_LIMIT:
+                out.append(f"{lv['clients']} client{'s' if lv['clients'] != 1 else ''}, {name} ({beside:.2f} cores)")
+    return out
 
 
 def main() -> None:
@@ -300,6 +318,18 @@ def print_tables(out: dict[str, Any], generator: str) -> None:
             f"{s['p99']:.0f}) | {ratio:.2f} | {target} | {lv['load_before']:.2f} | {o['server_cores']:.2f} / "
             f"{s['server_cores']:.2f} / {(o['machine_cores'] + s['machine_cores']) / 2:.2f} | "
             f"{o.get('stolen', float('nan')):.1%} / {s.get('stolen', float('nan')):.1%} |"
+        )
+    noisy = not_quiet(out["levels"])
+    if noisy:
+        print(
+            f"\nNOT QUIET: other processes kept more than {BESIDE_LIMIT} cores busy in a round of: "
+            + "; ".join(noisy)
+            + ": those levels' figures are not a measurement"
+        )
+    elif any("beside_cores" in r for lv in out["levels"] for rs in lv["rounds"].values() for r in rs):
+        print(
+            f"\nquiet: in no round did other processes keep more than {BESIDE_LIMIT} cores busy "
+            "(the machine's busy cores less the stolen ones, the server's and wrk's)"
         )
     by = {lv["clients"]: lv for lv in out["levels"]}
     if 8 in by and 32 in by:

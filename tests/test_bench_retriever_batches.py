@@ -43,3 +43,45 @@ def test_a_server_without_counters_has_no_mean_batch() -> None:
     assert retriever_bench.mean_batch(None, (3, 9)) is None
     assert retriever_bench.mean_batch((3, 9), (3, 9)) is None  # no batch in between
     assert retriever_bench.mean_batch((3, 9), (5, 17)) == 4.0
+
+
+def _round(beside: float) -> dict[str, float]:
+    return {"qps": 100.0, "beside_cores": beside}
+
+
+def test_a_level_with_other_processes_beside_it_is_named_not_quiet() -> None:
+    """A round during which something else kept cores busy (a unit-test run beside the bench read
+    +0.37 to +0.99 cores) names its level and server; quiet rounds (-0.45 to +0.20) do not."""
+    levels = [
+        {"clients": 1, "rounds": {"ours": [_round(0.57), _round(0.37)], "search_r1": [_round(0.99), _round(0.85)]}},
+        {"clients": 8, "rounds": {"ours": [_round(-0.13), _round(0.2)], "search_r1": [_round(-0.45), _round(0.01)]}},
+        {"clients": 32, "rounds": {"ours": [_round(0.01), _round(0.31)], "search_r1": [_round(0.0), _round(0.0)]}},
+    ]
+    assert retriever_bench.not_quiet(levels) == [
+        "1 client, ours (0.57 cores)",
+        "1 client, Search-R1 (0.99 cores)",
+        "32 clients, ours (0.31 cores)",
+    ]
+    assert retriever_bench.not_quiet(levels[1:2]) == []
+    assert (
+        retriever_bench.summarise(
+            [
+                _round(0.1)
+                | {"p50": 1, "p99": 2, "errors": 0, "server_cores": 1, "gen_cores": 0, "machine_cores": 1, "stolen": 0},
+                _round(0.4)
+                | {"p50": 1, "p99": 2, "errors": 0, "server_cores": 1, "gen_cores": 0, "machine_cores": 1, "stolen": 0},
+            ]
+        )["beside_cores"]
+        == 0.4
+    )
+
+
+def test_cores_beside_takes_the_stolen_the_servers_and_the_generators_cores_from_the_machines() -> None:
+    from http_load import cores_beside
+
+    # run 2's 1-client level (2026-12-03): a unit-test run beside ours
+    run = {"machine_cores": 1.9983, "stolen": 0.0255, "server_cores": 1.4653, "gen_cores": 0.0088}
+    assert abs(cores_beside(run, 2) - 0.4732) < 1e-3
+    # run 1's 8-client level: 39% of the machine stolen, nothing beside
+    run = {"machine_cores": 1.77, "stolen": 0.391, "server_cores": 1.08, "gen_cores": 0.01}
+    assert cores_beside(run, 2) < 0.3
