@@ -63,17 +63,8 @@ def test_a_level_with_other_processes_beside_it_is_named_not_quiet() -> None:
         "32 clients, ours (0.31 cores)",
     ]
     assert retriever_bench.not_quiet(levels[1:2]) == []
-    assert (
-        retriever_bench.summarise(
-            [
-                _round(0.1)
-                | {"p50": 1, "p99": 2, "errors": 0, "server_cores": 1, "gen_cores": 0, "machine_cores": 1, "stolen": 0},
-                _round(0.4)
-                | {"p50": 1, "p99": 2, "errors": 0, "server_cores": 1, "gen_cores": 0, "machine_cores": 1, "stolen": 0},
-            ]
-        )["beside_cores"]
-        == 0.4
-    )
+    measured = {"p50": 1, "p99": 2, "errors": 0, "server_cores": 1, "gen_cores": 0, "machine_cores": 1, "stolen": 0}
+    assert retriever_bench.summarise([_round(0.1) | measured, _round(0.4) | measured])["beside_cores"] == 0.4
 
 
 def test_cores_beside_takes_the_stolen_the_servers_and_the_generators_cores_from_the_machines() -> None:

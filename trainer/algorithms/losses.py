@@ -235,11 +235,9 @@ def token_logprobs(
     if logits.shape[:-1] != token_ids.shape:
         raise ValueError(f"logits {tuple(logits.shape)} do not match token_ids {tuple(token_ids.shape)}")
     if mask is not None:
-
-        def at(x: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-            return token_logprobs(x, token_ids if ids is None else ids, temperature, chunk_size=chunk_size)
-
-        return _at_mask(at, logits, token_ids, mask)
+        return _at_mask(
+            lambda x, ids: token_logprobs(x, ids, temperature, chunk_size=chunk_size), logits, mask, token_ids
+        )
     out = []
     for sl in _chunks(logits.shape, chunk_size):
         ids = token_ids[:, sl].long().unsqueeze(-1)
@@ -253,22 +251,19 @@ def token_logprobs(
 
 
 def _at_mask(
-    compute: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
-    logits: torch.Tensor,
-    token_ids: torch.Tensor | None,
-    mask: torch.Tensor,
+    compute: Callable[..., torch.Tensor], logits: torch.Tensor, mask: torch.Tensor, *per_position: torch.Tensor
 ) -> torch.Tensor:
-    """`compute(logits, token_ids)` (a per-position float32 `[B, T]`) at the positions where `mask`
-    is non-zero, gathered into one row, 0 elsewhere: the same floats at those positions, since each
-    position's value depends on its own logits only. Without such a position, every position (the
-    graph a zero-weight micro-batch's backward needs, times 0)."""
+    """`compute(logits, *per_position)` (a per-position float32 `[B, T]`; `per_position`: `[B, T]`
+    tensors such as the token ids) at the positions where `mask` is non-zero, gathered into one
+    row, 0 elsewhere: the same floats at those positions, since each position's value depends on
+    its own logits only. Without such a position, every position (the graph a zero-weight
+    micro-batch's backward needs, times 0)."""
     if mask.shape != logits.shape[:-1]:
         raise ValueError(f"mask {tuple(mask.shape)} does not match the logits' positions {tuple(logits.shape[:-1])}")
     rows, cols = (mask > 0).nonzero(as_tuple=True)
     if len(rows) == 0:
-        return compute(logits, token_ids) * 0.0
-    ids = None if token_ids is None else token_ids[rows, cols].unsqueeze(0)
-    picked = compute(logits[rows, cols].unsqueeze(0), ids).squeeze(0)
+        return compute(logits, *per_position) * 0.0
+    picked = compute(logits[rows, cols].unsqueeze(0), *(t[rows, cols].unsqueeze(0) for t in per_position)).squeeze(0)
     out = torch.zeros(mask.shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((rows, cols), picked)
 
@@ -291,7 +286,7 @@ def entropy_from_logits(
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     if mask is not None:
-        return _at_mask(lambda x, _ids: entropy_from_logits(x, temperature, chunk_size=chunk_size), logits, None, mask)
+        return _at_mask(lambda x: entropy_from_logits(x, temperature, chunk_size=chunk_size), logits, mask)
     out = []
     for sl in _chunks(logits.shape, chunk_size):
         out.append(_per_chunk(lambda x: _entropy(_scaled(x, temperature)), logits[:, sl]))
