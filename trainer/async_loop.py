@@ -9,12 +9,14 @@ thread updates the policy. Step k of the run then reads:
    drawn from the pool as the plan is made); the rollout thread starts them as AReaL's admission
    rule allows (accepted + running <= (eta + version + 1) x batch, Fu et al. 2025,
    arXiv:2505.24298);
-2. the batch (`_choose`), in the order the episodes finished, oldest plan first: with a static
-   baseline (PVPO's anchor: a row's advantage needs no other row of its group) finished episodes
-   stream in one by one, `batch` of them; with a group baseline (GRPO, RLOO, GDPO, ...) whole
-   groups, one step's prompt count of them. Either way the step waits for every episode of the
-   steps before it, so an episode is at most one step late; a prompt's GT rows (Group Sampling)
-   join the batch that takes its first episode;
+2. the batch (`BatchLedger`), in the order the episodes finished, oldest plan first: with a
+   static baseline (PVPO's anchor: a row's advantage needs no other row of its group) finished
+   episodes stream in one by one, the step's planned episode count of them; with a group baseline
+   (GRPO, RLOO, GDPO, ...) whole groups, its prompt count of them. Each step takes exactly its
+   plan's count (the last one what remains), waits for every episode of the steps before it, and
+   takes no more episodes of later plans than those plans' own batches can give back, so an
+   episode is at most one step late and no step waits for an episode that is not coming; a
+   prompt's GT rows (Group Sampling) join the batch that takes its first episode;
 3. the update of `loop.py` (`Trainer.learn`) with AReaL's decoupled objective (the importance
    correction forced on: clip against the proximal policy, the weights the update starts from,
    times the clamped behaviour weight pi_prox / pi_behav; a GT row keeps pi_gt as its
@@ -33,6 +35,10 @@ batch's model tokens sampled that many versions before the update's policy) and
 `mismatch/truncated_frac` (tokens whose behaviour weight exceeded the cap), the engine's idle
 share `time/engine_idle_frac` (the step's wall time with no episode in flight) and the update's
 wait `time/update_wait_s`.
+
+Every wait of the trainer's thread on the rollout thread (the batch, the new weights loaded, a
+pause) ends after `rollout.wait_timeout_s` in `RolloutStall`: one line naming what it waited for
+and the command that resumes the run from its last checkpoint.
 
 Resume: a checkpoint records how many episodes were in flight or finished but not yet trained on
 (`state_dict`); a resumed run discards them and samples them again, with the resumed weights,
@@ -64,6 +70,91 @@ log = logging.getLogger(__name__)
 Key = tuple[int, str]  # (plan step, prompt uid): one group
 
 
+class RolloutStall(TimeoutError, ValueError):
+    """The trainer waited on the rollouts longer than `rollout.wait_timeout_s` (or for what can no
+    longer come); its message is the one line the run ends with (a ValueError: `pvpo` prints it,
+    exit status 2)."""
+
+
+class BatchLedger:
+    """What each step's batch takes from the finished episodes (module doc, 2.), in units: one
+    episode each with a static baseline (`streaming`), else one whole group.
+
+    Step k takes exactly `quota[k]` units (the synchronous plan's count: what the plan owes it),
+    the finished ones sorted oldest plan first, then in finishing order, once no episode of a plan
+    before k runs. Taking units of a later plan j early (they finished first) is a debt: plan j's
+    leftovers then join step j + 1's batch, so the units of plans >= j taken before step j must
+    never exceed `quota[j]` (else a straggler would be two steps late), and a choice that would
+    break it waits for the step's own episodes instead. Once every episode of plans <= k has
+    finished the oldest-first choice takes none of a later plan, so it is always reachable: no
+    step waits for units that are not coming, and the last step takes exactly what remains. The
+    rejected rule (take max(quota, the earlier plans' leftovers)) let a step take more than its
+    quota, never paid back, so the last step waited forever (steps of 5/4/3 episodes at eta 2)."""
+
+    def __init__(self, streaming: bool) -> None:
+        self.streaming = streaming
+        self.quota: dict[int, int] = {}  # plan step -> units its batch takes
+        self.group_size: dict[Key, int] = {}  # sampled episodes planned per group
+        self.ahead: Counter[int] = Counter()  # plan step -> its units taken by an earlier step's batch
+
+    def plan(self, step: int, quota: int, groups: Sequence[str]) -> None:
+        """Plan `step`: its batch takes `quota` units; `groups` names each planned episode's group
+        (its prompt's uid, once per episode)."""
+        self.quota[step] = quota
+        for uid in groups:
+            self.group_size[(step, uid)] = self.group_size.get((step, uid), 0) + 1
+
+    def choose(self, step: int) -> Callable[[Sequence[Finished], Counter[int]], list[int] | None]:
+        """`EpisodeStream.take`'s choice for step `step`'s batch (indices into the buffer, or None:
+        wait for more episodes)."""
+        quota = self.quota[step]
+
+        def choose(buffer: Sequence[Finished], outstanding: Counter[int]) -> list[int] | None:
+            if any(n > 0 for s, n in outstanding.items() if s < step):
+                return None  # an episode of an earlier step still runs: it belongs in this batch
+            units: dict[Key, list[int]] = {}
+            for i, f in enumerate(buffer):
+                key = (f.planned.step, f.planned.example.uid)
+                units.setdefault((f.planned.step, str(i)) if self.streaming else key, []).append(i)
+            done = [k for k, idx in units.items() if self.streaming or len(idx) == self.group_size[k]]
+            done.sort(key=lambda k: (k[0], units[k][0]))  # oldest plan first, then as they finished
+            if len(done) < quota:
+                return None
+            picked = done[:quota]
+            if not self._repayable(step, Counter(k[0] for k in picked if k[0] > step)):
+                return None  # too many of a later plan: wait for this step's own episodes
+            return [i for k in picked for i in units[k]]
+
+        return choose
+
+    def _repayable(self, step: int, early: Counter[int]) -> bool:
+        """Whether, with `early` (plan -> units of later plans this batch would take) taken, every
+        later plan j's batch can still take all leftovers of the plans before it."""
+        later = sorted(s for s in self.quota if s > step)
+        owed_back = 0
+        for j in reversed(later):  # units of plans >= j taken before step j
+            owed_back += self.ahead[j] + early[j]
+            if owed_back > self.quota[j]:
+                return False
+        return True
+
+    def record(self, step: int, taken: Sequence[Finished]) -> None:
+        """Count the units of later plans that step `step`'s batch took (`taken`)."""
+        seen: set[Key] = set()
+        for f in taken:
+            key = (f.planned.step, f.planned.example.uid)
+            if f.planned.step > step and (self.streaming or key not in seen):
+                self.ahead[f.planned.step] += 1
+            seen.add(key)
+
+    def forget(self, step: int) -> None:
+        """Drop what no batch after step `step`'s needs (its quota, the groups of earlier plans)."""
+        self.quota.pop(step, None)
+        self.ahead.pop(step, None)
+        for key in [k for k in self.group_size if k[0] < step]:
+            del self.group_size[key]
+
+
 def staleness_metrics(trajs: Sequence[Trajectory], version: int, eta: int) -> dict[str, float]:
     """The lag (`version` minus the version that sampled it) of the model tokens of `trajs`: its
     histogram `stale/lag_<j>` for j <= eta and `stale/lag_over_eta`, `stale/mean`, `stale/max`."""
@@ -93,12 +184,11 @@ class AsyncSteps:
         self.trainer, self.cfg, self.seed = trainer, cfg, seed
         self.eta = cfg.rollout.max_staleness
         self.per_turn = engine_spec(cfg.rollout.engine).partial_rollouts
-        self.streaming = trainer.spec.needs_anchors  # a static baseline: rows stream in one by one
         self.stream: EpisodeStream | None = None
         self._idle0 = 0.0  # the stream's idle seconds when the current step began
         self.planned_through = 0
-        self.quota: dict[int, int] = {}  # step -> units its batch takes (episodes, or groups)
-        self.group_size: dict[Key, int] = {}  # sampled episodes planned per group
+        self.ledger = BatchLedger(streaming=trainer.spec.needs_anchors)  # a static baseline: rows stream in
+        self.timeout = cfg.rollout.wait_timeout_s
         self.gt: dict[Key, list[Trajectory]] = {}  # a group's GT rows, until a batch takes its first episode
         self.regenerated = int((resumed or {}).get("running", 0)) + int((resumed or {}).get("finished", 0))
         if self.regenerated:
@@ -119,7 +209,10 @@ class AsyncSteps:
                 t.ensure_reference(step - 1)
         assert self.stream is not None
         t0, self._idle0 = time.perf_counter(), self.stream.idle_seconds()
-        taken = self.stream.take(self._choose(step))
+        with self._waiting(step, "the finished episodes of its batch"):
+            taken = self.stream.take(self.ledger.choose(step), timeout=self.timeout)
+        self.ledger.record(step, taken)
+        self.ledger.forget(step)
         t1 = time.perf_counter()
         taken.sort(key=lambda f: (f.planned.step, f.planned.position))
         sampled = [f.trajectory for f in taken]
@@ -130,7 +223,8 @@ class AsyncSteps:
         ]
         prompts = examples_of(taken)
         t.cost.add("train", sampled)
-        self.stream.gate.wait_applied()  # the update writes the module the last weights were read from
+        with self._waiting(step, "the rollout engine to load the last published weights"):
+            self.stream.gate.wait_applied(self.timeout)  # the update writes the module they were read from
         metrics = t.learn(step, sampled + injected, injected, prompts, t.reference.anchors(), t0, t1)
         metrics.update(ddp.reduce_metrics(staleness_metrics(sampled, step - 1, self.eta), len(sampled)))
         if self.regenerated:
@@ -175,33 +269,27 @@ class AsyncSteps:
             for lo, hi, start in ddp.aligned_batches(offset, len(group), cfg.rollout.batch_size)
             for j in range(lo, hi)
         ]
-        for ex in group:
-            self.group_size[(step, ex.uid)] = self.group_size.get((step, ex.uid), 0) + 1
+        streaming = self.ledger.streaming
+        self.ledger.plan(step, len(episodes) if streaming else len(prompts), [ex.uid for ex in group])
         for row in injected:
             self.gt.setdefault((step, row.uid), []).append(row)
-        self.quota[step] = len(episodes) if self.streaming else len(prompts)
         self.planned_through = step
         self.stream.plan(step, episodes)
 
-    def _choose(self, step: int) -> Callable[[Sequence[Finished], Counter[int]], list[int] | None]:
-        """What step `step` takes from the finished episodes (module doc, 2.)."""
-        quota = self.quota[step]
+    @contextlib.contextmanager
+    def _waiting(self, step: int | None, what: str) -> Iterator[None]:
+        """A wait on the rollout thread: past `rollout.wait_timeout_s` (or when what it waits for
+        can no longer come) a `RolloutStall` naming `what` and the command that resumes the run."""
+        try:
+            yield
+        except TimeoutError as e:
+            from pvpo.trainer.state.resume import where_stopped
 
-        def choose(buffer: Sequence[Finished], outstanding: Counter[int]) -> list[int] | None:
-            if any(n > 0 for s, n in outstanding.items() if s < step):
-                return None  # an episode of an earlier step still runs: it belongs in this batch
-            units: dict[Key, list[int]] = {}
-            for i, f in enumerate(buffer):
-                key = (f.planned.step, f.planned.example.uid)
-                units.setdefault((f.planned.step, str(i)) if self.streaming else key, []).append(i)
-            done = [k for k, idx in units.items() if self.streaming or len(idx) == self.group_size[k]]
-            done.sort(key=lambda k: (k[0], units[k][0]))  # oldest plan first, then as they finished
-            want = max(quota, sum(1 for k in done if k[0] < step))
-            if len(done) < want:
-                return None
-            return [i for k in done[:want] for i in units[k]]
-
-        return choose
+            at = f"step {step}" if step is not None else "the trainer"
+            raise RolloutStall(
+                f"rollouts beside the update: {at} waited for {what} and stopped ({e}; "
+                f"rollout.wait_timeout_s={self.timeout:g}): {where_stopped(self.trainer.run_dir, 'pvpo train')}"
+            ) from e
 
     def after_update(self, step: int) -> None:
         """Publish the policy of `step` to the engine (its weights gathered here: a collective
@@ -228,7 +316,8 @@ class AsyncSteps:
         if self.stream is None:
             yield
             return
-        self.stream.gate.pause()
+        with self._waiting(None, "the rollouts in flight to pause"):
+            self.stream.gate.pause(self.timeout)
         try:
             yield
         finally:

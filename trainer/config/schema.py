@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from pvpo.bounded_yaml import YAMLBoundsError, load_yaml
-from pvpo.secrets import mask_value
+from pvpo.secrets import check_url, mask_value
 from pvpo.trainer.algorithms.spec import check_aggregation
 from pvpo.trainer.config.algorithm import AlgorithmConfig
 from pvpo.trainer.config.policy import ModelConfig
@@ -143,6 +143,13 @@ class RetrieverConfig(Section):
         # YAML reads an all-digit token as a number; it is a token all the same
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
+    @field_validator("url")
+    @classmethod
+    def _url_parses(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for url in [v] if isinstance(v, str) else v or []:  # refused at load, before any file is written
+            check_url(url, "URL")
+        return v
+
     @field_validator("encoder_backend")
     @classmethod
     def _known_encoder_backend(cls, v: str | None) -> str | None:
@@ -250,6 +257,12 @@ class RolloutConfig(Section):
         ge=0,
         description="eta: rollouts may run ahead of the update by this many policy versions (AReaL's admission rule, "
         "the decoupled objective, weights synced between turns: trainer/async_loop.py); 0 = the synchronous loop",
+    )
+    wait_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="with max_staleness > 0: the longest the trainer waits on the rollouts (a batch's episodes, the "
+        "new weights loaded, a pause); past it the run ends naming the wait and the resume command",
     )
 
     @field_validator("engine")

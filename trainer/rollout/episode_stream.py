@@ -15,8 +15,9 @@ k - 1 exists: the synchronous loop. At most `concurrency` episodes are in flight
 own task in the one episode driver (`agent_loop.run_episode`); the weights reach them through
 `weight_gate.WeightGate`, between two turns.
 
-The trainer takes its batch with `take` (what to take is its choice: `async_loop.py`); `close`
-discards what is in flight or unclaimed and says how many (a resume regenerates them).
+The trainer takes its batch with `take` (what to take is its choice: `async_loop.py`), which
+ends in `TimeoutError` past its timeout, or at once when every planned episode has finished and
+the choice still waits (nothing more can come); `close` discards what is in flight or unclaimed and says how many (a resume regenerates them).
 """
 
 from __future__ import annotations
@@ -262,7 +263,8 @@ class EpisodeStream:
         """Block until `choose(buffer, outstanding)` names the finished episodes to take (their
         indices in the buffer, which holds them in finishing order; None: wait for more), and
         return those, removed from the buffer. `outstanding`: per step, its planned episodes not
-        finished yet. Re-raises an episode's error."""
+        finished yet. Re-raises an episode's error; raises TimeoutError after `timeout` seconds,
+        or as soon as the choice waits with no planned episode left to finish."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
@@ -275,9 +277,13 @@ class EpisodeStream:
                     self._buffer = [f for i, f in enumerate(self._buffer) if i not in chosen]
                     self.counts.taken += len(out)
                     return out
+                if not any(n > 0 for n in self.counts.outstanding.values()):
+                    raise TimeoutError(
+                        f"every planned episode has finished and {len(self._buffer)} untaken ones do not make the batch"
+                    )
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(f"no batch within {timeout} s")
+                    raise TimeoutError(f"no batch within {timeout:g} s")
                 self._lock.wait(left)
 
     def idle_seconds(self) -> float:
