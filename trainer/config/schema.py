@@ -304,7 +304,10 @@ class OptimConfig(Section):
     kl_coef: float = Field(
         0.0, ge=0, description="weight of the KL to the frozen reference; 0 = no reference model loaded for KL"
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator: k1 | k2 | k3")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3",
+        description="KL estimator: k2 (the reverse KL's gradient) | k3 (verl's low_var_kl: the forward KL's gradient); k1 is refused (its gradient is zero in expectation)",
+    )
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight")
     loss_agg: str | None = Field(
         None, description="null = the estimator's own (dr_grpo: seq-mean-token-sum-norm, others: token-mean)"
@@ -317,6 +320,16 @@ class OptimConfig(Section):
     @classmethod
     def _known_agg(cls, v: str | None) -> str | None:
         return None if v is None else check_aggregation(v)
+
+    @field_validator("kl_estimator")
+    @classmethod
+    def _kl_with_a_gradient(cls, v: str) -> str:
+        if v == "k1":  # trainer/algorithms/losses.py `kl_penalty`: E[grad (lp - ref)] = E[grad lp] = 0
+            raise ValueError(
+                "optim.kl_estimator=k1 has a zero expected gradient (the penalty would do nothing): "
+                "use k2 (the reverse KL's gradient) or k3 (verl's low_var_kl)"
+            )
+        return v
 
 
 class RunConfig(Section):
