@@ -78,7 +78,8 @@ def test_eta_1_trains_on_episodes_one_version_old_and_resumes_regenerating_those
     assert [m["step"] for m in rows] == [1, 2, 3]
     assert rows[0]["stale/lag_0"] == 1.0  # step 1's episodes: all sampled by the initial policy
     # later steps' episodes started while the update before them ran: one version old
-    assert all(r["stale/lag_1"] > 0 and r["stale/max"] <= 2 for r in rows[1:])
+    assert all(r["stale/lag_1"] > 0 and r["stale/max"] <= 2 for r in rows[1:])  # eta + 1: a straggler's first turns
+    assert all(0 <= r["stale/late_frac"] <= 1 for r in rows) and rows[0]["stale/late_frac"] == 0
     assert all(0 <= r["time/engine_idle_frac"] <= 1 and r["time/update_wait_s"] >= 0 for r in rows)
 
     with monkeypatch.context() as m, pytest.raises(Crash):

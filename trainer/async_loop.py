@@ -29,9 +29,16 @@ thread updates the policy. Step k of the run then reads:
 At eta = 0 the rule admits step k's episodes only once the policy of step k - 1 exists and the
 batch is exactly step k's episodes: the synchronous loop (`loop.py` runs that one itself).
 
+The staleness bound is eta + 1, not eta, for a straggler's first turns: the rule starts step
+k's episodes from version k - 1 - eta on, so on time (trained by the update that starts from
+version k - 1) a token is at most eta versions old, and one step late (the batch of step k + 1,
+from version k) its first turns may be eta + 1. They are kept, not dropped: the behaviour weight
+pi_prox / pi_behav already corrects them, and dropping would leave the step short of its plan.
+
 Metrics beyond the synchronous loop's: `stale/lag_0` ... `stale/lag_<eta>` (the share of the
 batch's model tokens sampled that many versions before the update's policy) and
-`stale/lag_over_eta` (a straggler's first turns), `stale/mean`, `stale/max`; the clamp's share is
+`stale/lag_over_eta` (a straggler's first turns, eta + 1 old), `stale/mean`, `stale/max`,
+`stale/late_frac` (the share of the batch's episodes planned for an earlier step); the clamp's share is
 `mismatch/truncated_frac` (tokens whose behaviour weight exceeded the cap), the engine's idle
 share `time/engine_idle_frac` (the step's wall time with no episode in flight) and the update's
 wait `time/update_wait_s`.
@@ -226,7 +233,9 @@ class AsyncSteps:
         with self._waiting(step, "the rollout engine to load the last published weights"):
             self.stream.gate.wait_applied(self.timeout)  # the update writes the module they were read from
         metrics = t.learn(step, sampled + injected, injected, prompts, t.reference.anchors(), t0, t1)
-        metrics.update(ddp.reduce_metrics(staleness_metrics(sampled, step - 1, self.eta), len(sampled)))
+        stale = staleness_metrics(sampled, step - 1, self.eta)
+        stale["stale/late_frac"] = sum(f.planned.step < step for f in taken) / max(1, len(taken))
+        metrics.update(ddp.reduce_metrics(stale, len(sampled)))
         if self.regenerated:
             metrics["pipeline/regenerated_episodes"] = float(ddp.all_reduce_sum(self.regenerated))
             self.regenerated = 0
