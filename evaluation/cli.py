@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pvpo.secrets import mask_url
+from pvpo.secrets import check_url, mask_url
 from pvpo.signals import stop_on_signals
 from pvpo.trainer.rollout.engine import DEFAULT_ENGINE, available_engines
 from pvpo.user_errors import add_note, request_traceback
@@ -197,6 +197,10 @@ def eval_cmd(
         raise ValueError(f"missing {', '.join(missing)} (see pvpo eval --help)")
     if bool(judge_base_url) != bool(judge_model):
         raise ValueError("--judge-base-url and --judge-model go together")
+    urls = [("--retriever-url", u) for u in retriever_url or []]
+    urls += [(o, u) for o, u in (("--base-url", base_url), ("--judge-base-url", judge_base_url)) if u]
+    for option, url in urls:  # a URL the HTTP client cannot parse, refused before anything is loaded or written
+        check_url(url, option)
     from pvpo.evaluation.run import EvalSettings
 
     settings = EvalSettings(

@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from pvpo.secrets import mask_url
+from pvpo.secrets import mask_exception, mask_url
 
 # exit status of a refused command (as a bad option, click's usage error)
 USER_ERROR_EXIT = 2
@@ -96,11 +96,12 @@ def describe(err: BaseException) -> str | None:
     None for anything else, which should keep its traceback."""
     if _is_instance(err, "pvpo.retriever.client", "RetrieverError"):
         code = getattr(err, "status_code", None)
-        if code in (401, 403):
+        fix = getattr(err, "fix", None)  # what the client knew to do (a reply of the wrong shape)
+        if fix is None and code in (401, 403):
             fix = "check the token (--token / PVPO_RETRIEVER_TOKEN / retriever.token)"
-        elif isinstance(code, int) and 400 <= code < 500:
+        elif fix is None and isinstance(code, int) and 400 <= code < 500:
             fix = "the server refused the request itself (the reason is above): check what was asked of it"
-        else:
+        elif fix is None:
             fix = "is the server running? start one with `pvpo retriever serve --index DIR`, or give the right --url / retriever.url"
         return f"error: {mask_url(str(err))}\n  fix: {fix}"
     if _is_instance(err, "httpx", "TransportError") or isinstance(err, ConnectionError):
@@ -142,6 +143,7 @@ class UserErrorGroup(TyperGroup):
             ctx.exit(status)
         except Exception as err:
             if ctx.params.get("debug") or _traceback_requested:
+                mask_exception(err)  # the traceback, without a URL's credentials
                 raise
             message = describe(err)
             if message is None:

@@ -403,7 +403,10 @@ def query(
 ) -> None:
     """Ask a running server and print the passages."""
     from pvpo.retriever.client import RetrieverClient
+    from pvpo.secrets import check_url
 
+    for u in url:
+        check_url(u, "--url")
     with RetrieverClient(url, topk=topk, token=token, retries=retries) as client:
         for q, passages in zip(queries, client.search(queries)):
             typer.echo(f"# {q}")

@@ -2,6 +2,12 @@
 search() call, round-robin over server URLs, retries with exponential backoff on 429/5xx,
 timeouts and connection errors.
 
+A server URL is its base (`http://host:8000`) or its `/retrieve` endpoint as Search-R1's and verl's
+configs name it (`http://host:8000/retrieve`): both reach the same server. A URL the HTTP client
+cannot parse is refused when the client is made, in one line with its credentials masked. A lone
+surrogate in a query (`\\ud800`, which a model's text can hold and UTF-8 cannot encode) is sent as
+U+FFFD, the replacement character, so the query is searched rather than the batch lost.
+
 The default retry budget rides out a server restart: 8 retries, backoff 0.2 s doubling up to
 4 s, about 18 s of waiting in all (an index reload took ~10 s; the previous 3 retries gave up
 after 1.4 s). Each retry is logged at WARNING with its cause and the wait before the next try."""
@@ -19,7 +25,7 @@ from typing import Any
 import httpx
 
 from pvpo.retriever.types import Passage, make_contents
-from pvpo.secrets import mask_url
+from pvpo.secrets import check_url, mask_url
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 # A server refuses a request of more queries than this (`schema.Limits.max_queries`, its default):
@@ -38,31 +44,73 @@ log = logging.getLogger(__name__)
 class RetrieverError(RuntimeError):
     """The service refused the request (4xx) or stayed unreachable after all retries."""
 
-    def __init__(self, message: str, status_code: int | None = None) -> None:
+    def __init__(self, message: str, status_code: int | None = None, *, fix: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.fix = fix  # what to do, where the status code does not say (a reply of the wrong shape)
+
+
+# The fix of a reply that is not a /retrieve reply (RetrieverError.fix)
+_NOT_A_RETRIEVER = "check that the URL names a Search-R1-compatible /retrieve server (pvpo retriever serve)"
+
+
+def _passage(item: Any, where: str) -> Passage:
+    """One passage of a reply: a `{"document", "score"}` item or a bare document."""
+    doc = item.get("document", item) if isinstance(item, dict) else item
+    if not isinstance(doc, dict):
+        raise RetrieverError(
+            f"malformed reply: {where} is {type(doc).__name__} {str(doc)[:80]!r}, expected a passage "
+            '{"document": {...}, "score": ...} or a document {"id", "contents"}',
+            fix=_NOT_A_RETRIEVER,
+        )
+    score = item.get("score") if "document" in item else None
+    contents = doc.get("contents")
+    if contents is None:  # FlashRAG-style {"title", "text"} documents
+        contents = make_contents(str(doc.get("title", "")), str(doc.get("text", "")))
+    try:
+        value = None if score is None else float(score)
+    except (TypeError, ValueError):
+        raise RetrieverError(f"malformed reply: the score of {where} is {score!r}", fix=_NOT_A_RETRIEVER) from None
+    return Passage(str(doc.get("id", "")), str(contents), value)
 
 
 def parse_result(payload: Any, n_queries: int) -> list[list[Passage]]:
     """Passages from a `/retrieve` reply, in either Search-R1 shape (`{"document", "score"}`
-    items, or bare documents as Search-R1's server sends when return_scores is false)."""
+    items, or bare documents as Search-R1's server sends when return_scores is false). A reply of
+    another shape is a RetrieverError saying what in it was wrong."""
     if not isinstance(payload, dict) or not isinstance(payload.get("result"), list):
-        raise RetrieverError(f"malformed reply: expected {{'result': [...]}}, got {str(payload)[:200]}")
+        raise RetrieverError(
+            f"malformed reply: expected {{'result': [...]}}, got {str(payload)[:200]}", fix=_NOT_A_RETRIEVER
+        )
     result = payload["result"]
     if len(result) != n_queries:
-        raise RetrieverError(f"reply has {len(result)} result lists for {n_queries} queries")
+        raise RetrieverError(f"reply has {len(result)} result lists for {n_queries} queries", fix=_NOT_A_RETRIEVER)
     out = []
-    for items in result:
-        passages = []
-        for item in items:
-            doc = item.get("document", item)
-            score = item.get("score") if "document" in item else None
-            contents = doc.get("contents")
-            if contents is None:  # FlashRAG-style {"title", "text"} documents
-                contents = make_contents(str(doc.get("title", "")), str(doc.get("text", "")))
-            passages.append(Passage(str(doc.get("id", "")), contents, None if score is None else float(score)))
-        out.append(passages)
+    for q, items in enumerate(result):
+        if not isinstance(items, list):
+            raise RetrieverError(
+                f"malformed reply: result[{q}] is {type(items).__name__}, expected a list of passages",
+                fix=_NOT_A_RETRIEVER,
+            )
+        out.append([_passage(item, f"result[{q}][{i}]") for i, item in enumerate(items)])
     return out
+
+
+def base_url(url: str) -> str:
+    """The server's base URL: `url` without a trailing `/` or `/retrieve` (the endpoint, as Search-R1's
+    and verl's configs name it), so `/retrieve`, `/info` and `/health` are all found under it."""
+    url = url.rstrip("/")
+    return url.removesuffix("/retrieve").rstrip("/")
+
+
+def clean_query(query: str) -> str:
+    """`query` as UTF-8 can carry it: each lone surrogate (a model can write `\\ud800`) replaced by
+    U+FFFD, the replacement character; any other text unchanged."""
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        return query.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return query
 
 
 class _Base:
@@ -80,7 +128,7 @@ class _Base:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("at least one retriever URL is needed")
-        self.urls = [u.rstrip("/") for u in urls]
+        self.urls = [base_url(check_url(u, "retriever URL")) for u in urls]
         self.topk = topk
         self.timeout = timeout
         self.retries = retries
@@ -118,7 +166,30 @@ class _Base:
         return delay
 
     def _payload(self, queries: Sequence[str], topk: int | None) -> dict[str, Any]:
-        return {"queries": list(queries), "topk": self.topk if topk is None else topk, "return_scores": True}
+        return {
+            "queries": [clean_query(q) for q in queries],
+            "topk": self.topk if topk is None else topk,
+            "return_scores": True,
+        }
+
+    @staticmethod
+    def _json(resp: httpx.Response, url: str) -> Any:
+        """The reply's JSON; a reply that is not JSON is a RetrieverError naming the server."""
+        try:
+            return resp.json()
+        except ValueError:
+            raise RetrieverError(
+                mask_url(f"{url} answered {resp.status_code} with no JSON: {resp.text[:200]!r}"), fix=_NOT_A_RETRIEVER
+            ) from None
+
+    @staticmethod
+    def _parse(resp: httpx.Response, url: str, n_queries: int) -> list[list[Passage]]:
+        """The passages of a /retrieve reply from `url`; a reply of the wrong shape is a RetrieverError
+        naming the server and what was wrong."""
+        try:
+            return parse_result(_Base._json(resp, url), n_queries)
+        except RetrieverError as e:
+            raise RetrieverError(mask_url(f"{url}/retrieve: {e}"), fix=e.fix) from None
 
     @staticmethod
     def _final(resp: httpx.Response | None, err: Exception | None, url: str) -> RetrieverError:
@@ -178,7 +249,7 @@ class RetrieverClient(_Base):
         out: list[list[Passage]] = []
         for part in _chunks(queries):
             resp = self._request("POST", "/retrieve", self._payload(part, topk))
-            out += parse_result(resp.json(), len(part))
+            out += self._parse(resp, str(resp.request.url).removesuffix("/retrieve"), len(part))
         return out
 
     def info(self) -> dict[str, Any]:
@@ -246,7 +317,7 @@ class AsyncRetrieverClient(_Base):
         out: list[list[Passage]] = []
         for part in _chunks(queries):
             resp = await self._request("POST", "/retrieve", self._payload(part, topk))
-            out += parse_result(resp.json(), len(part))
+            out += self._parse(resp, str(resp.request.url).removesuffix("/retrieve"), len(part))
         return out
 
     async def info(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from pvpo.bounded_yaml import YAMLBoundsError, load_yaml
-from pvpo.secrets import mask_value
+from pvpo.secrets import check_url, mask_value
 from pvpo.trainer.algorithms.spec import check_aggregation
 from pvpo.trainer.config.algorithm import AlgorithmConfig
 from pvpo.trainer.config.policy import ModelConfig
@@ -142,6 +142,13 @@ class RetrieverConfig(Section):
     def _token_as_text(cls, v: Any) -> Any:
         # YAML reads an all-digit token as a number; it is a token all the same
         return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("url")
+    @classmethod
+    def _url_parses(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for url in [v] if isinstance(v, str) else v or []:  # refused at load, before any file is written
+            check_url(url, "URL")
+        return v
 
     @field_validator("encoder_backend")
     @classmethod

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from pvpo.reward import TagProtocol
+from pvpo.secrets import check_url
 
 APIS = ("completions", "chat")
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -38,7 +39,7 @@ class OpenAIClient:
         retries: int = 4,
         backoff: float = 0.5,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = check_url(base_url, "endpoint URL").rstrip("/")
         self.model = model
         self.retries, self.backoff = retries, backoff
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
