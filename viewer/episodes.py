@@ -21,6 +21,7 @@ from pvpo.reward import TagProtocol, available_protocols, get_protocol, normaliz
 # that the question was in reach, so these golds never mark a passage.
 _VERDICTS = frozenset({"yes", "no", "true", "false"})
 _DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_NON_SPACE = re.compile(r"\S")
 
 
 def usable_golds(golds: Sequence[str]) -> list[str]:
@@ -53,16 +54,26 @@ def _env_blocks(response: str, protocol: TagProtocol) -> Iterator[tuple[int, int
     """`(start, end, inner_start, inner_end, kind)` of each block the env appended, in order: a result
     block right after a closed search (`"o"`, its passages at `[inner_start, inner_end)`) or a
     correction message (`"c"`); the model's text ends at `start`. Plain `str.find`: a regex with a
-    lazy `(.*?)` took 3 s over 10,000 responses, most of a page's making."""
+    lazy `(.*?)` took 3 s over 10,000 responses, most of a page's making. Each tag's next position
+    is kept until the scan passes it, so the text is read once: searching again from every
+    unanswered search took 60 s on a 6.6 MB response of one search repeated."""
     close_search = protocol.close_tag(protocol.search)
     open_res, close_res = protocol.open_tag(protocol.result), protocol.close_tag(protocol.result)
     correction = protocol.correction_message()
     at, n = 0, len(response)
-    next_c = response.find(correction) if correction else -1
+    # the next occurrence at or after the scan point of each string; -1 once there is none
+    ahead: dict[str, int] = {}
+
+    def next_at(tag: str, start: int) -> int:
+        found = ahead.get(tag)
+        if found is None or 0 <= found < start:
+            found = response.find(tag, start) if tag else -1
+            ahead[tag] = found
+        return found
+
     while True:
-        if 0 <= next_c < at:
-            next_c = response.find(correction, at)
-        s = response.find(close_search, at)
+        next_c = next_at(correction, at)
+        s = next_at(close_search, at)
         if next_c >= 0 and (s < 0 or next_c < s):
             yield next_c, next_c + len(correction), next_c, next_c + len(correction), "c"
             at = next_c + len(correction)
@@ -70,9 +81,12 @@ def _env_blocks(response: str, protocol: TagProtocol) -> Iterator[tuple[int, int
         if s < 0:
             return
         after = s + len(close_search)
-        o = response.find(open_res, after)
-        gap = response[after:o] if o >= 0 else ""
-        e = response.find(close_res, o) if o >= 0 and "\n\n" in gap and not gap.strip() else -1
+        o = next_at(open_res, after)
+        # the env's result follows the search after blank lines only: whitespace up to `o`, found
+        # without slicing what lies between (megabytes, when the result is far away)
+        space = _NON_SPACE.search(response, after)
+        gap = response[after:o] if o >= 0 and o == (space.start() if space else n) else ""
+        e = next_at(close_res, o) if "\n\n" in gap else -1
         if e < 0:
             at = after  # a search the env did not answer (the last turn, cut by the turn limit)
             continue
@@ -117,22 +131,37 @@ def split_passages(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def _last_query(text: str, protocol: TagProtocol) -> str | None:
+    """The query of the search block `text` ends with (a model turn's last search), None without one;
+    read back from its last closing tag, so a turn of a thousand searches is read once."""
+    close = text.rfind(protocol.close_tag(protocol.search))
+    if close < 0:
+        return None
+    opened = text.rfind(protocol.open_tag(protocol.search), 0, close)
+    return text[opened + len(protocol.open_tag(protocol.search)) : close].strip() if opened >= 0 else None
+
+
 def split_turns(
     response: str,
     protocol: TagProtocol,
     passages: Sequence[Sequence[Mapping[str, Any]]] = (),
     golds: Sequence[str] = (),
+    queries: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """`response` as the page's turns: `{"t": "m", "x": text}` the model's text, `{"t": "o", "x": raw,
-    "p": [passage...]}` a search result, `{"t": "c", "x": text}` a correction. A passage is `{n,
-    title, text, gold}` plus `id` and `score` where `passages` (per search, as the env recorded them)
-    has them; `golds` are `usable_golds`."""
+    "p": [passage...], "q": query}` a search result, `{"t": "c", "x": text}` a correction. A passage is
+    `{n, title, text, gold}` plus `id` and `score` where `passages` (per search, as the env recorded
+    them) has them; `golds` are `usable_golds`. A result's query is the one the env recorded
+    (`queries`, per search) where there is one, else the last search block of the turn before it."""
     turns: list[dict[str, Any]] = []
     at, search = 0, 0
+    query: str | None = None
 
     def model(text: str) -> None:
+        nonlocal query
         if text.strip():
             turns.append({"t": "m", "x": text.strip("\n")})
+            query = _last_query(text, protocol)
 
     for start, end, lo, hi, kind in _env_blocks(response, protocol):
         model(response[at:start])
@@ -144,20 +173,51 @@ def split_turns(
         found = split_passages(raw)
         recorded = list(passages[search]) if search < len(passages) else []
         for p in found:
-            if 0 < p["n"] <= len(recorded):
+            if 0 < p["n"] <= len(recorded) and isinstance(recorded[p["n"] - 1], Mapping):
                 r = recorded[p["n"] - 1]
                 p["id"] = str(r.get("id", ""))
-                if r.get("score") is not None:
+                if isinstance(r.get("score"), int | float):
                     p["score"] = round(float(r["score"]), 4)
             p["gold"] = holds_gold(p["title"] + " " + p["text"], golds)
         obs: dict[str, Any] = {"t": "o", "p": found}
         if not found:
             obs["x"] = raw
             obs["gold"] = holds_gold(raw, golds)
+        said = str(queries[search]) if search < len(queries) else query
+        if said is not None:
+            obs["q"] = said
         turns.append(obs)
         search += 1
     model(response[at:])
     return turns
+
+
+def first_gold(turns: Sequence[Mapping[str, Any]]) -> list[int] | None:
+    """`[search, rank]` (both from 1) of the first passage holding a golden answer, rank 0 for a
+    result not split into passages; None when no search found one."""
+    search = 0
+    for t in turns:
+        if t["t"] != "o":
+            continue
+        search += 1
+        if t.get("gold"):
+            return [search, 0]
+        for rank, p in enumerate(t["p"], 1):
+            if p["gold"]:
+                return [search, rank]
+    return None
+
+
+def repeated_queries(turns: Sequence[Mapping[str, Any]]) -> int:
+    """How many searches repeat an earlier search's query of the episode (case and spaces aside)."""
+    seen: set[str] = set()
+    repeats = 0
+    for t in turns:
+        if t["t"] == "o" and t.get("q") is not None:
+            q = " ".join(str(t["q"]).lower().split())
+            repeats += q in seen
+            seen.add(q)
+    return repeats
 
 
 def in_reach(turns: Sequence[Mapping[str, Any]]) -> bool:
@@ -182,12 +242,14 @@ def page_episode(
     passages: Sequence[Sequence[Mapping[str, Any]]] = (),
     protocol: TagProtocol | None = None,
     tokens: int | None = None,
+    queries: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The page's record of one episode (short keys: 10,000 of them travel inside the page). `scores`
     holds `em`, `f1` and cover-EM as `cem` or FlashRAG's `acc`; `format_ok` None (a file that did not
-    record it) shows as unknown, never as a failure."""
+    record it) shows as unknown, never as a failure; `queries` are the searches' queries as the env
+    recorded them. `gr` is `first_gold`, `rq` `repeated_queries`."""
     protocol = protocol or detect_protocol(response)
-    turns = split_turns(response, protocol, passages, usable_golds(golds))
+    turns = split_turns(response, protocol, passages, usable_golds(golds), queries)
     searches = sum(t["t"] == "o" for t in turns)
     return {
         "k": key,
@@ -204,6 +266,8 @@ def page_episode(
         "ns": int(num_searches if num_searches is not None else searches),
         "nt": int(num_turns if num_turns is not None else sum(t["t"] == "m" for t in turns)),
         "reach": in_reach(turns),
+        "gr": first_gold(turns),
+        "rq": repeated_queries(turns),
         "tok": tokens,
         "turns": turns,
     }

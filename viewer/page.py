@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+import os
+import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pvpo.atomic import atomic_write_text
-from pvpo.viewer.compare import pair_episodes
+from pvpo.viewer.compare import PairingError, pair_episodes, pairing
 from pvpo.viewer.sources import Source, ViewError, read_source
 
 DATA_MARK = "/*PVPO_DATA*/"
@@ -40,15 +43,93 @@ def page_data(sources: Sequence[Source]) -> dict[str, Any]:
     }
     if kind == "compare":
         a, b = sources
-        pairs = pair_episodes(a.episodes, b.episodes)
-        if a.episodes and b.episodes and not any(i >= 0 and j >= 0 for i, j, _ in pairs):
+        try:
+            by, _ = pairing(a.episodes, b.episodes)
+        except PairingError as e:
+            if e.disjoint:
+                raise ViewError(
+                    f"{a.path} and {b.path} share no question (by dataset and id, or by question text): compare "
+                    "evaluations of the same questions"
+                ) from None
             raise ViewError(
-                f"{a.path} and {b.path} share no question (by dataset and id): compare evaluations of the same questions"
-            )
+                f"{a.path} and {b.path} cannot be paired question by question ({e}): compare two evaluations of "
+                "the same questions, whose files record each question's id"
+            ) from None
+        pairs = pair_episodes(a.episodes, b.episodes)
         data["pairs"] = pairs
+        data["paired_by"] = by
     if kind == "run":
         data["run"] = sources[0].run
+    data["warnings"] = mark_bad_values(data)
     return data
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: Any, where: str, problems: list[str], deep: bool = True) -> Any:
+    """`value` with each number that is not finite made None and each lone surrogate (text that no
+    UTF-8 file can hold) made U+FFFD, in place; what was changed appended to `problems`, named
+    `where` (with the keys below it where `deep`)."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        problems.append(f"{where or 'a value'} is {value} (shown as –)")
+        return None
+    if isinstance(value, str):
+        if value.isascii() or not _SURROGATE.search(value):
+            return value
+        problems.append(f"{where or 'a text'} holds a lone surrogate (shown as \ufffd)")
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        for k in list(value):
+            v = _clean(value[k], f"{where}.{k}" if deep and where else where or str(k), problems, deep)
+            k2 = _clean(k, where, problems, deep) if isinstance(k, str) else k
+            if k2 != k:
+                del value[k]
+            value[k2] = v
+        return value
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            value[i] = _clean(v, where, problems, deep)
+    return value
+
+
+# an episode's keys as its file names them
+_NAMES = {
+    "adv": "advantage",
+    "r": "reward",
+    "rc": "reward_components",
+    "q": "question",
+    "pred": "prediction",
+    "turns": "response",
+    "gold": "golden_answers",
+    "pi": "pi_gt",
+}
+
+
+def mark_bad_values(data: dict[str, Any]) -> list[str]:
+    """Make `page_data`'s `data` fit a page (JSON has no NaN, a UTF-8 file no lone surrogate) and
+    say where it did not: an episode holding such a value keeps it as unknown (None, or U+FFFD)
+    and lists what in its `bad`, so the page shows that episode marked rather than refusing every
+    other; what was changed outside episodes is returned, one line each. Checked on the whole
+    data first (one `json.dumps`), so a clean folder costs no walk."""
+    try:
+        json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return []
+    except (ValueError, UnicodeEncodeError):
+        pass
+    for side in data["episodes"]:
+        for e in side:
+            problems: list[str] = []
+            for k in list(e):
+                e[k] = _clean(e[k], _NAMES.get(k, k), problems, deep=False)
+            if problems:
+                e["bad"] = sorted(set(problems))
+    warnings: list[str] = []
+    for k in [k for k in data if k != "episodes"]:
+        data[k] = _clean(data[k], k, warnings)
+    return sorted(set(warnings))
 
 
 def _asset(name: str) -> str:
@@ -62,17 +143,21 @@ def embed_json(data: Any) -> str:
     return text.replace("</", "<\\/").replace("<!--", "<\\u0021--")
 
 
+_MARKS = re.compile(r"/\*PVPO_STYLE\*/|/\*PVPO_SCRIPT\*/|PVPO_TITLE|" + re.escape(DATA_MARK))
+
+
 def render_page(data: dict[str, Any]) -> str:
-    """The whole HTML page for `page_data`'s `data`."""
-    html = _asset("view.html")
+    """The whole HTML page for `page_data`'s `data`. The template's marks are replaced in one pass
+    over the template alone, so no label, style or script text is ever read as a mark."""
     title = {"compare": "comparison", "run": "training run", "eval": "evaluation"}[data["kind"]]
     labels = " vs ".join(s["label"] for s in data["sources"])
-    return (
-        html.replace("/*PVPO_STYLE*/", _asset("view.css"))
-        .replace("/*PVPO_SCRIPT*/", _asset("view.js"))
-        .replace("PVPO_TITLE", _escape(f"pvpo view: {title} of {labels}"))
-        .replace(DATA_MARK, embed_json(data))
-    )
+    parts = {
+        "/*PVPO_STYLE*/": _asset("view.css"),
+        "/*PVPO_SCRIPT*/": _asset("view.js"),
+        "PVPO_TITLE": _escape(f"pvpo view: {title} of {labels}"),
+        DATA_MARK: embed_json(data),
+    }
+    return _MARKS.sub(lambda m: parts[m.group(0)], _asset("view.html"))
 
 
 def _escape(text: str) -> str:
@@ -90,7 +175,14 @@ def save_page(page: str, out: str | Path) -> Path:
     if out.is_dir():
         raise ViewError(f"--out {out} is a folder: give the page's file name, e.g. {out / 'view.html'}")
     atomic_write_text(out, page)
+    out.chmod(0o666 & ~_umask())  # as `open` would make it: the temporary file behind it is 0600
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_page(paths: Sequence[str | Path], out: str | Path) -> Path:

@@ -1,13 +1,27 @@
 """`pvpo view --serve`: the page served on loopback, for a browser on this machine (or through an
 SSH tunnel) when opening a file is not at hand. One page, no other path, loopback only: the page
-holds every question and answer of the folders, so it is never offered to the network."""
+holds every question and answer of the folders, so it is never offered to the network, and a
+request naming another host (a page of some site whose name was made to resolve to 127.0.0.1,
+"DNS rebinding") is refused: only `127.0.0.1`, `localhost` and `[::1]`, with any port (an SSH
+tunnel's), are answered."""
 
 from __future__ import annotations
 
+import errno
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from pvpo.viewer.sources import ViewError
+
 LOOPBACK = "127.0.0.1"
+# the Host header of a request from a browser on this machine (or through a tunnel to it)
+_LOCAL_HOST = re.compile(r"(?:127\.0\.0\.1|localhost|\[::1\])(?::\d{1,5})?", re.IGNORECASE)
+
+
+def local_host(host: str | None) -> bool:
+    """Whether a request's Host header names this machine's loopback (`_LOCAL_HOST`)."""
+    return host is not None and _LOCAL_HOST.fullmatch(host.strip()) is not None
 
 
 class PageServer:
@@ -19,6 +33,9 @@ class PageServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if not local_host(self.headers.get("Host")):
+                    self.send_error(403, "pvpo view answers requests for 127.0.0.1 or localhost only")
+                    return
                 if self.path.split("?", 1)[0] not in ("/", "/index.html"):
                     self.send_error(404, "pvpo view serves one page, at /")
                     return
@@ -32,7 +49,14 @@ class PageServer:
             def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's name)
                 pass  # one line per request would bury the URL line the command prints
 
-        self.httpd = ThreadingHTTPServer((LOOPBACK, port), Handler)
+        try:
+            self.httpd = ThreadingHTTPServer((LOOPBACK, port), Handler)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            raise ViewError(
+                f"--port {port}: another program listens on {LOOPBACK}:{port}; give another port, or --port 0 for a free one"
+            ) from None
         self._thread: threading.Thread | None = None
 
     @property
