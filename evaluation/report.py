@@ -91,19 +91,33 @@ def find_runs(dirs: Sequence[str | Path], metric: str = "em") -> list[RunResult]
         if not files:
             raise FileNotFoundError(f"{d}: no {METRICS} in it or in its sub-folders")
         for f in files:
-            m = json.loads(f.read_text())
+            m = _read_metrics(f)
             value = m.get(key)
             if value is None:
                 continue
+            if not isinstance(value, int | float) or isinstance(value, bool) or not isinstance(m.get("n", 0), int):
+                raise ValueError(f"{f}: {key} is {value!r} and n {m.get('n')!r}, not numbers; fix: {_REDO}")
             out.append(
-                RunResult(
-                    str(m.get("label") or d.name),
-                    str(m.get("dataset") or f.parent.name),
-                    float(value),
-                    int(m.get("n", 0)),
-                )
+                RunResult(str(m.get("label") or d.name), str(m.get("dataset") or f.parent.name), value, m.get("n", 0))
             )
     return out
+
+
+_REDO = "run that evaluation again (pvpo eval ... --out its folder), or leave its folder out of the report"
+
+
+def _read_metrics(path: Path) -> dict[str, Any]:
+    """A `metrics.json`'s object; a damaged one (cut, not JSON, not an object) is a ValueError of one
+    line naming the file."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: damaged, not JSON ({e}); fix: {_REDO}") from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path}: a JSON {type(data).__name__}, not the object of metrics pvpo eval writes; fix: {_REDO}"
+        )
+    return data
 
 
 def _columns(results: Sequence[RunResult]) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -96,6 +97,9 @@ def parse_result(payload: Any, n_queries: int) -> list[list[Passage]]:
     return out
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # never valid in UTF-8, paired or not
+
+
 def base_url(url: str) -> str:
     """The server's base URL: `url` without a trailing `/` or `/retrieve` (the endpoint, as Search-R1's
     and verl's configs name it), so `/retrieve`, `/info` and `/health` are all found under it."""
@@ -103,14 +107,10 @@ def base_url(url: str) -> str:
     return url.removesuffix("/retrieve").rstrip("/")
 
 
-def clean_query(query: str) -> str:
-    """`query` as UTF-8 can carry it: each lone surrogate (a model can write `\\ud800`) replaced by
-    U+FFFD, the replacement character; any other text unchanged."""
-    try:
-        query.encode("utf-8")
-    except UnicodeEncodeError:
-        return query.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return query
+def clean_text(text: str) -> str:
+    """`text` as UTF-8 can carry it: each lone surrogate (a model served over JSON can write
+    `\\ud800`) replaced by U+FFFD, the replacement character; any other text unchanged."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 class _Base:
@@ -167,7 +167,7 @@ class _Base:
 
     def _payload(self, queries: Sequence[str], topk: int | None) -> dict[str, Any]:
         return {
-            "queries": [clean_query(q) for q in queries],
+            "queries": [clean_text(q) for q in queries],
             "topk": self.topk if topk is None else topk,
             "return_scores": True,
         }

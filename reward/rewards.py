@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,15 +37,30 @@ class RewardFn(Protocol):
 
 
 REWARDS: Registry[Callable[..., RewardResult]] = Registry("reward")
+# The valid range `(low, high)` of each numeric parameter, by reward name (`register_reward(ranges=)`):
+# a reward clamps its total to [0, 1], so a floor of 5 (or NaN) would score every well-formed answer
+# alike and train nothing, without a word.
+PARAM_RANGES: dict[str, dict[str, tuple[float, float]]] = {}
+_UNIT = (0.0, 1.0)
 
 
-def register_reward(name: str) -> Callable[[Callable[..., RewardResult]], Callable[..., RewardResult]]:
-    """Decorator: make a reward function available to `get_reward(name)`."""
+def register_reward(
+    name: str, *, ranges: Mapping[str, tuple[float, float]] | None = None
+) -> Callable[[Callable[..., RewardResult]], Callable[..., RewardResult]]:
+    """Decorator: make a reward function available to `get_reward(name)`; `ranges` gives the valid
+    `(low, high)` of its numeric parameters (inclusive; `math.inf` for no bound), checked with the
+    parameters (`check_reward_params`)."""
 
     def deco(fn: Callable[..., RewardResult]) -> Callable[..., RewardResult]:
-        return REWARDS.register(name, _total(fn))
+        registered = REWARDS.register(name, _total(fn))
+        PARAM_RANGES[name] = dict(ranges or {})
+        return registered
 
     return deco
+
+
+def _range_text(low: float, high: float) -> str:
+    return f"[{low:g}, {high:g}]".replace("inf]", "inf)")
 
 
 def _total(fn: Callable[..., RewardResult]) -> Callable[..., RewardResult]:
@@ -87,8 +103,8 @@ def _fits(value: Any, annotation: Any) -> bool:
 
 def check_reward_params(name: str, params: Mapping[str, Any]) -> None:
     """ValueError when `params` do not fit reward `name`: a keyword its function does not take
-    (the message lists those it takes, and the nearest to the one given), or a value of the wrong
-    type. A total reward turns a bad keyword into a 0 for every answer, which trains nothing
+    (the message lists those it takes, and the nearest to the one given), a value of the wrong
+    type, or a number outside the parameter's range (`PARAM_RANGES`; NaN is in none). A total reward turns a bad keyword into a 0 for every answer, which trains nothing
     without a word, so this is checked where the parameters are given (config, env)."""
     takes = reward_parameters(name)
     fn = REWARDS.get(name)
@@ -103,6 +119,12 @@ def check_reward_params(name: str, params: Mapping[str, Any]) -> None:
             raise ValueError(f"reward {name!r} takes no parameter {key!r}{hint}; its parameters: {known}")
         if not _fits(value, takes[key].annotation):
             raise ValueError(f"reward {name!r}: parameter {key!r} must be a {takes[key].annotation}, got {value!r}")
+        if isinstance(value, _NUMBER) and not isinstance(value, bool):
+            low, high = PARAM_RANGES.get(name, {}).get(key, (-math.inf, math.inf))
+            if not (math.isfinite(value) or value in (low, high)) or not low <= value <= high:
+                raise ValueError(
+                    f"reward {name!r}: parameter {key!r} must be a number in {_range_text(low, high)}, got {value!r}"
+                )
 
 
 def get_reward(name: str, **params: Any) -> RewardFn:
@@ -133,7 +155,7 @@ def _accuracy_vs_length(prediction: str, golds: list[str], length_ratio: float) 
     return best
 
 
-@register_reward("pvpo")
+@register_reward("pvpo", ranges={"length_ratio": (0.0, math.inf), "floor": _UNIT})
 def pvpo_reward(
     response: str, golds: list[str], protocol: TagProtocol = SEARCH_R1, *, length_ratio: float = 3.0, floor: float = 0.1
 ) -> RewardResult:
@@ -158,7 +180,7 @@ def em_reward(response: str, golds: list[str], protocol: TagProtocol = SEARCH_R1
     return RewardResult(em, {"em": em, "format": float(ok)}, prediction, ok)
 
 
-@register_reward("search_r1_format")
+@register_reward("search_r1_format", ranges={"structure_score": _UNIT, "final_format_score": _UNIT})
 def search_r1_format_reward(
     response: str,
     golds: list[str],
@@ -182,7 +204,7 @@ def search_r1_format_reward(
     return RewardResult(total, {"em": float(correct), "format": float(ok)}, prediction, ok)
 
 
-@register_reward("research_f1")
+@register_reward("research_f1", ranges={"floor": _UNIT})
 def research_f1_reward(
     response: str, golds: list[str], protocol: TagProtocol = SEARCH_R1, *, floor: float = 0.1
 ) -> RewardResult:

@@ -23,6 +23,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pvpo.retriever.client import clean_text
 from pvpo.reward import TagProtocol
 from pvpo.trainer.rollout.agent_loop import Conversation, Turn
 from pvpo.trainer.rollout.engine import SamplingConfig
@@ -98,6 +99,7 @@ class EndpointTurns:
         data = await asyncio.get_running_loop().run_in_executor(self.pool, self.client.post, path, body)
         choice = data["choices"][0]
         raw = (choice.get("text") if self.api == "completions" else (choice.get("message") or {}).get("content")) or ""
+        raw = clean_text(raw)  # a lone surrogate (JSON's "\\ud800") as U+FFFD: the next turn's request must encode
         text, finish = restore_stop(raw, choice.get("finish_reason"), choice.get("stop_reason"), self.protocol)
         usage = data.get("usage") or {}
         ids = list(self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer else []
