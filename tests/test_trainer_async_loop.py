@@ -1,7 +1,8 @@
 """Rollouts beside the update (`rollout.max_staleness`, `trainer/async_loop.py`) on tiny synthetic
 runs: the pipelined steps at eta = 0 reproduce the synchronous loop figure for figure, a resumed
-run at eta = 0 equals an unbroken one, and at eta = 1 a run trains on episodes one version old and
-resumes, regenerating the episodes its checkpoint left in flight."""
+run at eta = 0 equals an unbroken one, at eta = 1 a run trains on episodes one version old and
+resumes, regenerating the episodes its checkpoint left in flight, and its updates weigh each token
+by the decoupled objective's pi_prox / pi_behav, checked against a hand recomputation."""
 
 from __future__ import annotations
 
@@ -100,3 +101,85 @@ def test_an_estimator_that_samples_after_seeing_a_steps_rollouts_is_refused_ahea
     cfg = load_config(None, TINY + ["algorithm.estimator=v05", "rollout.max_staleness=1"])
     with pytest.raises(ValueError, match="rollout.max_staleness=1: algorithm.estimator=v05"):
         train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+
+
+def _varied_reward() -> str:
+    """A reward that differs between a group's rollouts (a random tiny policy never answers, so
+    every built-in reward would be 0 and no update would train)."""
+    from pvpo.reward.rewards import REWARDS, RewardResult, register_reward
+
+    name = "test_length_mod_7"
+    if name not in REWARDS.names():
+
+        @register_reward(name)
+        def _length(response, golds, protocol):
+            return RewardResult(total=(len(response) % 7) / 6)
+
+    return name
+
+
+def test_at_eta_1_the_update_trains_with_the_decoupled_weights_pi_prox_over_pi_behav_of_each_token(
+    tmp_path, monkeypatch
+):
+    """A run at eta 1 whose updates train (non-zero gradient): every sampled token's weight in the
+    update is min(pi_prox / pi_behav, cap), both recomputed here by hand from the weights of the
+    versions involved (pi_behav: the version that sampled the token; pi_prox: the update's start)."""
+    import copy
+    import math
+
+    import torch
+
+    from pvpo.trainer import loop
+    from pvpo.trainer.model import update
+
+    cfg = load_config(
+        None,
+        TINY
+        + ["algorithm.estimator=grpo", f"algorithm.reward={_varied_reward()}", "rollout.max_staleness=1"]
+        + ["run.steps=3", "optim.lr=0.02", "optim.epochs=2", "rollout.temperature=1.0"],
+    )
+    seen: list[dict] = []
+    learn, denominator = loop.Trainer.learn, update.importance_denominator
+
+    def recording_learn(self, step, trajs, *args, **kwargs):
+        seen.append({"step": step, "trajs": copy.deepcopy(trajs), "weights": copy.deepcopy(self.model.state_dict())})
+        seen[-1]["model"] = self.model
+        return learn(self, step, trajs, *args, **kwargs)
+
+    def recording_denominator(lp, batch, correction):
+        old, w = denominator(lp, batch, correction)
+        if "used" not in seen[-1]:  # the whole batch's, before the first optimizer step (epochs=2)
+            seen[-1]["used"] = w.detach().clone()
+        return old, w
+
+    monkeypatch.setattr(loop.Trainer, "learn", recording_learn)
+    monkeypatch.setattr(update, "importance_denominator", recording_denominator)
+    rows = loop.train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False).metrics
+    assert all(r["grad_norm"] > 0 for r in rows), [r["grad_norm"] for r in rows]
+    cap = cfg.rollout.importance_correction.cap
+
+    def logprobs(weights, traj) -> list[float]:
+        model = copy.deepcopy(seen[0]["model"])
+        model.load_state_dict(weights)
+        ids = torch.tensor([traj.prompt_ids + traj.response_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(traj.prompt_ids) - 1 : -1].float()
+        lp = torch.log_softmax(logits / cfg.rollout.temperature, dim=-1)
+        return lp.gather(-1, torch.tensor(traj.response_ids)[:, None]).squeeze(-1).tolist()
+
+    version_weights = {s["step"] - 1: s["weights"] for s in seen}
+    stale_moved = 0
+    for s in seen[1:]:
+        assert len(s["used"]) == len(s["trajs"])
+        for i, traj in enumerate(s["trajs"]):
+            prox = logprobs(s["weights"], traj)
+            behav = {v: logprobs(version_weights[v], traj) for v in set(traj.versions) if v >= 0}
+            for p, (m, v) in enumerate(zip(traj.loss_mask, traj.versions, strict=True)):
+                if not m:
+                    assert float(s["used"][i, p]) == 0.0
+                    continue
+                assert abs(traj.old_logprobs[p] - behav[v][p]) < 1e-4  # the sampler's pi_behav is version v's
+                hand = min(math.exp(prox[p] - behav[v][p]), cap)
+                assert abs(float(s["used"][i, p]) - hand) < 1e-3 * max(1.0, hand), (s["step"], i, p, v)
+                stale_moved += v < s["step"] - 1 and abs(hand - 1) > 1e-2
+    assert stale_moved, "no stale token's weight differed from 1: the correction was never exercised"
