@@ -183,3 +183,15 @@ def test_at_eta_1_the_update_trains_with_the_decoupled_weights_pi_prox_over_pi_b
                 assert abs(float(s["used"][i, p]) - hand) < 1e-3 * max(1.0, hand), (s["step"], i, p, v)
                 stale_moved += v < s["step"] - 1 and abs(hand - 1) > 1e-2
     assert stale_moved, "no stale token's weight differed from 1: the correction was never exercised"
+
+
+def test_rollout_decoupled_false_trains_naive_ppo_ahead_of_the_update_for_the_ablation():
+    from pvpo.trainer.model.update import importance_for
+
+    def enabled(*overrides: str) -> bool:
+        return importance_for(load_config(None, list(overrides)).rollout).enabled
+
+    assert enabled("rollout.max_staleness=2")  # the decoupled objective: the behaviour weight forced on
+    assert not enabled("rollout.max_staleness=2", "rollout.decoupled=false")  # ratio against pi_behav, no weight
+    assert enabled("rollout.max_staleness=2", "rollout.decoupled=false", "rollout.importance_correction.enabled=true")
+    assert not enabled("rollout.max_staleness=0")  # the synchronous loop: as the section says

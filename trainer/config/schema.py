@@ -258,6 +258,12 @@ class RolloutConfig(Section):
         description="eta: rollouts may run ahead of the update by this many policy versions (AReaL's admission rule, "
         "the decoupled objective, weights synced between turns: trainer/async_loop.py); 0 = the synchronous loop",
     )
+    decoupled: bool = Field(
+        True,
+        description="with max_staleness > 0: AReaL's decoupled PPO (clip against pi_prox, the update's start, times "
+        "the clamped behaviour weight pi_prox / pi_behav: importance_correction forced on); false = naive PPO for the "
+        "ablation (the ratio pi_theta / pi_behav against the stale sampler's log-probs, importance_correction as set)",
+    )
     wait_timeout_s: float = Field(
         3600.0,
         gt=0,

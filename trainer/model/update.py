@@ -50,9 +50,10 @@ class WeightsReceiver(Protocol):
 def importance_for(rollout: RolloutConfig) -> ImportanceCorrectionConfig:
     """The importance correction an update applies: `rollout.importance_correction`, always on
     when rollouts run ahead of the update (`max_staleness > 0`: AReaL's decoupled objective, its
-    behaviour weight pi_prox / pi_behav clamped as the section says)."""
+    behaviour weight pi_prox / pi_behav clamped as the section says) unless `rollout.decoupled` is
+    false (naive PPO against the stale sampler's log-probs: the ablation of Fu et al. 2025)."""
     ic = rollout.importance_correction
-    return ic.model_copy(update={"enabled": True}) if rollout.max_staleness > 0 else ic
+    return ic.model_copy(update={"enabled": True}) if rollout.max_staleness > 0 and rollout.decoupled else ic
 
 
 def loss_config(optim: OptimConfig, *, default_agg: str = "token-mean", norm_len: int | None = None) -> LossConfig:
