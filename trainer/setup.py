@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from pvpo.atomic import atomic_write_dir, atomic_write_json
+from pvpo.envs.data import QAExample
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState
 from pvpo.trainer.algorithms.spec import EstimatorSpec, available_estimators, get_spec
@@ -34,6 +35,7 @@ from pvpo.trainer.model.policy import Policy
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.policy_engine import engine_factory, owns_weights, with_lora
 from pvpo.trainer.rollout.engine import RolloutEngine
+from pvpo.trainer.rollout.trajectory import Trajectory
 from pvpo.trainer.state.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -186,42 +188,55 @@ def base_evaluation(
     )
 
 
-def warm_start(
-    cfg: TrainConfig, data: Data, model: Model, searcher: Searcher, files: RunDir, *, show_progress: bool = True
-) -> None:
-    """SFT on the GT trajectories of `data.warm_start` (the RL prompts themselves when the config
-    names no separate set): the synthetic world's oracle, or for a QA file the dataset's own
+def warm_start_trajectories(
+    cfg: TrainConfig, data: Data, tokenizer: Any, searcher: Searcher
+) -> tuple[list[Trajectory], list[QAExample], dict[str, int]]:
+    """The warm start's SFT trajectories for `data.warm_start` (the RL prompts themselves when the
+    config names no separate set): the synthetic world's oracle, or for a QA file the dataset's own
     annotation (`dataset` GT source; questions whose plan cannot be written or whose searches miss
-    their paragraphs are left out and counted). Losses and questions go to `<run>/warm_start.json`."""
-    from pvpo.trainer.model.warmstart import warm_start as sft
+    their paragraphs are left out and counted in the returned report); with the questions that got
+    one, in `data.warm_start`'s order."""
     from pvpo.trainer.rollout.replay import oracle_trajectories
 
-    m, t0, epcfg = cfg.model, time.perf_counter(), agent_settings(cfg).episode()
-    questions = data.warm_start
+    m, epcfg = cfg.model, agent_settings(cfg).episode()
+    questions = list(data.warm_start)
     report: dict[str, int] = {}
     if data.world is not None:
         trajs = oracle_trajectories(
             questions,
             lambda ex: data.world.oracle_trajectory(ex, epcfg.tag_protocol),
-            model.tokenizer,
+            tokenizer,
             searcher,
             epcfg,
             chat_template=m.chat_template,
         )
-    else:
-        from pvpo.trainer.reference.dataset_source import dataset_trajectories
+        return trajs, questions, report
+    from pvpo.trainer.reference.dataset_source import dataset_trajectories
 
-        written, counts = dataset_trajectories(
-            questions, model.tokenizer, searcher, epcfg, chat_template=m.chat_template, eos=True
+    written, counts = dataset_trajectories(
+        questions, tokenizer, searcher, epcfg, chat_template=m.chat_template, eos=True
+    )
+    trajs = [t for t in written if t is not None and t.reward >= cfg.algorithm.gt.min_reward - 1e-9]
+    report = {**counts, "below_min_reward": sum(t is not None for t in written) - len(trajs)}
+    if not trajs:
+        raise ValueError(
+            f"model.warm_start_steps: none of the {len(questions)} warm-start questions of {cfg.data.source} "
+            f"has a dataset GT trajectory ({report}); use MuSiQue / HotpotQA-style annotated questions"
         )
-        trajs = [t for t in written if t is not None and t.reward >= cfg.algorithm.gt.min_reward - 1e-9]
-        report = {**counts, "below_min_reward": sum(t is not None for t in written) - len(trajs)}
-        if not trajs:
-            raise ValueError(
-                f"model.warm_start_steps: none of the {len(questions)} warm-start questions of {cfg.data.source} "
-                f"has a dataset GT trajectory ({report}); use MuSiQue / HotpotQA-style annotated questions"
-            )
-        questions = [ex for ex in questions if any(t.uid == ex.uid for t in trajs)]
+    return trajs, [ex for ex in questions if any(t.uid == ex.uid for t in trajs)], report
+
+
+def warm_start(
+    cfg: TrainConfig, data: Data, model: Model, searcher: Searcher, files: RunDir, *, show_progress: bool = True
+) -> None:
+    """SFT on the warm start's trajectories (`warm_start_trajectories`). Losses, questions and the
+    seconds of the SFT steps alone (`sft_seconds`, without writing the trajectories: what a
+    compute-matched SFT arm's step count is derived from) go to `<run>/warm_start.json`."""
+    from pvpo.trainer.model.warmstart import warm_start as sft
+
+    m, t0 = cfg.model, time.perf_counter()
+    trajs, questions, report = warm_start_trajectories(cfg, data, model.tokenizer, searcher)
+    t_sft = time.perf_counter()
     with model.where.autocast():  # model.dtype, as for the update (bf16 on CPU: see the recipe's config)
         model.warm_start_losses = sft(
             model.model,
@@ -241,6 +256,7 @@ def warm_start(
             "losses": model.warm_start_losses,
             "questions": [ex.uid for ex in questions],
             "dataset_gt": report,
+            "sft_seconds": time.perf_counter() - t_sft,
             "eval_base": model.eval_base,
             "eval_base_em": model.eval_base_em,
             "eval_base_scores": model.eval_base_scores,

@@ -45,6 +45,40 @@ def sft_backward(model: torch.nn.Module, trajs: Sequence[Trajectory], pad_id: in
     return loss
 
 
+def _draw(order: list[int], n: int, batch_size: int, steps: int, rng: random.Random) -> list[list[int]]:
+    """`steps` batches of `batch_size` indices taken off the front of `order`, a fresh permutation
+    of range(n) (drawn from `rng`) appended whenever fewer than `batch_size` are left."""
+    batches = []
+    for _ in range(steps):
+        if len(order) < batch_size:
+            fresh = list(range(n))
+            rng.shuffle(fresh)
+            order += fresh
+        batches.append(order[:batch_size])
+        order = order[batch_size:]
+    return batches
+
+
+def sft_batches(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
+    """The trajectory indices of each of a warm start's `steps` steps over `n` trajectories:
+    epochs of a `random.Random(seed)` permutation, `batch_size` at a time."""
+    return _draw([], n, batch_size, steps, random.Random(seed))
+
+
+def continued_batches(
+    n: int, batch_size: int, steps: int, *, seed: int, first_steps: int, first_seed: int
+) -> list[list[int]]:
+    """The batches of a warm start continued for `steps` more steps over the same `n` trajectories
+    after a first one of `first_steps` steps with data-order seed `first_seed` (`sft_batches`):
+    first the trajectories the first one never drew, then whole epochs, each shuffled with the
+    continuation's own data-order `seed`."""
+    seen = {i for batch in sft_batches(n, batch_size, first_steps, first_seed) for i in batch}
+    rng = random.Random(seed)
+    fresh = [i for i in range(n) if i not in seen]
+    rng.shuffle(fresh)
+    return _draw(fresh, n, batch_size, steps, rng)
+
+
 def warm_start(
     model: torch.nn.Module,
     trajs: Sequence[Trajectory],
@@ -56,24 +90,24 @@ def warm_start(
     seed: int,
     max_tokens: int | None = None,
     show_progress: bool = True,
+    batches: Sequence[Sequence[int]] | None = None,
 ) -> list[float]:
-    """`steps` AdamW steps of SFT on `trajs` (shuffled with `seed`), `max_tokens` padded tokens a
-    micro-batch (see `sft_backward`); returns the loss per step."""
-    rng = random.Random(seed)
+    """`steps` AdamW steps of SFT on `trajs` (shuffled with `seed`: `sft_batches`), `max_tokens`
+    padded tokens a micro-batch (see `sft_backward`); returns the loss per step. `batches`, when
+    given, are the steps' trajectory indices instead (`continued_batches`: a warm start continued
+    on the trajectories an earlier one left unseen); `seed` is then unused."""
+    if batches is None:
+        batches = sft_batches(len(trajs), batch_size, steps, seed)
+    elif len(batches) != steps:
+        raise ValueError(f"warm start: {len(batches)} batches given for {steps} steps")
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10)) * max(0.05, 1 - s / steps)
     )
     model.train()
-    order: list[int] = []
     losses = []
-    bar = Progress(range(steps), desc="warm start (SFT on GT)", unit="step", enabled=show_progress)
-    for _ in bar:
-        if len(order) < batch_size:
-            fresh = list(range(len(trajs)))
-            rng.shuffle(fresh)
-            order += fresh
-        idx, order = order[:batch_size], order[batch_size:]
+    bar = Progress(batches, desc="warm start (SFT on GT)", unit="step", enabled=show_progress)
+    for idx in bar:
         opt.zero_grad(set_to_none=True)
         loss = sft_backward(model, [trajs[i] for i in idx], pad_id, max_tokens)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
