@@ -95,12 +95,27 @@ def test_eta_1_trains_on_episodes_one_version_old_and_resumes_regenerating_those
     assert resumed.metrics[1]["stale/lag_0"] == 1.0
 
 
-def test_an_estimator_that_samples_after_seeing_a_steps_rollouts_is_refused_ahead_of_the_update(tmp_path):
-    from pvpo.trainer.loop import train
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("rollout.max_staleness=true", "rollout.max_staleness"),  # YAML's true / on: not 1
+        ("rollout.max_staleness=on", "rollout.max_staleness"),
+        ("rollout.max_staleness=100000", "rollout.max_staleness"),  # wrote 100,076 keys a metrics row
+        ("rollout.max_staleness=1000000000000", "rollout.max_staleness"),  # planned forever, no step
+        ("algorithm.estimator=v05", "rollout.max_staleness=1: algorithm.estimator=v05"),  # refused after setup before
+    ],
+)
+def test_a_staleness_that_cannot_run_is_refused_at_config_load_in_one_line_before_any_file(tmp_path, override, named):
+    from typer.testing import CliRunner
 
-    cfg = load_config(None, TINY + ["algorithm.estimator=v05", "rollout.max_staleness=1"])
-    with pytest.raises(ValueError, match="rollout.max_staleness=1: algorithm.estimator=v05"):
-        train(cfg, tmp_path / "run", searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    from pvpo.cli import app
+
+    overrides = [override] if "max_staleness" in override else [override, "rollout.max_staleness=1"]
+    res = CliRunner().invoke(app, ["train", "--run-dir", str(tmp_path / "run"), *overrides])
+    assert res.exit_code == 2, res.output
+    assert named in res.output and "Traceback" not in res.output
+    assert [line for line in res.output.splitlines() if named in line], res.output
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 def _varied_reward() -> str:

@@ -233,6 +233,12 @@ class ImportanceCorrectionConfig(Section):
     )
 
 
+# rollout.max_staleness's bound: the rule plans eta + 1 steps ahead (their prompts, seeds and GT rows
+# in memory) and each metrics row carries eta + 4 staleness keys; AReaL's ablation stops at eta = 8
+# (Fu et al. 2025), and 10^5 wrote a 4.8 MB metrics.jsonl for 2 steps.
+MAX_STALENESS = 32
+
+
 class RolloutConfig(Section):
     engine: str = Field("hf", description="rollout engine: hf | vllm | auto (vllm where installed, else hf)")
     vllm: VLLMConfig = VLLMConfig()
@@ -255,8 +261,10 @@ class RolloutConfig(Section):
     max_staleness: int = Field(
         0,
         ge=0,
+        le=MAX_STALENESS,
         description="eta: rollouts may run ahead of the update by this many policy versions (AReaL's admission rule, "
-        "the decoupled objective, weights synced between turns: trainer/async_loop.py); 0 = the synchronous loop",
+        "the decoupled objective, weights synced between turns: trainer/async_loop.py); 0 = the synchronous loop; "
+        f"a whole number, at most {MAX_STALENESS}",
     )
     decoupled: bool = Field(
         True,
@@ -270,6 +278,14 @@ class RolloutConfig(Section):
         description="with max_staleness > 0: the longest the trainer waits on the rollouts (a batch's episodes, the "
         "new weights loaded, a pause); past it the run ends naming the wait and the resume command",
     )
+
+    @field_validator("max_staleness", mode="before")
+    @classmethod
+    def _whole_versions(cls, v: Any) -> Any:
+        # YAML reads `on`, `yes`, `true` as True, which an int field would take as 1
+        if isinstance(v, bool):
+            raise ValueError(f"a whole number of policy versions (0 ... {MAX_STALENESS}) is wanted, not true or false")
+        return v
 
     @field_validator("engine")
     @classmethod
@@ -459,9 +475,25 @@ def _format_errors(err: ValidationError) -> str:
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """Validate a nested dict; raise ConfigError naming every bad key."""
     try:
-        return TrainConfig.model_validate(data)
+        cfg = TrainConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_errors(e)) from None
+    check_staleness_estimator(cfg)
+    return cfg
+
+
+def check_staleness_estimator(cfg: TrainConfig) -> None:
+    """Refuse (one line) rollouts ahead of the update with an estimator that samples more rollouts
+    after seeing a step's first ones (V0.5): the pipelined loop plans a step's episodes before its
+    update, so it cannot."""
+    from pvpo.trainer.algorithms.spec import get_spec
+
+    eta, name = cfg.rollout.max_staleness, cfg.algorithm.estimator
+    if eta > 0 and get_spec(name).extra_rollouts:
+        raise ConfigError(
+            f"rollout.max_staleness={eta}: algorithm.estimator={name} samples more rollouts after seeing a step's "
+            "first ones, which rollouts ahead of the update cannot: set rollout.max_staleness=0 or another estimator"
+        )
 
 
 def _read_yaml(path: Path) -> Any:
