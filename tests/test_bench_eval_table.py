@@ -50,3 +50,129 @@ def test_an_answer_is_in_reach_only_when_a_retrieved_passage_holds_it_as_a_whole
 def test_a_folder_without_predictions_is_refused_naming_it(tmp_path):
     with pytest.raises(SystemExit, match="holds no <dataset>/predictions.jsonl"):
         eval_table.main(["--rl", str(tmp_path)])
+
+
+def _questions(root: Path) -> list[Path]:
+    """A 2WikiMultihopQA file (two comparison questions, one compositional) and a MuSiQue one
+    (a 2-hop and a 3-hop question), each in its dataset's own format."""
+    wiki = root / "2wikimultihopqa" / "questions.jsonl"
+    wiki.parent.mkdir(parents=True)
+    rows = [("c1", "comparison", "no"), ("c2", "comparison", "yes"), ("k1", "compositional", "Paris")]
+    wiki.write_text(
+        "".join(
+            json.dumps({"_id": i, "type": t, "question": f"q {i}?", "answer": a, "context": [], "evidences": []}) + "\n"
+            for i, t, a in rows
+        )
+    )
+    musique = root / "musique_dev" / "questions.jsonl"
+    musique.parent.mkdir(parents=True)
+    hops = [("2hop__1_2", 2, "Rome"), ("3hop1__1_2_3", 3, "Oslo")]
+    musique.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": i,
+                    "question": f"q {i}?",
+                    "answer": a,
+                    "answer_aliases": [],
+                    "paragraphs": [],
+                    "question_decomposition": [{"question": f"hop {k}", "answer": "x"} for k in range(n)],
+                }
+            )
+            + "\n"
+            for i, n, a in hops
+        )
+    )
+    return [wiki, musique]
+
+
+GOLD = {
+    "2wikimultihopqa/c1": "no",
+    "2wikimultihopqa/c2": "yes",
+    "2wikimultihopqa/k1": "Paris",
+    "musique_dev/2hop__1_2": "Rome",
+    "musique_dev/3hop1__1_2_3": "Oslo",
+}
+
+
+def _predictions(folder: Path, em: dict[str, float], reach: set[str], fmt: float = 1.0) -> None:
+    """A `pvpo eval` folder: each question's EM, and its gold in the retrieved passages for `reach`."""
+    for uid, gold in GOLD.items():
+        ds = uid.split("/")[0]
+        (folder / ds).mkdir(parents=True, exist_ok=True)
+        seen = f"Doc 1(Title: T) It is {gold} indeed." if uid in reach else "Doc 1(Title: T) Nothing here."
+        out = {
+            "metric_score": {"em": em.get(uid, 0.0), "f1": 0.0, "acc": 0.0},
+            "format_ok": fmt,
+            "num_searches": 1,
+            "final_response": f"<search>q</search>\n\n<information>{seen}</information>",
+        }
+        with (folder / ds / "predictions.jsonl").open("a") as f:
+            f.write(json.dumps({"id": uid, "golden_answers": [gold], "output": out}) + "\n")
+
+
+def test_the_by_type_table_joins_predictions_with_each_datasets_types_and_counts_the_seeds_spread(tmp_path, capsys):
+    from pvpo.stats import seeds_contrast, seeds_difference
+
+    questions = _questions(tmp_path / "data")
+    c1, c2, k1 = "2wikimultihopqa/c1", "2wikimultihopqa/c2", "2wikimultihopqa/k1"
+    _predictions(tmp_path / "warm", {c1: 1}, reach={k1}, fmt=0.0)
+    _predictions(tmp_path / "rl0", {c1: 1, c2: 1}, reach={k1})
+    _predictions(tmp_path / "rl1", {c1: 1, k1: 1}, reach={k1, "musique_dev/2hop__1_2"})
+    _predictions(tmp_path / "sft0", {}, reach=set())
+    _predictions(tmp_path / "sft1", {c1: 1}, reach={k1})
+    argv = ["--by-type", "--questions", *map(str, questions), "--warm", str(tmp_path / "warm")]
+    argv += [
+        "--rl",
+        str(tmp_path / "rl0"),
+        str(tmp_path / "rl1"),
+        "--sft",
+        str(tmp_path / "sft0"),
+        str(tmp_path / "sft1"),
+    ]
+    assert eval_table.main(argv) == 0
+    text = capsys.readouterr().out
+    # levels: the mean over seeds; EM where in reach summed over the seeds' in-reach questions
+    assert "| 2wikimultihopqa | comparison | 2 | warm start | 0.500 | 0.000 | n/a (0/0) | 0.000 |" in text
+    assert "| 2wikimultihopqa | comparison | 2 | RL (2 seeds) | 0.750 | 0.000 | n/a (0/0) | 1.000 |" in text
+    assert "| 2wikimultihopqa | compositional | 1 | RL (2 seeds) | 0.500 | 1.000 | 0.500 (1/2) | 1.000 |" in text
+    assert "| 2wikimultihopqa | compositional | 1 | SFT (2 seeds) | 0.000 | 0.500 | 0.000 (0/1) | 1.000 |" in text
+    assert "| musique_dev | 2-hop | 1 | RL (2 seeds) | 0.000 | 0.500 |" in text  # MuSiQue by its hop count
+    assert "| musique_dev | 3-hop | 1 | warm start |" in text
+    assert (
+        "| 2wikimultihopqa | all | 3 | warm start | 0.333 |" in text
+        and "| all | all | 5 | SFT (2 seeds) | 0.100 |" in text
+    )
+    # differences with the seeds' spread: RL - warm start and RL - SFT on 2Wiki's comparison questions
+    rl = [[1.0, 1.0], [1.0, 0.0]]
+    d = seeds_difference([1.0, 0.0], rl)
+    c = seeds_contrast(rl, [[0.0, 0.0], [1.0, 0.0]])
+    row = next(x for x in text.splitlines() if x.startswith("| 2wikimultihopqa | comparison | 2 | +"))
+    assert row.split(" | ")[3].startswith(f"+{d['mean']:.3f} ({d['se']:.3f}")
+    assert row.split(" | ")[7].startswith(f"+{c['mean']:.3f} ({c['se']:.3f}")
+    assert "RL - warm start: EM | RL - warm start: answer in reach | SFT - warm start: EM" in text
+
+
+def test_the_by_type_table_names_a_question_no_question_file_holds(tmp_path, capsys):
+    questions = _questions(tmp_path / "data")
+    _predictions(tmp_path / "warm", {}, reach=set())
+    with (tmp_path / "warm" / "musique_dev" / "predictions.jsonl").open("a") as f:
+        f.write(
+            json.dumps(
+                {
+                    "id": "musique_dev/4hop1__9",
+                    "golden_answers": ["x"],
+                    "output": {"metric_score": {"em": 0, "f1": 0, "acc": 0}},
+                }
+            )
+            + "\n"
+        )
+    with pytest.raises(SystemExit) as e:
+        eval_table.main(["--by-type", "--questions", str(questions[0]), "--warm", str(tmp_path / "warm")])
+    assert (
+        e.value.code == 2
+        and "'musique_dev/2hop__1_2' (and 2 more) is in none of the --questions files" in capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit) as e:
+        eval_table.main(["--rl", str(tmp_path / "warm"), str(tmp_path / "warm")])
+    assert e.value.code == 2 and "read by --by-type" in capsys.readouterr().err
