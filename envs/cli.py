@@ -9,8 +9,61 @@ from pathlib import Path
 import typer
 
 data_app = typer.Typer(
-    name="data", help="QA datasets: corpora from their paragraphs, the synthetic world.", no_args_is_help=True
+    name="data",
+    help="QA datasets: named question sets fetched, corpora from their paragraphs, the synthetic world.",
+    no_args_is_help=True,
 )
+
+
+@data_app.command("get")
+def get(
+    name: str | None = typer.Argument(
+        None,
+        help="A question set: nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa (2wiki), musique, bamboogle.",
+        show_default=False,
+    ),
+    out: Path = typer.Option(Path("runs/data"), "--out", help="Folder to write NAME/SPLIT.jsonl into."),
+    folder: str | None = typer.Option(
+        None,
+        "--name",
+        help="Write OUT/THIS/SPLIT.jsonl instead of OUT/NAME/...: the folder names the questions "
+        "(their uid prefix and table column; e.g. hotpotqa_hard as the multi-hop recipe's config does).",
+    ),
+    split: str | None = typer.Option(
+        None, "--split", help="train, dev or test, as the set has them (default: its evaluation split: dev or test)."
+    ),
+    source: Path | None = typer.Option(
+        None,
+        "--from",
+        help="A local copy instead of the hub: a download of RUC-NLPIR/FlashRAG_datasets (DIR/NAME/SPLIT.jsonl) "
+        "or a flat folder of NAME.SPLIT.jsonl files.",
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="Keep N questions, a draw with --seed kept in file order."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --limit's draw (the same subset on every machine)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a file an earlier `pvpo data get` wrote."),
+    list_sets: bool = typer.Option(False, "--list", help="Print the names, their splits and the source, and exit."),
+) -> None:
+    """Fetch a question set the recipes use onto this machine, as OUT/NAME/SPLIT.jsonl (FlashRAG's
+    jsonl; `pvpo eval --dataset NAME --data-dir OUT` finds it by name).
+
+    The source is the Hugging Face dataset RUC-NLPIR/FlashRAG_datasets, through huggingface_hub
+    (the whole split is downloaded into its cache, then --limit applies). Where the hub cannot be
+    reached the command ends with one line saying so: copy the file to this machine and pass --from.
+    """
+    from pvpo.envs.fetch import HUB_REPO, SPLITS, get
+
+    if list_sets:
+        for bench, splits in SPLITS.items():
+            typer.echo(f"{bench}\t{', '.join(splits)}\t{HUB_REPO}/{bench}/<split>.jsonl")
+        return
+    if name is None:
+        raise typer.BadParameter("give a question set's name (pvpo data get --list shows them)", param_hint="NAME")
+    if source is None:
+        typer.echo(f"fetching {name} from the Hugging Face hub ({HUB_REPO}) ...")
+    got = get(name, out, split=split, folder=folder, source_dir=source, limit=limit, seed=seed, overwrite=overwrite)
+    typer.echo(
+        f"{got.questions} of {got.of} questions ({got.with_paragraphs} with paragraphs) from {got.source} -> {got.path}"
+    )
 
 
 @data_app.command("corpus")
