@@ -17,7 +17,16 @@ from pvpo.cli import app
 from pvpo.reward import RESEARCH, SEARCH_R1
 from pvpo.trainer.episode_log import read_episode_log
 from pvpo.viewer.compare import pair_episodes
-from pvpo.viewer.episodes import detect_protocol, holds_gold, split_passages, split_turns, usable_golds
+from pvpo.viewer.episodes import (
+    detect_protocol,
+    first_gold,
+    holds_gold,
+    page_episode,
+    repeated_queries,
+    split_passages,
+    split_turns,
+    usable_golds,
+)
 from pvpo.viewer.page import build_page, embed_json, page_data
 from pvpo.viewer.serve import PageServer
 from pvpo.viewer.sources import ViewError, read_source
@@ -264,3 +273,42 @@ def test_serve_answers_the_page_on_loopback_only(evals: tuple[Path, Path]) -> No
         assert httpx.get(server.url + "etc/passwd", timeout=10).status_code == 404
     finally:
         server.close()
+
+
+# ---- what an episode adds for a researcher ---------------------------------------------------------------
+def _obs(*passages: str) -> str:
+    return SEARCH_R1.wrap_observation("\n".join(f"Doc {i}(Title: T{i}) {p}" for i, p in enumerate(passages, 1)))
+
+
+def test_a_search_result_is_headed_by_the_query_the_env_recorded_else_the_turns_last_search() -> None:
+    response = f"<search> first </search>{_obs('a')}<search> a </search> <search> second </search>{_obs('b')}"
+    turns = split_turns(response, SEARCH_R1, queries=["first (cut)"])
+    assert [t.get("q") for t in turns if t["t"] == "o"] == ["first (cut)", "second"]
+
+
+def test_an_episode_records_where_the_first_gold_passage_came_and_its_repeated_queries() -> None:
+    response = f"<search> Berlin </search>{_obs('no', 'none')}<search>  berlin </search>{_obs('no', 'Berlin it is')}"
+    e = page_episode(
+        key="k",
+        item_id="1",
+        dataset="d",
+        question="Q?",
+        golds=["Berlin"],
+        response=response + "<answer> x </answer>",
+        prediction="x",
+        scores={},
+        format_ok=True,
+        stop_reason="answer",
+        num_searches=None,
+        num_turns=None,
+    )
+    assert e["gr"] == [2, 2] and e["rq"] == 1 and e["ns"] == 2
+    assert first_gold([{"t": "o", "p": [{"gold": False}]}]) is None
+    assert repeated_queries([{"t": "o", "p": [], "q": "A b"}, {"t": "o", "p": [], "q": "a  B"}]) == 1
+
+
+def test_an_evaluations_episodes_carry_the_format_gated_reward_training_would_give(evals: tuple[Path, Path]) -> None:
+    by = {e["k"]: e for e in read_source(evals[0]).episodes}
+    assert by["toy/q2"]["r"] == 1.0  # right, in format
+    assert by["toy/q1"]["r"] == pytest.approx(0.1)  # wrong in format: pvpo's floor
+    assert by["toy/q4"]["fmt"] is False and by["toy/q4"]["r"] == 0.0  # format broken: gated to 0

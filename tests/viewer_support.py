@@ -126,6 +126,171 @@ def dump_dom(page: Path, fragment: str = "", *, timeout: float = 120) -> str:
     return done.stdout
 
 
+class Browser:
+    """Headless Chromium driven as a user drives it: the DevTools protocol over a pipe
+    (`--remote-debugging-pipe`: our commands on its fd 3, its replies on fd 4, each a JSON message
+    ended by NUL), so a test clicks, types and presses keys on the page with no package beyond the
+    standard library and no port opened. One tab, `width` x `height` CSS pixels."""
+
+    KEYS = {"Enter": 13, "Escape": 27, "ArrowDown": 40, "ArrowUp": 38, "Tab": 9, " ": 32}
+
+    def __init__(self, width: int = 1280, height: int = 900) -> None:
+        exe = find_chromium()
+        assert exe is not None
+        self._profile = tempfile.TemporaryDirectory(prefix="pvpo-cdp-", ignore_cleanup_errors=True)
+        to_chrome, self._write = os.pipe()
+        self._read, from_chrome = os.pipe()
+
+        def fds() -> None:  # in the child: the pipe ends where --remote-debugging-pipe looks
+            os.dup2(to_chrome, 103)  # out of the way first: either end may itself be fd 3 or 4
+            os.dup2(from_chrome, 104)
+            os.dup2(103, 3)
+            os.dup2(104, 4)
+
+        args = headless_command(exe, self._profile.name, "--remote-debugging-pipe", f"--window-size={width},{height}")
+        self.proc = subprocess.Popen(
+            [*args, "about:blank"],
+            preexec_fn=fds,  # noqa: PLW1509 (no threads of ours run in the child before exec)
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "HOME": self._profile.name},
+        )
+        os.close(to_chrome)
+        os.close(from_chrome)
+        self._buf = b""
+        self._id = 0
+        self.session = ""
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        self.send("Page.enable")
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
+
+    def send(self, method: str, params: dict[str, Any] | None = None, timeout: float = 30) -> dict[str, Any]:
+        """One protocol command's result (events that arrive meanwhile are dropped)."""
+        import json
+        import select
+        import time
+
+        self._id += 1
+        msg: dict[str, Any] = {"id": self._id, "method": method, "params": params or {}}
+        if self.session:
+            msg["sessionId"] = self.session
+        os.write(self._write, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" in self._buf:
+                raw, self._buf = self._buf.split(b"\0", 1)
+                reply = json.loads(raw)
+                if reply.get("id") == self._id:
+                    if "error" in reply:
+                        raise RuntimeError(f"{method}: {reply['error']}")
+                    return dict(reply.get("result", {}))
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([self._read], [], [], left)[0], f"{method}: no reply in {timeout} s"
+            chunk = os.read(self._read, 1 << 20)
+            assert chunk, "Chromium closed the pipe"
+            self._buf += chunk
+
+    def eval(self, expression: str) -> Any:
+        """The value of a JavaScript expression on the page (a thrown error fails the test)."""
+        got = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
+        assert "exceptionDetails" not in got, got["exceptionDetails"]
+        return got["result"].get("value")
+
+    def wait(self, expression: str, timeout: float = 10) -> Any:
+        """The first truthy value of `expression`, polled every 20 ms."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.eval(expression)
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"still false after {timeout} s: {expression}"
+            time.sleep(0.02)
+
+    def open(self, page: Path, fragment: str = "") -> None:
+        """Navigate to `page` (file://, `#fragment`) and wait for its first render."""
+        import json
+
+        url = page.resolve().as_uri() + (f"#{fragment}" if fragment else "")
+        self.send("Page.navigate", {"url": url})
+        self.wait(
+            f"location.href === {json.dumps(url)} && !!document.documentElement"
+            " && document.documentElement.hasAttribute('data-ready-ms')"
+        )
+
+    def key(self, key: str) -> None:
+        """Press and release `key` (a DOM key name: Enter, Escape, ArrowDown, ...) where the focus is."""
+        code = self.KEYS[key]
+        base = {
+            "key": key,
+            "code": "Space" if key == " " else key,
+            "windowsVirtualKeyCode": code,
+            "nativeVirtualKeyCode": code,
+        }
+        self.send("Input.dispatchKeyEvent", {"type": "rawKeyDown", **base})
+        if key in ("Enter", " "):
+            self.send("Input.dispatchKeyEvent", {"type": "char", "text": "\r" if key == "Enter" else " ", **base})
+        self.send("Input.dispatchKeyEvent", {"type": "keyUp", **base})
+
+    def type(self, text: str) -> None:
+        """Type `text` where the focus is, as an input method would."""
+        self.send("Input.insertText", {"text": text})
+
+    def click(self, selector: str) -> None:
+        """A left click at the middle of the first element matching `selector` (scrolled into view)."""
+        import json
+
+        box = self.eval(
+            f"(function () {{ var e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
+            " e.scrollIntoView({block: 'center'}); var r = e.getBoundingClientRect();"
+            " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+        )
+        assert box is not None, f"nothing matches {selector}"
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            self.send(
+                "Input.dispatchMouseEvent",
+                {
+                    "type": kind,
+                    "x": box[0],
+                    "y": box[1],
+                    "button": "left",
+                    "clickCount": 0 if kind == "mouseMoved" else 1,
+                },
+            )
+
+    def back(self) -> None:
+        """The browser's Back: the history entry before the current one."""
+        history = self.send("Page.getNavigationHistory")
+        entry = history["entries"][history["currentIndex"] - 1]
+        self.send("Page.navigateToHistoryEntry", {"entryId": entry["id"]})
+
+    def screenshot(self) -> bytes:
+        """The viewport as PNG bytes."""
+        import base64
+
+        return base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
+
+    def close(self) -> None:
+        try:
+            self.send("Browser.close", timeout=5)
+        except (AssertionError, RuntimeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._write)
+        os.close(self._read)
+        self._profile.cleanup()
+
+
 @dataclass
 class Node:
     tag: str

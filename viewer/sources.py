@@ -16,10 +16,10 @@ from typing import Any
 from pvpo.atomic import read_jsonl
 from pvpo.envs.loaders import read_located
 from pvpo.evaluation.run import PREDICTIONS, RUN, EvalError, resolve_template
-from pvpo.reward import TagProtocol
+from pvpo.reward import TagProtocol, get_reward
 from pvpo.trainer.episode_log import read_episode_log
 from pvpo.trainer.state.run_dir import RunDir
-from pvpo.viewer.episodes import page_episode
+from pvpo.viewer.episodes import detect_protocol, page_episode
 
 
 class ViewError(ValueError):
@@ -140,13 +140,16 @@ def item_episode(item: Mapping[str, Any], dataset: str, protocol: TagProtocol | 
         if scores.get(name) is not None and not isinstance(scores[name], int | float):
             raise ValueError(f"`output.metric_score.{name}` is {scores[name]!r}, not a number")
     ident = str(item.get("id", "") if item.get("id") is not None else "")
-    return page_episode(
+    response = str(out.get("final_response", ""))
+    protocol = protocol or detect_protocol(response)
+    golds = _strings(item.get("golden_answers"), "golden_answers")
+    ep = page_episode(
         key=f"{dataset}/{ident}",
         item_id=ident,
         dataset=dataset,
         question=str(item.get("question", "")),
-        golds=_strings(item.get("golden_answers"), "golden_answers"),
-        response=str(out.get("final_response", "")),
+        golds=golds,
+        response=response,
         prediction=None if out.get("pred") is None else str(out["pred"]),
         scores=scores,
         format_ok=None if out.get("format_ok") is None else bool(out["format_ok"]),
@@ -158,6 +161,16 @@ def item_episode(item: Mapping[str, Any], dataset: str, protocol: TagProtocol | 
         tokens=_number(out.get("completion_tokens"), "output.completion_tokens"),
         queries=_strings(out.get("queries"), "output.queries"),
     )
+    ep["r"] = gated_reward(response, golds, protocol)
+    return ep
+
+
+def gated_reward(response: str, golds: list[str], protocol: TagProtocol) -> float:
+    """The reward training gives this response by default (`pvpo`: 0 unless the tag format holds,
+    `pvpo.reward.rewards.pvpo_reward`), judged as the env judges it: without its correction messages."""
+    correction = protocol.correction_message()
+    judged = response.replace(correction, "") if correction else response
+    return float(get_reward("pvpo")(judged, golds, protocol).total)
 
 
 def _unique_keys(episodes: list[dict[str, Any]]) -> None:
