@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,12 @@ def _export_onnx(st_model: Any, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         path = Path(tmp) / target.name
-        with torch.no_grad():
+        # The tracer warns (TracerWarning) at every Python branch on a tensor's shape in
+        # transformers' masks and sentence-transformers' pooling: 6 lines on each first build. The
+        # traced example has two rows of different lengths, and tests/test_retriever_encoder.py
+        # checks the exported model's vectors against torch's, so they say nothing to a user.
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
             torch.onnx.export(
                 Pipeline(cpu_model),
                 args,
