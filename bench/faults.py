@@ -8,9 +8,12 @@ warning) and for the user's files it must not lose. One module per round, this r
   files, stop signals;
 - round 3 (`faults_round3.py`): a user's files in the folders pvpo writes, Ctrl-C storms,
   colliding dataset names, secrets, reward-parameter typos, a YAML bomb, over-long queries,
-  damaged state, odd paths.
+  damaged state, odd paths;
+- round 4, secrets and bad input (`faults_secrets_input.py`): URL passwords holding `@` or `/`, a
+  `--debug` traceback of a 401, a malformed URL, a reply of the wrong shape, a damaged metrics.json,
+  reward parameters out of range, a lone surrogate in a query, a full `/retrieve` URL.
 
-    python bench/faults.py [--workdir DIR] [--keep] [--rounds 1,2,3] [--docs docs/reliability.md]
+    python bench/faults.py [--workdir DIR] [--keep] [--rounds 1,2,3,4] [--docs docs/reliability.md]
 
 Everything runs offline on CPU in a scratch folder: one smoke run (configs/smoke.yaml) gives the
 checkpoints, policy and index the other faults use; a loopback retriever serves that index. It
@@ -35,6 +38,7 @@ from fault_probes import ENV, REPO, Row, free_port
 from faults_round1 import Round1
 from faults_round2 import Round2
 from faults_round3 import Round3
+from faults_secrets_input import SecretsInput
 from machine import machine_line
 
 MARKER = "<!-- bench/faults.py --docs writes everything below this line -->"
@@ -88,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a new temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
-    parser.add_argument("--rounds", default="1,2,3", help="the rounds to run, e.g. 3 or 1,2,3")
+    parser.add_argument("--rounds", default="1,2,3,4", help="the rounds to run, e.g. 3 or 1,2,3,4")
     parser.add_argument("--docs", type=Path, default=None, help="write the tables into this page below its marker")
     args = parser.parse_args()
     rounds = {int(r) for r in args.rounds.split(",")}
@@ -120,6 +124,8 @@ def main() -> None:
                     Round3(work, url).rows(server),
                 )
             )
+        if 4 in rounds:
+            tables.append(("Fourth round: secrets and bad input", SecretsInput(work, url).rows()))
     finally:
         server.terminate()
         server.wait()
