@@ -148,3 +148,15 @@ def test_debug_traceback_of_a_refused_endpoint_holds_no_password(tmp_path) -> No
     assert res.returncode == 1 and "Traceback" in res.stderr and "OpenAIError" in res.stderr, res.stderr[-2000:]
     assert "PW4xQ9" not in res.stdout + res.stderr
     assert "u:***@127.0.0.1" in res.stderr
+
+
+def test_an_endpoint_error_names_the_url_without_its_password() -> None:
+    """The OpenAIError itself is masked (it is logged and kept, not only printed)."""
+    from pvpo.trainer.rollout.openai_client import OpenAIClient, OpenAIError
+
+    with _server(401, {"error": "bad key"}) as base:
+        client = OpenAIClient(base.replace("http://", "http://u:Secret@4x@") + "/v1", "m", retries=0)
+        with pytest.raises(OpenAIError, match="HTTP 401") as info:
+            client.post("completions", {"prompt": "p"})
+        client.close()
+    assert "4x" not in str(info.value) and "u:***@127.0.0.1" in str(info.value)

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from pvpo.reward import TagProtocol
-from pvpo.secrets import check_url
+from pvpo.secrets import check_url, mask_url
 
 APIS = ("completions", "chat")
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -64,7 +64,7 @@ class OpenAIClient:
             err = f"HTTP {r.status_code}: {r.text[:300]}"
             if r.status_code not in RETRY_STATUS:
                 break
-        raise OpenAIError(f"{url} failed after {attempt + 1} attempt(s): {err}")
+        raise OpenAIError(mask_url(f"{url} failed after {attempt + 1} attempt(s): {err}"))  # logged, shown, kept
 
     def close(self) -> None:
         self.http.close()
