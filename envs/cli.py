@@ -49,6 +49,9 @@ def get(
     The source is the Hugging Face dataset RUC-NLPIR/FlashRAG_datasets, through huggingface_hub
     (the whole split is downloaded into its cache, then --limit applies). Where the hub cannot be
     reached the command ends with one line saying so: copy the file to this machine and pass --from.
+
+    Example: pvpo data get hotpotqa --split train --limit 100 --out runs/data (a seeded draw of 100
+    training questions, for the real-data recipe's data.source).
     """
     from pvpo.envs.fetch import HUB_REPO, SPLITS, get
 
