@@ -251,7 +251,7 @@ _SAME_RUN_KEYS = ("dataset", "split", "source", "limit", "sample_seed", "model",
 
 
 def _is_run_folder(path: Path) -> bool:
-    return (path / RUN).is_file()
+    return (path / RUN).is_file() and is_ours(path, EVAL_KIND)
 
 
 def _held(path: Path) -> bool:
@@ -259,9 +259,7 @@ def _held(path: Path) -> bool:
 
 
 # An evaluation's dataset folder under pvpo's one rule for the folders it writes (`pvpo.owned`).
-EVAL_KIND = FolderKind(
-    "evaluation", "an evaluation run", frozenset({PREDICTIONS, METRICS, RUN, "judge_cache.jsonl"}), (RUN,)
-)
+EVAL_KIND = FolderKind("evaluation", "an evaluation run", frozenset({PREDICTIONS, METRICS, RUN, "judge_cache.jsonl"}))
 
 
 def check_out_dir(out: str | Path, datasets: Sequence[str], *, overwrite: bool) -> None:
@@ -311,7 +309,7 @@ def _other_run(out_dir: Path, run: Mapping[str, Any]) -> str | None:
     if not _held(out_dir):
         return None
     path = out_dir / RUN
-    if not path.exists():
+    if not path.exists() or not is_ours(out_dir, EVAL_KIND):  # a user's run.json marks nothing
         names = sorted(p.name for p in out_dir.iterdir())
         return f"files that are not an evaluation run ({', '.join(names[:3])})"
     before = read_json(path, fix=f"delete {out_dir} (or use another --out) and evaluate again")

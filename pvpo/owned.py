@@ -1,24 +1,30 @@
-"""One rule for every folder pvpo writes (a training run, an evaluation's dataset folder, an
-index): what pvpo may delete is what it wrote, in a folder it recorded as its own; a user's file
-is never deleted, with or without `--overwrite`.
+"""One rule for every folder and file pvpo writes (a training run, its checkpoints, an
+evaluation's dataset folder, an index, a page or a table): what pvpo may replace or delete is
+what a manifest it wrote names; a user's file is never modified, moved or deleted, with or without
+`--overwrite`, and an existing output file is replaced only with `--overwrite`.
 
-- A command that starts writing a folder records its kind in `.pvpo-folder.json` inside it
-  (`claim`). A folder written before that record existed is recognised by its kind's markers
-  (`FolderKind.markers`: a run's `checkpoints/latest`, an evaluation's `run.json`, an index's
-  `meta.json`).
-- In a folder of that kind, the entries the kind writes (`FolderKind.entries`, and the temporary
-  files of their atomic writes) are pvpo's; every other entry is the user's. In any other folder
-  every entry is the user's.
+- A command that starts writing a folder writes its manifest, `.pvpo-folder.json`, inside it
+  (`claim`): the folder's kind, the command, and the names of the entries pvpo writes there - the
+  kind's fixed names (`FolderKind.entries`), reserved when the folder is claimed (one already taken
+  by a user's file is refused: `refuse_clashes`), and each entry of a pattern (a checkpoint's
+  `step_000042`) as it is written (`note`). A folder without a manifest is the user's, whatever
+  it holds: a `meta.json`, a `run.json` or a `checkpoints/latest` of a user's marks nothing.
+- In a folder with a manifest, the entries it names (and the temporary files of their atomic
+  writes) are pvpo's; every other entry is the user's. A manifest written before it named entries
+  (`{"kind": ...}` alone) names the kind's entries.
 - `--overwrite` replaces pvpo's entries only (`replacing`): they are moved into `.pvpo-replaced/`
   inside the folder - renames on one file system, so a mount point or a read-only parent does not
-  matter - and the user's stay where they are. The replaced entries are dropped only when the new
-  content is worth keeping (`commit`: a run's first checkpoint, an evaluation's first answer, a
-  complete index), and put back if the command fails or is stopped before.
-- A user's entry bearing a name the new content writes is refused, with or without --overwrite.
+  matter - and the user's stay where they are. A user's file nested in one of pvpo's folders (a
+  NOTES.md in a checkpoint) is refused before anything moves (`foreign_nested`). The replaced
+  entries are dropped only when the new content is worth keeping (`commit`: a run's first
+  checkpoint, an evaluation's first answer, a complete index), and put back if the command fails
+  or is stopped before.
 - The moves run with SIGINT and SIGTERM held (`pvpo.signals.hold_signals`). A replacement that a
   SIGKILL cut short is undone by the next command on the folder (`recover`, called with the
   folder's lock held), which puts the replaced entries back and never deletes them unless the
   replacement was committed.
+- An output file (`check_output_file`: a page, a table) is written only where no file is, or
+  with `--overwrite`, and never over a file a manifest names.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pvpo.atomic import atomic_write_json, atomic_write_text
 from pvpo.signals import hold_signals
@@ -54,36 +61,49 @@ class FolderError(ValueError):
     what to do (a ValueError: `pvpo`'s one-line error, exit status 2)."""
 
 
+_KINDS: dict[str, FolderKind] = {}
+
+
 @dataclass(frozen=True)
 class FolderKind:
     """What one kind of folder holds: `name` (recorded), `noun` (for messages: "a training run"),
     the top-level `entries` it writes (exact names, and `patterns`: shell globs such as
-    `step_*`), and the `markers` by which a folder of it written before the record existed is
-    recognised (paths relative to the folder)."""
+    `step_[0-9]*`, each recorded by `note` as it is written), and `nested`: (glob, kind) pairs
+    saying which of its entries are folders of a kind of their own (a run's `checkpoints`), whose
+    content `foreign_nested` checks before a replacement moves them."""
 
     name: str
     noun: str
     entries: frozenset[str]
-    markers: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
-    looks_ours: Callable[[Path], bool] | None = None  # a finer test than a marker's presence
+    nested: tuple[tuple[str, FolderKind], ...] = ()
 
     def _entry(self, name: str) -> bool:
         return name in self.entries or any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
 
     def is_temp(self, name: str) -> bool:
         """Whether `name` is the temporary file of an atomic write of one of the kind's entries."""
-        for suffix in _TEMP_SUFFIXES:
-            if name.endswith(suffix) and self._entry(name[: -len(suffix)]):
-                return True
-        if name.startswith(".") and name.endswith(".tmp"):  # `.name.<random>.tmp`
-            base = name[1:-4].rsplit(".", 1)[0]
-            return self._entry(base)
-        return False
+        return any(self._entry(base) for base in _temp_bases(name))
 
     def writes(self, name: str) -> bool:
         """Whether an entry called `name` is one this kind writes (a temporary form included)."""
         return name in _OURS_ALWAYS or self._entry(name) or self.is_temp(name)
+
+    def __post_init__(self) -> None:
+        _KINDS.setdefault(self.name, self)  # an output file's check reads any kind's manifest
+
+    def nested_kind(self, name: str) -> FolderKind | None:
+        """The kind of the folder entry `name`, when it is a folder of a kind of its own."""
+        return next((k for pattern, k in self.nested if fnmatch.fnmatchcase(name, pattern)), None)
+
+
+def _temp_bases(name: str) -> list[str]:
+    """The entries `name` would be the temporary file of (atomic_write_dir's `name.tmp`,
+    atomic_write_text's `.name.<random>.tmp`, a restore's `name.restore`, numpy's `name.tmp.npy`)."""
+    bases = [name[: -len(s)] for s in _TEMP_SUFFIXES if name.endswith(s) and len(name) > len(s)]
+    if name.startswith(".") and name.endswith(".tmp"):
+        bases.append(name[1:-4].rsplit(".", 1)[0])
+    return bases
 
 
 def check_folder_path(folder: str | Path, what: str) -> Path:
@@ -108,26 +128,52 @@ def check_folder_path(folder: str | Path, what: str) -> Path:
     return folder
 
 
-def _record_kind(folder: Path) -> str | None:
+def _record(folder: Path) -> dict[str, Any] | None:
+    """The manifest pvpo wrote in `folder`, or None (none, or not one of pvpo's)."""
     try:
         doc = json.loads((folder / RECORD).read_bytes())
     except (OSError, ValueError):
         return None
-    return doc.get("kind") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("kind"), str) else None
+
+
+def _record_kind(folder: Path) -> str | None:
+    doc = _record(folder)
+    return None if doc is None else doc["kind"]
+
+
+def _listed(doc: dict[str, Any]) -> set[str] | None:
+    """The entries a manifest names; None for one written before manifests named them."""
+    names = doc.get("entries")
+    if not isinstance(names, list):
+        return None
+    return {n for n in names if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")}
+
+
+def recorded(folder: str | Path, key: str) -> str | None:
+    """What `folder`'s manifest says under `key` (`claim`'s `info`: "command", "source"), if it says."""
+    doc = _record(Path(folder))
+    value = None if doc is None else doc.get(key)
+    return value if isinstance(value, str) else None
 
 
 def is_ours(folder: str | Path, kind: FolderKind) -> bool:
-    """Whether `folder` is one pvpo wrote as `kind`: its record says so, or (written before the
-    record existed) it holds one of the kind's markers."""
+    """Whether `folder` holds a manifest pvpo wrote for `kind` (nothing else makes it pvpo's)."""
     folder = Path(folder)
-    if not folder.is_dir():
-        return False
-    recorded = _record_kind(folder)
-    if recorded is not None:
-        return recorded == kind.name
-    return any((folder / m).is_file() for m in kind.markers) or (
-        kind.looks_ours is not None and kind.looks_ours(folder)
-    )
+    return folder.is_dir() and _record_kind(folder) == kind.name
+
+
+def _ours_test(folder: Path, kind: FolderKind, *, recorded: bool) -> Callable[[str], bool] | None:
+    """Which entries of `folder` are pvpo's: those its manifest names (and their temporary forms);
+    for a folder of `kind` without a manifest of its own (`recorded` False: a checkpoint, named by
+    its parent's), those `kind` writes. None: the folder is the user's."""
+    doc = _record(folder)
+    if doc is None or doc["kind"] != kind.name:
+        return kind.writes if not recorded and doc is None else None
+    listed = _listed(doc)
+    if listed is None:
+        return kind.writes
+    return lambda n: n in _OURS_ALWAYS or n in listed or any(b in listed for b in _temp_bases(n))
 
 
 def entries(folder: str | Path, kind: FolderKind) -> tuple[list[str], list[str]]:
@@ -136,9 +182,29 @@ def entries(folder: str | Path, kind: FolderKind) -> tuple[list[str], list[str]]
     if not folder.is_dir():
         return [], []
     names = sorted(p.name for p in folder.iterdir())
-    if not is_ours(folder, kind):
+    ours = _ours_test(folder, kind, recorded=True)
+    if ours is None:
         return [], names
-    return [n for n in names if kind.writes(n)], [n for n in names if not kind.writes(n)]
+    return [n for n in names if ours(n)], [n for n in names if not ours(n)]
+
+
+def foreign_nested(folder: str | Path, kind: FolderKind, names: Sequence[str]) -> list[str]:
+    """The user's entries inside pvpo's folder entries `names` of `folder`, at any depth `kind`'s
+    `nested` kinds reach (paths relative to `folder`, sorted): what replacing those folders whole
+    would move and delete."""
+    folder = Path(folder)
+    found: list[str] = []
+    for name in names:
+        sub_kind = kind.nested_kind(name)
+        sub = folder / name
+        if sub_kind is None or sub.is_symlink() or not sub.is_dir():
+            continue
+        ours = _ours_test(sub, sub_kind, recorded=False)
+        inside = sorted(p.name for p in sub.iterdir())
+        mine = [n for n in inside if ours is not None and ours(n)]
+        found += [f"{name}/{n}" for n in inside if n not in mine]
+        found += [f"{name}/{p}" for p in foreign_nested(sub, sub_kind, mine)]
+    return sorted(found)
 
 
 def replaceable(names: Sequence[str]) -> list[str]:
@@ -156,9 +222,12 @@ def remove_temp_files(folder: str | Path, kind: FolderKind) -> list[str]:
     """Remove the temporary files that killed atomic writes of `kind`'s entries left in `folder`
     (call it with the folder's lock held: no write of ours is under way); their names."""
     folder = Path(folder)
-    if not folder.is_dir():
+    ours = _ours_test(folder, kind, recorded=False) if folder.is_dir() else None
+    if ours is None:
         return []
-    gone = sorted(p.name for p in folder.iterdir() if kind.is_temp(p.name))
+    gone = sorted(
+        p.name for p in folder.iterdir() if _temp_bases(p.name) and ours(p.name) and p.name not in _OURS_ALWAYS
+    )
     for name in gone:
         _remove(folder / name)
     return gone
@@ -169,12 +238,39 @@ def shown(names: Sequence[str], most: int = 3) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def claim(folder: str | Path, kind: FolderKind) -> None:
-    """Create `folder` if needed and record it as `kind`'s (call it before writing anything in it)."""
+def claim(
+    folder: str | Path, kind: FolderKind, *, names: Sequence[str] = (), info: Mapping[str, str] | None = None
+) -> None:
+    """Create `folder` if needed and write its manifest as `kind`'s (call it before writing
+    anything in it): the names it named before, `names`, and each of the kind's fixed entries no
+    user's file takes; `info` (the command, a build's source) recorded beside them."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if _record_kind(folder) != kind.name:
-        atomic_write_json(folder / RECORD, {"kind": kind.name, "written_by": "pvpo"})
+    doc = _record(folder)
+    doc = doc if doc is not None and doc["kind"] == kind.name else None
+    listed = None if doc is None else _listed(doc)
+    if doc is not None and listed is None:  # a manifest from before they named entries: the kind's
+        listed = {p.name for p in folder.iterdir() if kind.writes(p.name) and p.name not in _OURS_ALWAYS}
+    listed = set(listed or ())
+    listed |= {n for n in kind.entries if not os.path.lexists(folder / n)} | set(names)
+    new = {**(doc or {}), **(info or {}), "kind": kind.name, "written_by": "pvpo", "entries": sorted(listed)}
+    if new != doc:
+        atomic_write_json(folder / RECORD, new)
+
+
+def note(folder: str | Path, kind: FolderKind, *names: str) -> None:
+    """Name `names` in `folder`'s manifest (claimed as `kind`'s if it is not yet) before they are written."""
+    claim(folder, kind, names=names)
+
+
+def forget(folder: str | Path, *names: str) -> None:
+    """Drop `names` from `folder`'s manifest, once pvpo has deleted them."""
+    folder = Path(folder)
+    doc = _record(folder)
+    listed = None if doc is None else _listed(doc)
+    if doc is None or listed is None or not listed & set(names):
+        return
+    atomic_write_json(folder / RECORD, doc | {"entries": sorted(listed - set(names))})
 
 
 def refuse_clashes(
@@ -187,6 +283,18 @@ def refuse_clashes(
         raise error(
             f"{folder} holds {shown(clash)}, which pvpo did not write there but {kind.noun} writes: "
             "move it out of the folder, or give another folder"
+        )
+
+
+def refuse_nested(folder: Path, kind: FolderKind, ours: Sequence[str], *, error: type[Exception] = FolderError) -> None:
+    """`error` when a user's file lies inside one of pvpo's folders `ours` of `folder` that a
+    replacement would move whole (and later delete)."""
+    nested = foreign_nested(folder, kind, ours)
+    if nested:
+        raise error(
+            f"{folder / nested[0]} is not pvpo's, and --overwrite replaces the folder holding it"
+            f"{f' ({len(nested) - 1} more such files)' if len(nested) > 1 else ''}: move it out of {folder}, "
+            "then run again"
         )
 
 
@@ -296,6 +404,7 @@ def replacing(
     refusal: str,
     inputs: Sequence[str | Path | None] = (),
     error: type[Exception] = FolderError,
+    info: Mapping[str, str] | None = None,
 ) -> Iterator[Replacement]:
     """`folder` made ready for new content of `kind` for the block, by the rule above: a folder
     holding the user's files is refused unless `overwrite` (they are kept either way), one
@@ -303,7 +412,8 @@ def replacing(
     `overwrite`; then that content is moved aside until `Replacement.commit()`, and put back if
     the block raises (a stop included) before. `inputs`: paths the new content reads, refused
     when they lie in what is being replaced; `error`: the exception type of a refusal. Call it
-    with the folder's lock held."""
+    with the folder's lock held. A user's file inside one of pvpo's folders (`foreign_nested`) is
+    refused, with or without `overwrite`; `info` is recorded in the manifest (`claim`)."""
     folder = Path(folder)
     recover(folder, kind)
     ours, users = entries(folder, kind)
@@ -316,6 +426,7 @@ def replacing(
             f"{folder} holds files pvpo did not write ({shown(users)}): give a new or empty folder, "
             "or --overwrite to write beside them (they are kept)"
         )
+    refuse_nested(folder, kind, ours, error=error)
     for p in inputs:
         if p is None:
             continue
@@ -325,7 +436,7 @@ def replacing(
                 f"{p} is inside {folder}, in what --overwrite replaces: move it out, or write into another folder"
             )
     existed, recorded = folder.exists(), _record_kind(folder) == kind.name
-    claim(folder, kind)
+    claim(folder, kind, info=info)
     replacement = Replacement(folder)
     try:
         if ours:
@@ -344,3 +455,42 @@ def replacing(
             if not existed and folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
         raise
+
+
+def _owner(path: Path) -> tuple[Path, str] | None:
+    """The folder whose manifest names `path` or a folder holding it, and that kind's noun; None
+    when no manifest of pvpo's does."""
+    for folder in path.parents:
+        doc = _record(folder)
+        kind = None if doc is None else _KINDS.get(doc["kind"])
+        if kind is None:
+            continue
+        top = path.relative_to(folder).parts[0]
+        ours = _ours_test(folder, kind, recorded=True)
+        if ours is not None and ours(top):
+            return folder, kind.noun
+    return None
+
+
+def check_output_file(path: str | Path, what: str, *, overwrite: bool, reads: Sequence[str | Path] = ()) -> Path:
+    """`path` as a file an output (a page, a table) may be written at, by the rule above: never
+    a file a manifest of pvpo's names (a run's config.yaml, an evaluation's predictions) or one
+    inside such a folder, never one of the files being read (`reads`), and an existing file only
+    with `overwrite`. A FolderError naming `what` (the option) and the fix otherwise; call it
+    before anything is read or computed."""
+    path = Path(path)
+    if path.is_dir():
+        raise FolderError(f"{what} {path} is a folder: give a file name, e.g. {path / 'out.html'}")
+    resolved = path.resolve()
+    for r in reads:
+        if Path(r).resolve() == resolved:
+            raise FolderError(f"{what} {path} is a file this command reads: give another path")
+    owner = _owner(resolved)
+    if owner is not None:
+        raise FolderError(
+            f"{what} {path} is a file of {owner[1]} pvpo wrote in {owner[0]} (its .pvpo-folder.json names it), "
+            "never replaced by another command: give another path"
+        )
+    if os.path.lexists(path) and not overwrite:
+        raise FolderError(f"{what} {path} exists: give another path, or --overwrite to replace it")
+    return path

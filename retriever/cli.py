@@ -132,7 +132,8 @@ def build(
     params = None if nprobe is None else {"nprobe": nprobe}
     # one build at a time per folder: a second one would mix its files into the first's and report its count
     with folder_lock(checked_out(out), "pvpo retriever build"):
-        with build_into(out, overwrite=overwrite, inputs=[corpus, from_faiss_index]) as target:
+        source = from_faiss_index or corpus
+        with build_into(out, overwrite=overwrite, inputs=[corpus, from_faiss_index], source=source) as target:
             if hybrid:
                 from pvpo.retriever.hybrid import build_hybrid
 
@@ -209,7 +210,7 @@ def link(
     from pvpo.retriever.outdir import build_into, checked_out
 
     with folder_lock(checked_out(out), "pvpo retriever link"):
-        with build_into(out, overwrite=overwrite, inputs=[index_file, corpus]) as target:
+        with build_into(out, overwrite=overwrite, inputs=[index_file, corpus], source=index_file) as target:
             link_prebuilt(index_file, corpus, target, model=model, mmap=mmap)
     typer.echo(f"linked {index_file} + {corpus} as {out}")
 

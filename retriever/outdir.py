@@ -1,7 +1,10 @@
 """What `pvpo retriever build` and `link` may do with their --out folder, by pvpo's one rule for
-the folders it writes (`pvpo.owned`): a new or empty folder, or an earlier build of ours
-(resumed, its other files kept), is built in place. A folder holding a user's files is refused
-unless --overwrite, and those files are kept either way. With --overwrite the new index is built
+the folders it writes (`pvpo.owned`): a new or empty folder, or an interrupted build of ours of
+the same source (resumed, its other files kept), is built in place; a folder is a build of ours
+only by the manifest a build wrote in it (a user's `meta.json` or `embeddings/` marks nothing). A
+folder holding a user's files is refused unless --overwrite, and those files are kept either
+way; a build of ours of another source, or a finished one, is replaced only with --overwrite.
+An input (the corpus) inside the files a build writes is refused, --overwrite or not. With --overwrite the new index is built
 in a staging folder inside --out and swapped in only once it is complete - the earlier build's
 files moved aside, the new ones moved in, the old ones dropped - so a build that fails (an
 unreadable corpus, a model that cannot be loaded, a bad index type, an interruption) leaves the
@@ -17,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pvpo.owned import (
+    RECORD,
     STAGING,
     FolderKind,
     check_folder_path,
@@ -25,6 +29,7 @@ from pvpo.owned import (
     entries,
     move_aside,
     put_back,
+    recorded,
     recover,
     refuse_clashes,
     replaceable,
@@ -36,16 +41,13 @@ from pvpo.retriever.index import META_FILE, OFFSETS_FILE
 from pvpo.retriever.rerank import VECTORS_FILE
 from pvpo.signals import hold_signals
 
-# Files only our builds write: meta.json (a finished build or link) and the corpus stamp, a
-# build's first file (an interrupted build, which a re-run resumes).
-BUILD_MARKERS = (META_FILE, "corpus.source.json")
-
 INDEX_KIND = FolderKind(
     "index",
     "an index build",
-    frozenset({*BUILD_MARKERS, CORPUS_FILE, OFFSETS_FILE, INDEX_FILE, EMB_DIR, VECTORS_FILE, DENSE_DIR, LEXICAL_DIR}),
-    # an interrupted hybrid build has only its dense/ (and bm25/) folder so far
-    tuple(f"{d}{m}" for d in ("", f"{DENSE_DIR}/", f"{LEXICAL_DIR}/") for m in BUILD_MARKERS),
+    frozenset(
+        {META_FILE, "corpus.source.json", CORPUS_FILE, OFFSETS_FILE, INDEX_FILE, EMB_DIR, VECTORS_FILE}
+        | {DENSE_DIR, LEXICAL_DIR}
+    ),
 )
 
 
@@ -67,14 +69,56 @@ def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
+def _refuse_inputs_inside(out: Path, inputs: Sequence[str | Path | None]) -> None:
+    """A one-line error when an input lies in what a build writes in `out` (a corpus at
+    out/corpus.jsonl would be rewritten as `{id, contents}`), --overwrite or not."""
+    for p in inputs:
+        if p is None or not _inside(Path(p), out):
+            continue
+        top = Path(p).resolve().relative_to(out.resolve()).parts
+        if top and INDEX_KIND.writes(top[0]):
+            raise ValueError(
+                f"{p} is inside --out {out}, where a build writes {top[0]}: move it out of the folder, "
+                "or build into another folder"
+            )
+
+
+def _refuse_another_build(out: Path, source: str | Path | None, ours: Sequence[str]) -> None:
+    """Without --overwrite: a finished build of ours, or an interrupted one of another source, is
+    refused (a re-run of the same interrupted build resumes it)."""
+    if not ours:
+        return
+    was = recorded(out, "source")
+    now = None if source is None else str(Path(source).resolve())
+    if META_FILE in ours:
+        raise ValueError(
+            f"--out {out} already holds a finished index{f' of {was}' if was else ''}: "
+            "--overwrite to replace it (kept until the new one is complete), or give another folder"
+        )
+    if was is not None and now is not None and was != now:
+        raise ValueError(
+            f"--out {out} holds an interrupted build of {was}, not {now}: re-run that build to resume it, "
+            "--overwrite to replace it, or give another folder"
+        )
+
+
 @contextmanager
-def build_into(out: str | Path, *, overwrite: bool, inputs: Sequence[str | Path | None] = ()) -> Iterator[Path]:
-    """The folder to build into (call it with --out's lock held). Without `overwrite`: `out`
-    itself, unless it holds files and is not a build of ours (ValueError naming some, the
-    folder untouched). With `overwrite` and a folder holding anything: a staging folder inside
-    `out` whose entries replace the earlier build's when the block ends without error (a user's
-    files stay), and which is removed when it raises."""
+def build_into(
+    out: str | Path,
+    *,
+    overwrite: bool,
+    inputs: Sequence[str | Path | None] = (),
+    source: str | Path | None = None,
+) -> Iterator[Path]:
+    """The folder to build into (call it with --out's lock held), by the rules above, before
+    anything is read or encoded. Without `overwrite`: `out` itself, when it is new or empty or an
+    interrupted build of ours from `source` (what the build reads: its corpus or prebuilt
+    index, recorded in the manifest); else a ValueError naming the files or the build in the
+    way, the folder untouched. With `overwrite` and a folder holding anything: a staging folder
+    inside `out` whose entries replace the earlier build's when the block ends without error (a
+    user's files stay), and which is removed when it raises."""
     out = checked_out(out)
+    _refuse_inputs_inside(out, inputs)
     recover(out, INDEX_KIND)
     ours, users = entries(out, INDEX_KIND)
     refuse_clashes(out, INDEX_KIND, users)
@@ -84,13 +128,22 @@ def build_into(out: str | Path, *, overwrite: bool, inputs: Sequence[str | Path 
             "or --overwrite to build beside them (they are kept)"
         )
     ours = replaceable(ours)
-    if not (users or ours) or not overwrite:  # new, or an earlier build of ours resumed in place
-        yield out
-        claim(out, INDEX_KIND)
+    if not overwrite:
+        _refuse_another_build(out, source, ours)
+    info = {} if source is None else {"source": str(Path(source).resolve())}
+    if not (users or ours) or not overwrite:  # new, or an interrupted build of ours resumed in place
+        existed, fresh = out.exists(), not ours
+        claim(out, INDEX_KIND, info=info)
+        try:
+            yield out
+        except BaseException:
+            # a build refused or failed before it wrote a file leaves no manifest, nor a folder it made
+            if fresh and [p.name for p in out.iterdir()] == [RECORD]:
+                (out / RECORD).unlink()
+                if not existed:
+                    out.rmdir()
+            raise
         return
-    for p in inputs:
-        if p is not None and any(_inside(Path(p), out / n) for n in ours):
-            raise ValueError(f"{p} is inside --out {out}, which --overwrite would replace: build into another folder")
     staging = out / STAGING
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -100,7 +153,7 @@ def build_into(out: str | Path, *, overwrite: bool, inputs: Sequence[str | Path 
         shutil.rmtree(staging, ignore_errors=True)
         raise
     with hold_signals():  # the swap: all of it or, after a kill, none (`recover` puts the old build back)
-        claim(out, INDEX_KIND)
+        claim(out, INDEX_KIND, info=info)
         move_aside(out, ours)
         try:
             for entry in staging.iterdir():

@@ -422,8 +422,11 @@ def test_run_eval_replaces_another_run_only_with_overwrite_and_restores_it_on_fa
     from pvpo.envs.data import QAExample
     from pvpo.evaluation.run import run_eval
 
+    from pvpo.evaluation.run import EVAL_KIND
+    from pvpo.owned import claim
+
     out = tmp_path / "nq"
-    out.mkdir()
+    claim(out, EVAL_KIND)  # an earlier evaluation's manifest
     (out / "run.json").write_text(json.dumps({"dataset": "nq", "model": "other"}))
     (out / "predictions.jsonl").write_text('{"id": "x"}\n')
     examples = [QAExample("nq/1", "q?", ("a",))]

@@ -28,7 +28,7 @@ from pvpo.owned import (
 )
 from pvpo.signals import hold_signals, stop_on_signals
 
-KIND = FolderKind("thing", "a thing", frozenset({"out.json", "parts"}), ("out.json",))
+KIND = FolderKind("thing", "a thing", frozenset({"out.json", "parts"}))
 
 
 def _files(folder: Path) -> dict[str, str]:
@@ -36,8 +36,9 @@ def _files(folder: Path) -> dict[str, str]:
 
 
 def _earlier(tmp_path: Path) -> Path:
-    """A folder of KIND's with an earlier result and a user's thesis.txt."""
+    """A folder of KIND's (its manifest written first) with an earlier result and a user's thesis.txt."""
     folder = tmp_path / "f"
+    claim(folder, KIND)
     (folder / "parts").mkdir(parents=True)
     (folder / "out.json").write_text("old")
     (folder / "parts" / "a").write_text("old part")
@@ -59,7 +60,7 @@ def test_overwrite_replaces_only_what_pvpo_wrote_and_keeps_a_users_file(tmp_path
 
 def test_a_replacement_that_fails_or_is_stopped_before_its_commit_puts_everything_back(tmp_path: Path) -> None:
     folder = _earlier(tmp_path)
-    before = _files(folder)
+    before = {k: v for k, v in _files(folder).items() if k != RECORD}
     for stop in (ValueError("bad input"), KeyboardInterrupt()):
         with pytest.raises(type(stop)), replacing(folder, KIND, overwrite=True, refusal=""):
             (folder / "out.json").write_text("half")
@@ -99,7 +100,7 @@ def test_a_users_entry_bearing_a_name_pvpo_writes_is_refused_even_with_overwrite
     folder.mkdir()
     (folder / "out.json").write_text("the user's own")
     (folder / "parts").mkdir()
-    kind = FolderKind("thing", "a thing", frozenset({"out.json", "parts"}))  # no record, no marker: the user's
+    kind = FolderKind("thing", "a thing", frozenset({"out.json", "parts"}))  # no manifest: the user's
     assert not is_ours(folder, kind)
     with (
         pytest.raises(FolderError, match="pvpo did not write there"),

@@ -89,11 +89,15 @@ def test_a_hybrid_build_swapped_in_by_overwrite_still_loads(tmp_path) -> None:
         retriever.close()
 
 
-def test_an_earlier_build_of_ours_is_rebuilt_in_place_without_overwrite_keeping_other_files(tmp_path) -> None:
+def test_a_finished_build_is_rebuilt_only_with_overwrite_keeping_other_files(tmp_path) -> None:
     corpus, out = write_tiny_corpus(tmp_path / "corpus.json"), tmp_path / "idx"
     assert _build("--corpus", str(corpus), "--out", str(out), "--index-type", "bm25")[0] == 0
     (out / "notes.txt").write_text("added later")
+    before = _files(out)
     code, output = _build("--corpus", str(corpus), "--out", str(out), "--index-type", "bm25")
+    assert code == 2 and "already holds a finished index" in output and "--overwrite" in output, output
+    assert _files(out) == before
+    code, output = _build("--corpus", str(corpus), "--out", str(out), "--index-type", "bm25", "--overwrite")
     assert code == 0, output
     assert (out / "notes.txt").read_text() == "added later"
 
@@ -146,13 +150,19 @@ def test_link_into_a_folder_holding_a_user_file_is_refused(tmp_path, tiny) -> No
     assert _files(out) == {"notes.txt": b"my notes"}
 
 
-def test_an_interrupted_hybrid_build_counts_as_ours_and_a_stray_index_below_does_not(tmp_path) -> None:
-    from pvpo.retriever.outdir import out_dir_state
+def test_an_interrupted_hybrid_build_counts_as_ours_by_its_manifest_and_a_stray_index_below_does_not(
+    tmp_path,
+) -> None:
+    from pvpo.owned import claim
+    from pvpo.retriever.outdir import INDEX_KIND, out_dir_state
 
     hybrid = tmp_path / "hyb"
+    claim(hybrid, INDEX_KIND)  # what a build writes before anything else
     (hybrid / "dense").mkdir(parents=True)
     (hybrid / "dense" / "corpus.source.json").write_text("{}")
     assert out_dir_state(hybrid) == "ours"
+    (hybrid / ".pvpo-folder.json").unlink()  # the same files without the manifest: a user's
+    assert out_dir_state(hybrid) == "foreign"
     mine = _user_folder(tmp_path)
     (mine / "old_index").mkdir()
     (mine / "old_index" / "meta.json").write_text("{}")

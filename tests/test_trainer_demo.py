@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -206,15 +207,21 @@ def test_demo_refuses_a_run_dir_holding_a_users_file_and_keeps_it(tmp_path):
     assert not (tmp_path / ".demo.pvpo-replaced").exists()
 
 
-def test_only_what_a_run_writes_in_a_run_counts_as_an_earlier_run_a_fresh_demo_may_replace(tmp_path):
-    from pvpo.trainer.state.run_dir import foreign_entries
+def test_only_what_a_runs_manifest_names_counts_as_an_earlier_run_a_fresh_demo_may_replace(tmp_path):
+    from pvpo.owned import claim
+    from pvpo.trainer.state.run_dir import RUN_KIND, foreign_entries
 
     for name in ("config.yaml", "metrics.jsonl", "summary.md", ".metrics.jsonl.abc123.tmp"):
         (tmp_path / name).write_text("x")
     (tmp_path / "checkpoints").mkdir()
-    # a run's names in a folder that is no run (no record, no checkpoint, no config of ours): the user's
+    (tmp_path / "checkpoints" / "latest").write_text("step_000001")
+    # a run's names, its checkpoint pointer included, in a folder without a run's manifest: the user's
     assert foreign_entries(tmp_path) == sorted(p.name for p in tmp_path.iterdir())
-    (tmp_path / "checkpoints" / "latest").write_text("step_000001")  # a run written before the folder record
+    for p in list(tmp_path.iterdir()):  # the same files written after a run's manifest: the run's
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    claim(tmp_path, RUN_KIND)
+    for name in ("config.yaml", "metrics.jsonl", "summary.md", ".metrics.jsonl.abc123.tmp"):
+        (tmp_path / name).write_text("x")
     assert foreign_entries(tmp_path) == []
     (tmp_path / "index.html").write_text("mine")
     assert foreign_entries(tmp_path) == ["index.html"]
@@ -282,9 +289,12 @@ def test_a_fresh_demo_over_a_checkpointed_run_says_it_starts_over_and_how_to_con
     session's recipe lost its 12 steps so)."""
     import logging
 
+    from pvpo.owned import claim
     from pvpo.trainer.demo import _replace_demo
+    from pvpo.trainer.state.run_dir import RUN_KIND
 
     run_dir = tmp_path / "demo"
+    claim(run_dir, RUN_KIND, info={"command": "pvpo demo"})  # an earlier demo's manifest
     (run_dir / "checkpoints").mkdir(parents=True)
     cfg = config_from_dict({})
     dump_config(cfg, run_dir / "config.yaml")

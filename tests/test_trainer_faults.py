@@ -43,7 +43,8 @@ def steps_logged(run: Path) -> list[int]:
 
 
 def checkpoint_entries(run: Path) -> list[str]:
-    return sorted(p.name for p in (run / "checkpoints").iterdir())
+    """The checkpoints folder's entries, less its manifest (`pvpo.owned`)."""
+    return sorted(p.name for p in (run / "checkpoints").iterdir() if p.name != ".pvpo-folder.json")
 
 
 # ---- a second writer ---------------------------------------------------------------------------

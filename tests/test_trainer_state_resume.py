@@ -21,8 +21,11 @@ from pvpo.trainer.state.resume import RunDirError, check_resume_config, fresh_ru
 
 
 def _run_with_config(tmp_path: Path, *overrides: str) -> Path:
+    from pvpo.owned import claim
+    from pvpo.trainer.state.run_dir import RUN_KIND
+
     run = tmp_path / "run"
-    run.mkdir()
+    claim(run, RUN_KIND)  # a run's manifest, written before its config
     dump_config(load_config(None, ["run.steps=3", "optim.lr=0.5", *overrides]), run / "config.yaml")
     return run
 
@@ -67,8 +70,12 @@ def test_resume_without_a_saved_config_needs_one(tmp_path: Path) -> None:
 
 
 def _earlier_run(tmp_path: Path) -> Path:
-    """A run dir holding an earlier run (its `latest`) and a user's notes.txt."""
+    """A run dir holding an earlier run (its manifest and `latest`) and a user's notes.txt."""
+    from pvpo.owned import claim
+    from pvpo.trainer.state.run_dir import RUN_KIND
+
     run = tmp_path / "run"
+    claim(run, RUN_KIND)
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "latest").write_text("step_000001")
     (run / "notes.txt").write_text("mine")
@@ -178,7 +185,11 @@ def test_a_finished_run_resumes_with_its_own_config_for_more_steps(tmp_path: Pat
 
 
 def _user_run(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    from pvpo.owned import claim
+    from pvpo.trainer.state.run_dir import RUN_KIND
+
     run = tmp_path / "run"
+    claim(run, RUN_KIND)
     (run / "checkpoints").mkdir(parents=True)
     files = {"notes.txt": "my notes", "metrics.jsonl": '{"step": 1}\n', "checkpoints/latest": "step_000001"}
     for name, text in files.items():

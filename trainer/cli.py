@@ -33,6 +33,13 @@ def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
     return load_config(None if config is None else resolve_config(config), overrides)
 
 
+def default_run_dir(config: Path | None) -> Path:
+    """`pvpo train`'s run dir when --run-dir is not given: `runs/train-<config's name>`, never the
+    folder `pvpo demo` writes by default (`runs/demo`), so `pvpo train --config demo` and `pvpo demo`
+    do not write one folder."""
+    return Path("runs") / f"train-{config.stem if config else 'default'}"
+
+
 @contextlib.contextmanager
 def _run_dir_session(run_dir: Path, command: str) -> Iterator[None]:
     """The run dir's lock held (`pvpo.locks`; under torchrun by rank 0 alone, for all ranks) before
@@ -73,7 +80,10 @@ def train_cmd(
             help=f"YAML config file, or a shipped preset's name: {', '.join(_preset_names())}",
         ),
     ] = None,
-    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="where checkpoints and metrics go")] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option("--run-dir", help="where checkpoints and metrics go (default: runs/train-<config name>)"),
+    ] = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -110,7 +120,7 @@ def train_cmd(
         if resume:
             from pvpo.trainer.parallel.checkpoint import check_resume_world
 
-            check_resume_world(run_dir or Path("runs") / (config.stem if config else "default"), nproc)
+            check_resume_world(run_dir or default_run_dir(config), nproc)
 
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
     from pvpo.trainer.loop import train
@@ -118,7 +128,7 @@ def train_cmd(
 
     if resume and overwrite:
         raise ValueError("--resume and --overwrite contradict each other: pick one")
-    run_dir = run_dir or Path("runs") / (config.stem if config else "default")
+    run_dir = run_dir or default_run_dir(config)
     if config is None and not resume:
         typer.echo(
             f"no --config: training on the built-in defaults (synthetic world, tiny policy, no warm start, "

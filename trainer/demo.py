@@ -20,13 +20,14 @@ from typing import Any
 
 from pvpo.atomic import atomic_write_json
 from pvpo.locks import folder_lock
+from pvpo.owned import entries, recorded, replaceable
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import load_data, retriever_session
 from pvpo.trainer.heldout_table import per_dataset_table
 from pvpo.trainer.loop import Trainer, TrainResult
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
-from pvpo.trainer.state.run_dir import RunDir, foreign_entries
+from pvpo.trainer.state.run_dir import RUN_KIND, RunDir, foreign_entries
 
 logger = logging.getLogger(__name__)
 
@@ -365,6 +366,12 @@ def _replace_demo(
     and those files are kept either way (`pvpo.owned`)."""
     if not fresh:
         return contextlib.nullcontext()
+    if not _holds_demo_or_nothing(run_dir):
+        raise RunDirError(
+            f"--run-dir {run_dir} holds a training run ({recorded(run_dir, 'command') or 'pvpo train'}), which a demo "
+            f"never replaces: give the demo another --run-dir (its default is runs/demo), or continue the run with "
+            f"`pvpo train --run-dir {run_dir} --resume`"
+        )
     foreign = foreign_entries(run_dir)
     if foreign and not overwrite:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
@@ -381,7 +388,16 @@ def _replace_demo(
             run_dir,
             latest.read_text(encoding="utf-8", errors="replace").strip(),
         )
-    return fresh_run_dir(run_dir, overwrite=True, inputs=run_inputs(cfg))
+    return fresh_run_dir(run_dir, overwrite=True, inputs=run_inputs(cfg), command="pvpo demo")
+
+
+def _holds_demo_or_nothing(run_dir: Path) -> bool:
+    """Whether `run_dir` holds no run, or a run of `pvpo demo`'s: its manifest says so, or (a
+    manifest from before it named the command) it holds the summary only a demo writes."""
+    if not replaceable(entries(run_dir, RUN_KIND)[0]):
+        return True
+    command = recorded(run_dir, "command")
+    return command == "pvpo demo" or (command is None and RunDir(run_dir).summary.exists())
 
 
 def run_demo(

@@ -41,6 +41,7 @@ from pvpo.trainer.state.checkpoint import (
     CheckpointError,
     load_trainer_state,
     load_weights,
+    note_checkpoint,
     prune_checkpoints,
     rng_state,
     save_checkpoint,
@@ -71,6 +72,7 @@ def save_sharded_checkpoint(
     final = root / step_name(step)
     tmp = root / f"{step_name(step)}.tmp"
     if is_main():
+        note_checkpoint(root, final.name)  # named in the manifest before it is written (`pvpo.owned`)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()

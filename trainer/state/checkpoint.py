@@ -28,8 +28,9 @@ import torch
 
 from pvpo.atomic import atomic_write_dir, atomic_write_text
 from pvpo.owned import commit as commit_replacement
+from pvpo.owned import entries, forget, is_ours, note
 from pvpo.trainer.state.best import BestFileError, best_checkpoint_name
-from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.state.run_dir import CHECKPOINT_KIND, STEP_KIND, RunDir
 from pvpo.trainer.state.state_files import check_state_files
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def save_checkpoint(
     """Save the state after `step` optimizer steps; keep the newest `keep` checkpoints. Each of
     `state_files` that exists is copied in (`restore_state_files` puts them back on resume)."""
     root = RunDir(run_dir).checkpoints
-    root.mkdir(parents=True, exist_ok=True)
+    note_checkpoint(root, step_name(step))
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp / POLICY_DIR)
@@ -111,18 +112,54 @@ def save_checkpoint(
     return final
 
 
+def note_checkpoint(root: Path, name: str) -> None:
+    """Name checkpoint `name` in `root`'s manifest (`pvpo.owned`) before it is written. A
+    checkpoints folder written before it had one adopts its `step_NNNNNN` folders: the run's
+    manifest names the folder, and only a run writes those exact names."""
+    adopt = (
+        []
+        if is_ours(root, CHECKPOINT_KIND) or not root.is_dir()
+        else [p.name for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    )
+    note(root, CHECKPOINT_KIND, *adopt, name)
+
+
 def prune_checkpoints(root: Path, keep: int) -> None:
-    """Remove all but the newest `keep` checkpoint folders under `root` (keep <= 0: remove none), and
-    never the one `best.json` names (the best validation EM); with a damaged best.json, none."""
+    """Remove all but the newest `keep` of the checkpoints `root`'s manifest names (keep <= 0:
+    remove none; a folder without a manifest: none), and never the one `best.json` names (the
+    best validation EM); with a damaged best.json, none. Only a checkpoint's own files go: a
+    user's file inside one stays, in its folder (then no longer named as the run's)."""
     try:
         best = best_checkpoint_name(root)
     except BestFileError as e:
         log.warning("kept every checkpoint: %s", e)
         return
-    old = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for p in old[:-keep] if keep > 0 else []:
-        if p.name != best:
-            shutil.rmtree(p, ignore_errors=True)
+    ours = entries(root, CHECKPOINT_KIND)[0]
+    old = sorted(n for n in ours if _STEP_DIR.fullmatch(n) and (root / n).is_dir() and not (root / n).is_symlink())
+    for name in old[:-keep] if keep > 0 else []:
+        if name == best:
+            continue
+        path = root / name
+        mine, users = _checkpoint_entries(path)
+        for entry in mine:
+            target = path / entry
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
+        if users:
+            log.warning(
+                "pruned checkpoint %s but kept the folder: it holds %s, which the run did not write", path, users
+            )
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        forget(root, name)
+
+
+def _checkpoint_entries(path: Path) -> tuple[list[str], list[str]]:
+    """(the checkpoint's own entries, a user's) of checkpoint folder `path`."""
+    names = sorted(p.name for p in path.iterdir())
+    return [n for n in names if STEP_KIND.writes(n)], [n for n in names if not STEP_KIND.writes(n)]
 
 
 def restore_state_files(ckpt: str | Path, state_files: Sequence[str | Path]) -> None:

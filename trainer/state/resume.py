@@ -182,7 +182,11 @@ def recover_run_dir(run_dir: str | Path) -> None:
 
 @contextmanager
 def fresh_run_dir(
-    run_dir: str | Path, *, overwrite: bool = False, inputs: Sequence[str | Path | None] = ()
+    run_dir: str | Path,
+    *,
+    overwrite: bool = False,
+    inputs: Sequence[str | Path | None] = (),
+    command: str = "pvpo train",
 ) -> Iterator[Replacement]:
     """Make `run_dir` ready for a new run for the duration of the block, by pvpo's rule for the
     folders it writes (`pvpo.owned`): a folder holding an earlier run is refused (RunDirError
@@ -190,7 +194,8 @@ def fresh_run_dir(
     the new run's first checkpoint (`checkpoint.save_checkpoint`) and put back if the block fails
     or is stopped before one is written - so a bad config, dataset, index or model never costs the
     old run. A user's files in the folder are refused without `overwrite` and kept with it.
-    `inputs`: paths the new run reads, refused when inside what is being replaced."""
+    `inputs`: paths the new run reads, refused when inside what is being replaced; `command`
+    (recorded in the run's manifest): which command's run it is."""
     run_dir = Path(run_dir)
     try:
         check_folder_path(run_dir, "--run-dir")
@@ -215,6 +220,7 @@ def fresh_run_dir(
         "first checkpoint)",
         inputs=inputs,
         error=RunDirError,
+        info={"command": command},
     ) as replacement:
         yield replacement
         replacement.commit()  # a run that ended without a checkpoint is complete all the same

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from pvpo.bounded_yaml import load_yaml
 from pvpo.owned import FolderKind, users_entries
 
 # What a run writes at its top level (RunDir's names below); anything else is a user's file.
@@ -36,30 +33,22 @@ RUN_ENTRIES = (
 )
 
 
-# the sections of a config.yaml a run writes (`written.dump_config`: every section, always)
-_CONFIG_SECTIONS = {"run", "model", "data", "rollout", "algorithm", "optim", "retriever"}
-
-
-def _has_run_config(folder: Path) -> bool:
-    """Whether `folder/config.yaml` is a config a run wrote (every section of one), not a user's file."""
-    path = folder / "config.yaml"
-    try:
-        if not path.is_file() or path.stat().st_size > 1 << 20:
-            return False
-        doc = load_yaml(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return False
-    return isinstance(doc, dict) and _CONFIG_SECTIONS <= set(doc)
-
-
-# A run dir under pvpo's one rule for the folders it writes (`pvpo.owned`): these entries are the
-# run's, anything else the user's; a run written before the folder record is known by its `latest`
-# or by the config.yaml it wrote first.
-RUN_KIND = FolderKind(
-    "run", "a training run", frozenset(RUN_ENTRIES), ("checkpoints/latest",), looks_ours=_has_run_config
+# A run dir under pvpo's one rule for the folders it writes (`pvpo.owned`): the entries its
+# manifest names are the run's, anything else the user's. Its checkpoints/ has a manifest of its
+# own, naming each step_NNNNNN as it is written (a user's `step_000002_good` is never pruned), and
+# each checkpoint holds only these names: a user's NOTES.md in one is refused by --overwrite.
+STEP_KIND = FolderKind(
+    "checkpoint", "a checkpoint", frozenset({"policy", "trainer_state.pt", "run_state", "dcp"}), patterns=("rank_*",)
 )
-# what a run writes in its checkpoints/ (for the temporary files a killed write leaves there)
-CHECKPOINT_KIND = FolderKind("checkpoints", "checkpoints", frozenset({"latest", "best.json"}), patterns=("step_*",))
+STEP_PATTERNS = tuple("step_" + "[0-9]" * n for n in (6, 7, 8))
+CHECKPOINT_KIND = FolderKind(
+    "checkpoints",
+    "checkpoints",
+    frozenset({"latest", "best.json"}),
+    patterns=STEP_PATTERNS,
+    nested=tuple((p, STEP_KIND) for p in STEP_PATTERNS),
+)
+RUN_KIND = FolderKind("run", "a training run", frozenset(RUN_ENTRIES), nested=(("checkpoints", CHECKPOINT_KIND),))
 
 
 def foreign_entries(root: str | Path) -> list[str]:
