@@ -140,7 +140,7 @@ def test_a_stalled_wait_ends_the_run_in_one_line_naming_it_and_the_resume_comman
     from pvpo.trainer.async_loop import AsyncSteps
 
     steps = AsyncSteps.__new__(AsyncSteps)
-    steps.trainer, steps.timeout = types.SimpleNamespace(run_dir=tmp_path / "run"), 5.0
+    steps.trainer, steps.timeout, steps.stream = types.SimpleNamespace(run_dir=tmp_path / "run"), 5.0, None
     (tmp_path / "run").mkdir()
     with pytest.raises(RolloutStall) as err, steps._waiting(3, "the finished episodes of its batch"):
         raise TimeoutError("no batch within 5 s")
@@ -237,3 +237,15 @@ def test_hundreds_of_random_schedules_never_hang_and_stay_within_one_step_and_et
     assert all(r["lateness"] <= 1 for r in runs)  # an episode trains at most one step after its plan's
     assert all(r["lag"] <= r["eta"] + 1 for r in runs)  # a first turn's staleness: eta + 1 at most
     assert any(r["lag"] == r["eta"] + 1 for r in runs if r["eta"])  # and that bound is reached
+
+
+def test_an_episodes_own_timeout_error_is_not_reported_as_a_stalled_wait(tmp_path):
+    from pvpo.trainer.async_loop import AsyncSteps
+
+    steps = AsyncSteps.__new__(AsyncSteps)
+    own = TimeoutError("the search server timed out")
+    steps.trainer, steps.timeout = types.SimpleNamespace(run_dir=tmp_path), 5.0
+    steps.stream = types.SimpleNamespace(error=own, gate=types.SimpleNamespace(error=None))  # type: ignore[assignment]
+    with pytest.raises(TimeoutError) as err, steps._waiting(2, "the finished episodes of its batch"):
+        raise own
+    assert err.value is own and not isinstance(err.value, RolloutStall)

@@ -292,6 +292,9 @@ class AsyncSteps:
         try:
             yield
         except TimeoutError as e:
+            stream = self.stream
+            if stream is not None and e in (stream.error, getattr(stream, "gate", None) and stream.gate.error):
+                raise  # an episode's own error (a timeout of its engine or search), re-raised as it is
             from pvpo.trainer.state.resume import where_stopped
 
             at = f"step {step}" if step is not None else "the trainer"
