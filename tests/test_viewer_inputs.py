@@ -281,3 +281,18 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
         res = runner.invoke(app, ["view", str(folder), "--serve", "--port", str(port)])
     assert res.exit_code == 2 and f"--port {port}: another program listens" in res.output, res.output
     assert res.output.startswith("error: ") and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "[1, 2]",
+        '{"questions": ["a"], "em": {"before": [1.0], "after": []}}',
+        '{"questions": ["a"], "em": {"before": ["x"], "after": [1]}}',
+    ],
+)
+def test_a_held_out_record_not_in_its_layout_leaves_the_rest_of_the_run_page(record: str, tmp_path: Path) -> None:
+    run = _run_dir(tmp_path / "run", [_run_episode("toy/q1", 0.5)])
+    (run / "held_out_em.json").write_text(record)
+    data = page_data([read_source(run)])
+    assert data["run"]["heldout"] == [] and len(data["episodes"][0]) == 1

@@ -211,6 +211,11 @@ def _run(path: Path) -> Path:
         },
     ]
     (path / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    held_out = {"questions": ["h/1", "h/2", "h/3"], "em": {"before": [0.0, 1.0, 1.0], "after": [1.0, 0.0, 1.0]}}
+    (path / "held_out_em.json").write_text(json.dumps(held_out))
+    (path / "held_out.jsonl").write_text(
+        json.dumps({"id": "h/1", "question": "Held-out one?", "golden_answers": ["x"]}) + "\n"
+    )
     return path
 
 
@@ -255,6 +260,19 @@ def test_a_curves_point_and_a_group_open_their_episodes_and_the_eval_axis_fits_i
     b.wait("location.hash === ''")
     b.click("tr.grp.kept[data-uid='toy/q1']")
     assert b.eval("location.hash") == "#step=2&group=toy%2Fq1"  # the groups table shows the last step
+
+
+def test_a_runs_page_lists_the_held_out_questions_that_flipped(browser: Browser, tmp_path: Path) -> None:
+    b = browser
+    b.open(write_page([_run(tmp_path / "run")], tmp_path / "run.html"))
+    assert b.eval("document.getElementById('heldout').textContent") == (
+        "3 questions: 1 gained, 1 lost, 1 right in both, 0 wrong in both"
+    )
+    rows = b.eval(
+        "[].slice.call(document.querySelectorAll('#heldout-table tr'), 1).map(function (r) {"
+        " return [].map.call(r.cells, function (c) { return c.textContent; }); })"
+    )
+    assert rows == [["h/1", "Held-out one?", "gained"], ["h/2", "", "lost"]]
 
 
 HOSTILE = [
@@ -320,7 +338,9 @@ def test_hostile_text_in_every_field_stays_text_in_every_state_of_the_page(brows
             e["uid"] = "toy/" + evil
             e.setdefault("question", evil)
     (run / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "held_out.jsonl").write_text(json.dumps({"id": "h/1", "question": evil}) + "\n")
     b.open(write_page([run], tmp_path / "r.html"))
+    b.eval("document.querySelector('details.heldout').open = true")
     assert _inert(b) == []
     b.click("tr.grp.kept")
     b.click("tr.ep-row")

@@ -330,6 +330,29 @@ def _step_rows(record: Mapping[str, Any]) -> list[list[Any]]:
     ]
 
 
+def _held_out_flips(files: RunDir) -> list[list[Any]]:
+    """`[uid, question, EM before RL, EM after]` per held-out question (`held_out_em.json`, the
+    questions' text from `held_out.jsonl` where it has them); [] when the run wrote none or it is
+    not in that layout (the page shows the rest)."""
+    record = _json(files.held_out_em)
+    uids, em = record.get("questions"), record.get("em")
+    if not isinstance(uids, list) or not isinstance(em, Mapping):
+        return []
+    before, after = em.get("before"), em.get("after")
+    if not (isinstance(before, list) and isinstance(after, list) and len(before) == len(after) == len(uids)):
+        return []
+    if not all(_is_number(x) for x in [*before, *after]):
+        return []
+    texts: dict[str, str] = {}
+    try:
+        for row in read_jsonl(files.held_out):
+            if isinstance(row, Mapping):
+                texts[str(row.get("id", ""))] = str(row.get("question", ""))
+    except (OSError, ValueError):
+        pass
+    return [[str(u), texts.get(str(u), ""), b, a] for u, b, a in zip(uids, before, after, strict=True)]
+
+
 def read_run(path: Path) -> Source:
     """A training run dir: the kept episodes of every step, each step's rows (group, reward,
     advantage, GT), the rollouts' curves and the validation curve (`checkpoints/best.json`)."""
@@ -371,6 +394,7 @@ def read_run(path: Path) -> Source:
         if isinstance(points, list)
         else [],
         "best": best.get("best") if isinstance(best.get("best"), Mapping) else None,
+        "heldout": _held_out_flips(files),
     }
     return Source(path.resolve().name, str(path), "run", episodes, "", run)
 

@@ -306,6 +306,7 @@
         [{ name: "validation EM", color: "#d97706", dots: true, pts: val.length ? val.map(function (p) { return [p[0], p[1]]; }) : pts("val") },
           { name: "evaluation EM", color: "#6b3fa0", dots: true, pts: pts("eval") }], val, "chart-eval") +
       "</div>";
+    h += heldOut(run.heldout || []);
     var steps = run.steps;
     if (steps.length) {
       var cur = S.step ? steps.filter(function (s) { return String(s.step) === S.step; })[0] : steps[steps.length - 1];
@@ -319,6 +320,26 @@
     el("run").innerHTML = h;
     var sel = el("stepsel");
     if (sel) sel.onchange = function () { set({ step: sel.value, group: "" }); };
+  }
+  // the held-out questions' EM before RL and after it (held_out_em.json): which flipped
+  function heldOut(qs) {
+    if (!qs.length) return "";
+    var c = { gained: [], lost: [], both: 0, neither: 0 };
+    qs.forEach(function (q) {
+      var b = q[2] >= 1, a = q[3] >= 1;
+      if (a !== b) c[a ? "gained" : "lost"].push(q); else c[a ? "both" : "neither"]++;
+    });
+    var flipped = c.gained.concat(c.lost);
+    var h = "<h2>Held-out questions, EM before RL and after</h2><div class='legend' id='heldout'>" + qs.length + " questions: " +
+      c.gained.length + " gained, " + c.lost.length + " lost, " + c.both + " right in both, " + c.neither + " wrong in both</div>";
+    if (flipped.length) {
+      h += "<details class='heldout'><summary>the " + flipped.length + " flipped questions</summary><table class='groups' id='heldout-table'>" +
+        "<tr><th>question id</th><th>question</th><th>change</th></tr>" + flipped.map(function (q) {
+          var gained = q[3] >= 1;
+          return "<tr><td>" + esc(q[0]) + "</td><td>" + esc(q[1]) + "</td><td><span class='badge flip-" + (gained ? "gained'>gained" : "lost'>lost") + "</span></td></tr>";
+        }).join("") + "</table></details>";
+    }
+    return h;
   }
   function groupsTable(step) {
     var groups = {}, order = [];
