@@ -119,7 +119,7 @@ def test_gdpo_normalises_each_group_over_its_policy_rows_only():
     gdpo = get_estimator("gdpo")
     adv = gdpo(comps.sum(1), uids, components=comps, batch_norm=False, policy_rows=rows)
     # each component of p: policy mean 0.5, unbiased std R2; the GT row is 0.5 above that mean on
-    # both, scaled by the component's std over all three rows (0, 1, 1: 1 / sqrt(3)): 2 x sqrt(3) / 2
+    # both, scaled by the component's std over the policy rows and itself (0, 1, 1: 1 / sqrt(3)): 2 x sqrt(3) / 2
     torch.testing.assert_close(adv, torch.tensor([0.0, 0.0, math.sqrt(3), 0.0, 0.0]), atol=1e-5, rtol=0)
     # counting the GT row in p's statistics (mean 2/3, std 0.57735 per component) would give
     # the GT row 2 x (1/3) / 0.57735 = 1.1547 and push the policy rows below 0
@@ -139,7 +139,7 @@ def test_gdpo_batch_step_gives_the_policy_rows_the_same_advantages_with_or_witho
     rows = torch.tensor([True] * 4 + [False] * 2)
     adv = gdpo(with_gt.sum(1), [*uids, "p", "q"], components=with_gt, policy_rows=rows)
     torch.testing.assert_close(adv[:4], alone, atol=1e-5, rtol=0)
-    # the GT rows (sqrt(3) before the batch step, as in the test above) are measured against the policy
-    # rows' mean (0) and scaled by the std of the whole batch, GT rows included
-    before = torch.tensor([0.0, 0.0, -2 * R2, 2 * R2, math.sqrt(3), math.sqrt(3)])
-    torch.testing.assert_close(adv[4:], before[4:] / before.std(), atol=1e-5, rtol=0)
+    # the GT rows (sqrt(3) / 2 on each component before the batch step, as in the test above) get the
+    # weighted mean of their components, sqrt(3) / 2, divided by no batch std (dividing by the
+    # batch's std with them, 1.0954, gave 1.5811)
+    torch.testing.assert_close(adv[4:], torch.full((2,), math.sqrt(3) / 2), atol=1e-5, rtol=0)

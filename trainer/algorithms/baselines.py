@@ -5,7 +5,9 @@ under PVPO, whose baseline is the reference anchor.
 `policy_rows` (bool `[B]`, the trainer passes `~batch.is_gt`): the group statistics (mean, std,
 leave-one-out mean) are taken over the policy's own rollouts only; an injected GT row gets its
 reward measured against that same baseline (a GT row is not a rollout of the policy), and under
-GRPO is scaled by its whole group's std (`groups.normalised`).
+GRPO is scaled by the std of the policy rows and itself (`groups.py`'s GT credit rule: at most
+sqrt(n) in a group of n). Deviations come from `groups.deviations` (float64, around a pivot), so a
+group whose policy rows share one reward gives them exactly 0 under GRPO, Dr.GRPO and RLOO.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from pvpo.trainer.algorithms.groups import check_rewards, group_stats, normalised, row_weights
+from pvpo.trainer.algorithms.groups import check_rewards, deviations, group_stats, normalised, row_weights
 from pvpo.trainer.algorithms.spec import register_estimator
 
 
@@ -29,11 +31,13 @@ def grpo(
     policy_rows: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """GRPO: `(r - mean_group) / (std_group + eps)` with the unbiased (n-1) group std, like
-    `torch.std` in TRL and verl, over the group's `policy_rows`; an injected GT row is measured
-    against the policy rows' mean and scaled by its whole group's std (`groups.normalised`: LUFFY's
-    mixed-group std, so it cannot reach 1 / eps). A policy row with fewer than 2 policy rows in its
-    group (no baseline to compare with) gets 0."""
+    """GRPO (Shao et al. 2024, arXiv:2402.03300): `(r - mean_group) / (std_group + eps)` with the
+    unbiased (n-1) group std, like `torch.std` in TRL and verl, over the group's `policy_rows`; an
+    injected GT row is measured against the policy rows' mean and scaled by the std of the policy
+    rows and itself (`groups.py`'s GT credit rule: `|A| <= sqrt(n)`, never 1 / eps; not LUFFY's
+    mixed mean and std, and a GT row gets less than a policy row of equal reward where the policy
+    rows have spread). A policy row with fewer than 2 policy rows in its group (no baseline to
+    compare with) gets 0; a group whose policy rows share one reward gets exactly 0."""
     check_rewards(rewards, uids)
     return normalised(rewards, uids, policy_rows, eps)
 
@@ -53,8 +57,8 @@ def dr_grpo(
 ) -> torch.Tensor:
     """Dr.GRPO (Liu et al. 2025): `r - mean_group` over the group's `policy_rows`, no std
     normalisation (a size-1 group gets 0; a group without a policy row too)."""
-    _, count, mean = group_stats(rewards, uids, policy_rows)
-    return torch.where(count > 0, rewards - mean, torch.zeros_like(rewards))
+    dev, count, _ = deviations(rewards, uids, policy_rows)
+    return torch.where(count > 0, dev, torch.zeros_like(dev)).to(rewards.dtype)
 
 
 @register_estimator("rloo")
@@ -68,13 +72,14 @@ def rloo(
     **kwargs: Any,
 ) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): `r - mean(other policy rows of the group)`; a GT row (not in
-    `policy_rows`) is measured against the mean of all the policy rows. No other policy row -> 0."""
-    total, count, _ = group_stats(rewards, uids, policy_rows)
-    own = row_weights(rewards, policy_rows).view(-1, *([1] * (rewards.dim() - 1)))
+    `policy_rows`) is measured against the mean of all the policy rows. No other policy row -> 0.
+    A policy row's `r - (S - r) / (m - 1)` is `m / (m - 1) * (r - mean)` over m policy rows, so it is
+    computed from `groups.deviations` (exactly 0 in a group without spread)."""
+    dev, count, _ = deviations(rewards, uids, policy_rows)
+    own = row_weights(dev, policy_rows).view(-1, *([1] * (rewards.dim() - 1)))
     others = count - own
-    loo_mean = (total - own * rewards) / others.clamp(min=1)
-    adv = rewards - loo_mean
-    return torch.where(others > 0, adv, torch.zeros_like(adv))
+    adv = torch.where(own > 0, dev * count / others.clamp(min=1), dev)
+    return torch.where(others > 0, adv, torch.zeros_like(adv)).to(rewards.dtype)
 
 
 @register_estimator("pvpo", needs_anchors=True)

@@ -7,11 +7,20 @@ rollouts with two binary rewards, summed rewards (0, 1), (0, 2) and (1, 2) all g
     A_k = (r_k - mean_group(r_k)) / (std_group(r_k) + eps),
 
 sums them with the component weights, A = sum_k w_k A_k (Eq. 5), and normalises A over the
-whole batch (Eq. 6; its mean and std over the policy's own rollouts, as the group step's; an
-injected GT row is scaled by the std of its group, and of the batch, GT rows included), so
-(0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of the patterns where one
-reward differs. Conditioned rewards (Sec. 3.2): a component counts only
+whole batch (Eq. 6), so (0, 2) gets (-1.4142, +1.4142) before the batch step: twice the signal of
+the patterns where one reward differs. Conditioned rewards (Sec. 3.2): a component counts only
 where another reaches a threshold (r_k <- r_k * 1[r_l >= t]), applied before normalisation.
+
+Injected GT rows (Group Sampling) and bounds. The group step is `groups.normalised` (GRPO's: a GT
+row over the std of its group's policy rows and itself, `|A_k| <= sqrt(n)` in a group of n). The
+batch step is taken over the policy rows only, every rank's (the batch is every rank's): a policy
+row is divided by their std, so it is bounded by `(B_p - 1) / sqrt(B_p)` over B_p policy rows
+(Samuelson's inequality), as Eq. 6 makes it (17.8 at 64 groups of 5, 25.3 on two such ranks, when
+one row alone has spread). A GT row enters no batch statistic and is not divided by the policy
+rows' std: it gets the weighted mean of its group-step advantages, `sum_k w_k A_k / sum_k |w_k|`,
+on the unit scale the batch step gives the policy rows and bounded by sqrt(n) whatever the batch
+and world size. Rejected: dividing it by the std of the batch with the GT rows, which let it reach
+sqrt(batch rows): 2.83 at 2 groups of 4, 17.89 at 64 groups of 5.
 """
 
 from __future__ import annotations
@@ -125,11 +134,11 @@ def gdpo(
 ) -> torch.Tensor:
     """GDPO advantages `[B]` (arXiv:2601.05242, Eqs. 4-6): per-component group normalisation
     (`groups.normalised`, as our `grpo`: mean and unbiased std over the group's `policy_rows`; an
-    injected GT row is measured against the policy rows' mean and scaled by its whole group's std; a
-    policy row with fewer than 2 policy rows in its group gets 0),
-    weighted sum over components,
-    then `(A - mean_batch) / (std_batch + eps)` over the batch's policy rows when `batch_norm`
-    (`batch_normalise`).
+    injected GT row is measured against the policy rows' mean and scaled by the std of the policy
+    rows and itself; a policy row with fewer than 2 policy rows in its group gets 0),
+    weighted sum over components, then the batch step over the batch's policy rows when
+    `batch_norm` (`batch_normalise`; a GT row gets its weighted mean instead: module docstring).
+    A group whose policy rows share every component gives them exactly 0.
 
     `components`: `[B, K]`, one column per reward component (required: the trainer builds it
     from `Trajectory.reward_components`); `component_names` names the columns for `weights`
@@ -149,9 +158,10 @@ def gdpo(
     if conditions:
         comps = condition(comps, names, conditions)
     per = normalised(comps, uids, policy_rows, eps)
-    adv = per @ weight_vector(names, weights, per)
+    w = weight_vector(names, weights, per)
+    adv = per @ w
     if batch_norm:
-        adv = batch_normalise(adv, policy_rows, eps, all_sum)
+        adv = batch_normalise(adv, policy_rows, eps, all_sum, gt_scale=float(w.abs().sum()))
     return adv
 
 
@@ -160,18 +170,21 @@ def batch_normalise(
     rows: torch.Tensor | None,
     eps: float,
     all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    gt_scale: float = 1.0,
 ) -> torch.Tensor:
-    """GDPO's batch step (arXiv:2601.05242, Eq. 6), `(A - mean) / (std + eps)`, as the group step:
-    the mean over `rows` (the policy's own rollouts; all rows when None) for every row, the unbiased
-    std over them for a policy row and over the whole batch (GT rows included) for an injected GT
-    row, so a GT row moves none of the policy rows and is never scaled by 1 / eps where the policy
-    rows have no spread. `all_sum` (a tensor summed over the ranks of a torchrun run): the batch is
-    every rank's. Fewer than 2 rows in the statistics a row is scaled by: that row unchanged (no
-    spread to divide by)."""
+    """GDPO's batch step (arXiv:2601.05242, Eq. 6), `(A - mean) / (std + eps)` over `rows` (the
+    policy's own rollouts; all rows when None), every rank's with `all_sum` (a tensor summed over
+    the ranks of a torchrun run). `adv` is the group step's weighted sum, whose mean over the policy
+    rows is 0 by construction (each group's policy rows are centred; a group of one policy row gives
+    0), so the mean is not subtracted: its float64 rounding would only move the rows of groups
+    without spread off exactly 0. A policy row is divided by the policy rows' unbiased std (left as
+    it is with fewer than 2 of them); a row outside `rows` (an injected GT row) is divided by
+    `gt_scale` (gdpo: the sum of the weights' magnitudes) and by no batch statistic (module
+    docstring: its bound)."""
     total = all_sum or SINGLE.all_sum
     own = row_weights(adv, rows) > 0
-    mean, std, n = pooled_mean_std(adv[own], total)
-    _, mixed_std, n_all = pooled_mean_std(adv, total)
-    policy = (adv - mean) / (std + eps) if n > 1 else adv
-    injected = (adv - mean) / (mixed_std + eps) if n > 0 and n_all > 1 else adv
-    return torch.where(own, policy, injected)
+    _, std, n = pooled_mean_std(adv[own], total)
+    a = adv.double()
+    policy = a / (std + eps) if n > 1 else a
+    injected = a / gt_scale if gt_scale > 0 else torch.zeros_like(a)
+    return torch.where(own, policy, injected).to(adv.dtype)
