@@ -68,6 +68,10 @@ def test_advantages_are_finite_bounded_and_a_gt_row_that_beats_its_group_is_posi
     name: str, shape: str, group_sampling: bool
 ) -> None:
     policy, gt = SHAPES[shape]
+    if name == "ppo" and group_sampling:  # refused at config load (spec.NO_GT_ROWS); the estimator too
+        with pytest.raises(ValueError, match="ppo takes no GT rows"):
+            _advantages(name, policy, gt, group_sampling)
+        return
     adv, rows = _advantages(name, policy, gt, group_sampling)
     assert bool(torch.isfinite(adv).all())
     # a group-normalised advantage is at most sqrt(n) in a group of n rows; the others live in the reward range
@@ -77,14 +81,14 @@ def test_advantages_are_finite_bounded_and_a_gt_row_that_beats_its_group_is_posi
     gt_adv = adv[~rows]
     if max(gt) > sum(policy) / len(policy):
         assert bool((gt_adv > 0).all()), f"{name}: GT rows {gt_adv.tolist()} do not beat the group"
-    elif name != "ppo":  # a GT row equal to every policy row has nothing to teach
-        torch.testing.assert_close(gt_adv, torch.zeros_like(gt_adv), atol=1e-4, rtol=0)
+    else:  # a GT row equal to every policy row has nothing to teach
+        assert bool((gt_adv == 0).all()), gt_adv
 
 
 def _ppo_hand(rewards: list[float]) -> list[float]:
-    """GAE with critic values 0, gamma 1, lambda 0.95: token t of T carries lambda^(T-1-t) r; whitened
-    over every token of the batch; each row's token mean."""
-    tokens = [[0.95 ** (T_TOKENS - 1 - t) * r for t in range(T_TOKENS)] for r in rewards]
+    """GAE with critic values 0, gamma 1, lambda 1 (the defaults): every token of a row carries its
+    reward r; whitened over every token of the batch; each row's token mean."""
+    tokens = [[r] * T_TOKENS for r in rewards]
     flat = torch.tensor(tokens).reshape(-1)
     white = (flat - flat.mean()) / (flat.std() + 1e-6)
     return white.reshape(len(rewards), T_TOKENS).mean(dim=1).tolist()
@@ -103,7 +107,6 @@ HAND: dict[str, Callable[[], list[float]]] = {
     "pvpo": lambda: [0.0] * 4 + [0.9],  # anchor 0.1
     "v05": lambda: [0.0] * 4 + [0.9],  # prior = group mean = 0.1: the fused baseline is 0.1
     "v05_value": lambda: [0.0] * 4 + [0.9],
-    "ppo": lambda: _ppo_hand([0.1] * 4 + [1.0]),
 }
 
 
@@ -111,3 +114,8 @@ HAND: dict[str, Callable[[], list[float]]] = {
 def test_the_zero_spread_group_with_a_gt_row_equals_the_hand_computation(name: str) -> None:
     adv, _ = _advantages(name, [0.1] * 4, [1.0], group_sampling=True)
     torch.testing.assert_close(adv, torch.tensor(HAND[name]()), atol=1e-4, rtol=0)
+
+
+def test_ppo_without_gt_rows_equals_the_hand_computation() -> None:
+    adv, _ = _advantages("ppo", [0.1] * 4 + [1.0], [], group_sampling=False)
+    torch.testing.assert_close(adv, torch.tensor(_ppo_hand([0.1] * 4 + [1.0])), atol=1e-4, rtol=0)

@@ -45,7 +45,7 @@ class Critic(torch.nn.Module):
         hf: Any = policy_model
         hidden = int(hf.config.hidden_size)
         self.head = torch.nn.Linear(hidden, 1)
-        torch.nn.init.zeros_(self.head.weight)  # V = bias = 0 at start: GAE begins as plain returns
+        torch.nn.init.zeros_(self.head.weight)  # V = 0 at start: at lambda 1 a token's advantage is then its return
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, batch: Batch) -> torch.Tensor:

@@ -11,6 +11,17 @@ observation bootstraps from the value of the first model token after it, and the
 `next value` and `A_{t+1}` are carried unchanged across the environment span (verl's
 `compute_gae_advantage_return` over a response mask does the same). The outcome reward sits on each
 trajectory's last model token; after it V = 0.
+
+lambda defaults to 1 (verl's `lam: 1.0`): A_t = R - V(s_t), so while the critic is still wrong
+(it starts at V = 0) each token's advantage is the return against it. At lambda 0.95 and V = 0 a
+token's advantage is 0.95^(tokens to the end) R: on one correct and one wrong row of 180 model
+tokens, token whitening gave 123 of the correct row's tokens a negative advantage (its first
+-0.347, the wrong row's -0.348).
+
+Group Sampling's GT rows are refused with `ppo` (`spec.NO_GT_ROWS`, at config load): the critic
+learns the policy's value, which a GT trajectory is not a sample of, and the whitening over the
+batch's tokens would either let GT tokens move every policy row (one GT row moved the policy
+rows' advantages from 0 to -0.552) or divide them by a spread they did not enter.
 """
 
 from __future__ import annotations
@@ -47,7 +58,7 @@ def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 
 def gae(
-    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each `[B, T]`, 0 off the model tokens (`mask` 0). See the module
     docstring: the recursion skips mask-0 tokens, carrying the next value and advantage over them."""
@@ -171,16 +182,25 @@ def ppo(
     values: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 0.95,
+    lam: float = 1.0,
     whiten: bool = True,
     all_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    policy_rows: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """PPO's per-token advantages `[B, T]`: GAE(gamma, lambda) of the outcome reward against the
     critic's `values` `[B, T]` over the model tokens of `mask` `[B, T]`, whitened over the batch's
     model tokens when `whiten` (groups play no part: the critic is the baseline); `all_sum`: the
-    batch is every rank's (`masked_whiten`)."""
+    batch is every rank's (`masked_whiten`). Whitening bounds a token by the batch, not a group: at
+    V = 0 and lambda 1, a row that alone succeeds among B rows of equal length gets sqrt(B - 1)
+    (17.9 at 320 rows), as verl's whitening gives it. `policy_rows` false anywhere (an injected GT
+    row) is a ValueError: module docstring."""
     check_rewards(rewards, uids)
+    if policy_rows is not None and not bool(policy_rows.all()):
+        raise ValueError(
+            "ppo takes no GT rows (Group Sampling): its critic and whitening are the policy's; "
+            "set algorithm.group_sampling.enabled=false or use another estimator"
+        )
     if values is None or mask is None:
         raise ValueError(
             "ppo needs values= (the critic's [B, T]) and mask= (the loss mask [B, T]); the trainer passes them"

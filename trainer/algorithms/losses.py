@@ -170,7 +170,14 @@ KL_ESTIMATORS.register("k3", _k3)
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     """Per-token estimate `[B, T]` of KL(pi || pi_ref) from sampled-token log-probs (Schulman 2020):
     k1 = lp - ref, k2 = (lp - ref)^2 / 2, k3 = exp(ref - lp) - (ref - lp) - 1 (clamped as verl does).
-    The reference log-probs are constants. Aggregate with the same mask and mode as the pg loss."""
+    The reference log-probs are constants. Aggregate with the same mask and mode as the pg loss.
+
+    As a loss on tokens sampled from pi, each is differentiated through lp only, and its expected
+    gradient is not the same KL's: k1's is E[grad lp] = 0 (the config refuses it as a penalty:
+    it does nothing); k2's is E[(lp - ref) grad lp], the reverse KL(pi || pi_ref)'s gradient; k3's
+    (verl's `low_var_kl`) is E[(1 - pi_ref / pi) grad lp] = -sum pi_ref grad lp, the forward
+    KL(pi_ref || pi)'s gradient, a biased estimate of the reverse KL's (a two-action example:
+    `tests/test_trainer_algorithms_kl_gradients.py`)."""
     fn = KL_ESTIMATORS.get(kind)  # UnknownNameError (a ValueError) listing the estimators
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"logprobs {tuple(logprobs.shape)} and ref {tuple(ref_logprobs.shape)} differ")

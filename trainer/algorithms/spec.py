@@ -57,6 +57,16 @@ AGGREGATION_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-
 OWN_AGGREGATION: dict[str, str] = {"dr_grpo": "seq-mean-token-sum-norm"}
 
 
+# Estimators that take no injected GT rows (Group Sampling), each with the reason; read without
+# torch by the config, which refuses `algorithm.group_sampling.enabled` with them before any work.
+# Every other estimator defines a GT row's advantage against its group's policy rows
+# (docs/deviations.md).
+NO_GT_ROWS: dict[str, str] = {
+    "ppo": "its critic learns the policy's value and its whitening spans the batch's tokens; a GT "
+    "trajectory is no sample of the policy and no paper defines its credit there",
+}
+
+
 def own_aggregation(name: str) -> str:
     """The loss aggregation the estimator `name` is paired with by its paper (`OWN_AGGREGATION`,
     token-mean otherwise)."""

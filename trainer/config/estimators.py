@@ -97,9 +97,16 @@ class CriticConfig(Section):
 
 class PPOConfig(Section):
     """PPO with GAE (Schulman et al. 2016, arXiv:1506.02438) over the model tokens of multi-turn
-    trajectories; the outcome reward sits on each trajectory's last model token."""
+    trajectories; the outcome reward sits on each trajectory's last model token. Not with Group
+    Sampling (`algorithm.group_sampling.enabled`): refused at config load (`trainer/algorithms/gae.py`
+    says why)."""
 
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount per model token")
-    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda")
+    lam: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="GAE lambda (verl's 1.0: a token's advantage is its return against the critic; below 1 an early token's credit shrinks while the critic is still 0)",
+    )
     whiten: bool = Field(True, description="whiten the advantages over the batch's model tokens")
     critic: CriticConfig = CriticConfig()
