@@ -409,9 +409,20 @@ def report_cmd(
     metric: Annotated[str, typer.Option(help="em | f1 | acc | lasj | format_ok | searches")] = "em",
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV")] = None,
     md_path: Annotated[Path | None, typer.Option("--md", help="Also write the markdown table to a file")] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --md / --csv file (never one a run wrote)")
+    ] = False,
 ) -> None:
     """Merge runs into one markdown table (datasets as columns, Avg last, N per column) and a CSV."""
+    from pvpo.atomic import atomic_write_text
     from pvpo.evaluation.report import build_table, find_runs, markdown_table, write_csv
+    from pvpo.owned import check_output_file
+
+    for flag, path in (("--md", md_path), ("--csv", csv_path)):  # before anything is read (`pvpo.owned`)
+        if path is not None:
+            check_output_file(path, flag, overwrite=overwrite)
+    if md_path is not None and csv_path is not None and md_path.resolve() == csv_path.resolve():
+        raise ValueError(f"--md and --csv name one file, {md_path}: give two")
 
     results = find_runs(dirs, metric)
     if not results:
@@ -419,7 +430,7 @@ def report_cmd(
     table = build_table(results)
     text = markdown_table(table, metric=metric)
     if md_path:
-        md_path.write_text(text, encoding="utf-8")
+        atomic_write_text(md_path, text)
     if csv_path:
         write_csv(table, csv_path)
     typer.echo(text, nl=False)

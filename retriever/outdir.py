@@ -22,6 +22,7 @@ from pathlib import Path
 from pvpo.owned import (
     RECORD,
     STAGING,
+    FolderError,
     FolderKind,
     check_folder_path,
     claim,
@@ -69,7 +70,7 @@ def _inside(path: Path, folder: Path) -> bool:
     return path.resolve().is_relative_to(folder.resolve())
 
 
-def _refuse_inputs_inside(out: Path, inputs: Sequence[str | Path | None]) -> None:
+def _refuse_inputs_inside(out: Path, inputs: Sequence[str | Path | None], what: str) -> None:
     """A one-line error when an input lies in what a build writes in `out` (a corpus at
     out/corpus.jsonl would be rewritten as `{id, contents}`), --overwrite or not."""
     for p in inputs:
@@ -78,12 +79,12 @@ def _refuse_inputs_inside(out: Path, inputs: Sequence[str | Path | None]) -> Non
         top = Path(p).resolve().relative_to(out.resolve()).parts
         if top and INDEX_KIND.writes(top[0]):
             raise ValueError(
-                f"{p} is inside --out {out}, where a build writes {top[0]}: move it out of the folder, "
+                f"{p} is inside {what} {out}, where a build writes {top[0]}: move it out of the folder, "
                 "or build into another folder"
             )
 
 
-def _refuse_another_build(out: Path, source: str | Path | None, ours: Sequence[str]) -> None:
+def _refuse_another_build(out: Path, source: str | Path | None, ours: Sequence[str], what: str) -> None:
     """Without --overwrite: a finished build of ours, or an interrupted one of another source, is
     refused (a re-run of the same interrupted build resumes it)."""
     if not ours:
@@ -92,14 +93,43 @@ def _refuse_another_build(out: Path, source: str | Path | None, ours: Sequence[s
     now = None if source is None else str(Path(source).resolve())
     if META_FILE in ours:
         raise ValueError(
-            f"--out {out} already holds a finished index{f' of {was}' if was else ''}: "
+            f"{what} {out} already holds a finished index{f' of {was}' if was else ''}: "
             "--overwrite to replace it (kept until the new one is complete), or give another folder"
         )
     if was is not None and now is not None and was != now:
         raise ValueError(
-            f"--out {out} holds an interrupted build of {was}, not {now}: re-run that build to resume it, "
+            f"{what} {out} holds an interrupted build of {was}, not {now}: re-run that build to resume it, "
             "--overwrite to replace it, or give another folder"
         )
+
+
+def check_build_target(
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    inputs: Sequence[str | Path | None] = (),
+    source: str | Path | None = None,
+    what: str = "--out",
+) -> tuple[list[str], list[str]]:
+    """Whether a build may write `out` (`what` names it in the message: `--out`,
+    `retriever.index_dir`), by the rules above, reading only: a ValueError naming the folder,
+    the files in the way and the fix when it may not; else (pvpo's entries, the user's)."""
+    out = check_folder_path(out, what)
+    _refuse_inputs_inside(out, inputs, what)
+    ours, users = entries(out, INDEX_KIND)
+    try:
+        refuse_clashes(out, INDEX_KIND, users)
+    except FolderError as e:
+        raise FolderError(f"{what}: {e}") from None
+    if users and not ours and not overwrite:
+        fix = "or --overwrite to build beside them (they are kept)" if what == "--out" else "or a built index"
+        raise ValueError(
+            f"{what} {out} holds files that are not an index build ({shown(users)}): give a new or empty folder, {fix}"
+        )
+    ours = replaceable(ours)
+    if not overwrite:
+        _refuse_another_build(out, source, ours, what)
+    return ours, users
 
 
 @contextmanager
@@ -109,27 +139,18 @@ def build_into(
     overwrite: bool,
     inputs: Sequence[str | Path | None] = (),
     source: str | Path | None = None,
+    what: str = "--out",
 ) -> Iterator[Path]:
-    """The folder to build into (call it with --out's lock held), by the rules above, before
+    """The folder to build into (call it with the folder's lock held), by the rules above, before
     anything is read or encoded. Without `overwrite`: `out` itself, when it is new or empty or an
     interrupted build of ours from `source` (what the build reads: its corpus or prebuilt
     index, recorded in the manifest); else a ValueError naming the files or the build in the
-    way, the folder untouched. With `overwrite` and a folder holding anything: a staging folder
-    inside `out` whose entries replace the earlier build's when the block ends without error (a
-    user's files stay), and which is removed when it raises."""
+    way, the folder untouched (`check_build_target`). With `overwrite` and a folder holding
+    anything: a staging folder inside `out` whose entries replace the earlier build's when the
+    block ends without error (a user's files stay), and which is removed when it raises."""
     out = checked_out(out)
-    _refuse_inputs_inside(out, inputs)
-    recover(out, INDEX_KIND)
-    ours, users = entries(out, INDEX_KIND)
-    refuse_clashes(out, INDEX_KIND, users)
-    if users and not ours and not overwrite:
-        raise ValueError(
-            f"--out {out} holds files that are not an index build ({shown(users)}): give a new or empty folder, "
-            "or --overwrite to build beside them (they are kept)"
-        )
-    ours = replaceable(ours)
-    if not overwrite:
-        _refuse_another_build(out, source, ours)
+    recover(out, INDEX_KIND)  # in a folder with a build's manifest only
+    ours, users = check_build_target(out, overwrite=overwrite, inputs=inputs, source=source, what=what)
     info = {} if source is None else {"source": str(Path(source).resolve())}
     if not (users or ours) or not overwrite:  # new, or an interrupted build of ours resumed in place
         existed, fresh = out.exists(), not ours

@@ -123,6 +123,7 @@ def train_cmd(
             check_resume_world(run_dir or default_run_dir(config), nproc)
 
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
+    from pvpo.trainer.data import check_index_dir
     from pvpo.trainer.loop import train
     from pvpo.trainer.state.resume import resume_config
 
@@ -138,6 +139,7 @@ def train_cmd(
         )
     with _run_dir_session(run_dir, "pvpo train"):
         cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
+        check_index_dir(cfg)  # a user's folder as retriever.index_dir: refused before anything is written
         result = train(cfg, run_dir, resume=resume, overwrite=overwrite)
     last = result.metrics[-1] if result.metrics else {}
     typer.echo(

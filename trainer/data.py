@@ -275,6 +275,24 @@ def write_questions(questions: Sequence[QAExample], path: Path) -> None:
     )
 
 
+_INDEX_DIR = "retriever.index_dir"
+
+
+def check_index_dir(cfg: TrainConfig) -> None:
+    """Before any file is written or model built: a `retriever.index_dir` the run would build an
+    index in (it holds no `meta.json`) must be a folder `pvpo retriever build` could build in - new,
+    empty, or an interrupted build of pvpo's (`retriever.outdir.check_build_target`); a user's data
+    folder is a ValueError naming it, never rewritten. A built index is only read."""
+    if cfg.retriever.url or not cfg.retriever.index_dir:
+        return  # the run's own <run>/index: a name its manifest reserves
+    index_dir = Path(cfg.retriever.index_dir)
+    if (index_dir / "meta.json").is_file():
+        return
+    from pvpo.retriever.outdir import check_build_target
+
+    check_build_target(index_dir, what=_INDEX_DIR)
+
+
 @contextlib.contextmanager
 def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None) -> Iterator[Searcher]:
     """A Searcher for the run: a client of `retriever.url`, or of a loopback server over an index
@@ -297,18 +315,24 @@ def retriever_session(cfg: TrainConfig, run_dir: Path, corpus_path: Path | None)
         finally:
             client.close()
         return
+    from pvpo.locks import folder_lock
     from pvpo.retriever.build import build_index
     from pvpo.retriever.encoder import set_default_backend, set_default_dtype
+    from pvpo.retriever.outdir import build_into
     from pvpo.retriever.server import BackgroundServer
 
     index_dir = Path(cfg.retriever.index_dir) if cfg.retriever.index_dir else RunDir(run_dir).index
     set_default_backend(r.encoder_backend)  # the loopback server's encoders live in this process
     set_default_dtype(r.encoder_dtype)
     try:
-        if not (index_dir / "meta.json").exists() and not any(index_dir.glob("*.faiss")):
+        if not (index_dir / "meta.json").exists():
             if corpus_path is None:
                 raise ValueError("no retriever.url, no retriever.index_dir and no corpus to index: set one of them")
-            build_index(corpus_path, index_dir, model=cfg.retriever.encoder)
+            # through the owned-folder rule `pvpo retriever build` follows: a user's folder is never written
+            # (the run's own <run>/index is under the run dir's lock; a lock file beside it would be a stray entry)
+            lock = folder_lock(index_dir, "pvpo train") if r.index_dir else contextlib.nullcontext()
+            with lock, build_into(index_dir, overwrite=False, source=corpus_path, what=_INDEX_DIR) as target:
+                build_index(corpus_path, target, model=cfg.retriever.encoder)
         with BackgroundServer(str(index_dir)) as server:
             client = RetrieverClient(
                 server.url, topk=r.topk, timeout=r.timeout, retries=r.retries, max_backoff=r.max_backoff
