@@ -24,6 +24,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 .PHONY: demo test test-fast test-vllm test-verl test-docker lint format docs docs-serve install clean help
 
 help:
+	@echo "make install    .venv with torch, this package (editable, dev extra) and the catalog's SmolLM2; TORCH_INDEX=URL for another torch index"
 	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (docs/recipes/demo.md)"
 	@echo "make test       the whole test suite (what CI runs; installs chromium for the viewer's browser tests when root)"
 	@echo "make test-fast  the suite without the slow end-to-end checks"
