@@ -11,7 +11,11 @@ warning) and for the user's files it must not lose. One module per round, this r
   damaged state, odd paths;
 - round 4, secrets and bad input (`faults_secrets_input.py`): URL passwords holding `@` or `/`, a
   `--debug` traceback of a 401, a malformed URL, a reply of the wrong shape, a damaged metrics.json,
-  reward parameters out of range, a lone surrogate in a query, a full `/retrieve` URL.
+  reward parameters out of range, a lone surrogate in a query, a full `/retrieve` URL;
+- round 4, a user's files (`faults_ownership.py`): `retriever build` into a user's folder, onto its
+  own corpus, over another corpus's index; a user's folder as the trainer's index dir; a user's
+  checkpoint copy at pruning; `view --out` / `eval report --md` onto a run's or a user's files; a
+  demo into a training run; `--overwrite` with user files nested in `checkpoints/`.
 
     python bench/faults.py [--workdir DIR] [--keep] [--rounds 1,2,3,4] [--docs docs/reliability.md]
 
@@ -35,6 +39,7 @@ import time
 from pathlib import Path
 
 from fault_probes import ENV, REPO, Row, free_port
+from faults_ownership import Ownership
 from faults_round1 import Round1
 from faults_round2 import Round2
 from faults_round3 import Round3
@@ -126,6 +131,7 @@ def main() -> None:
             )
         if 4 in rounds:
             tables.append(("Fourth round: secrets and bad input", SecretsInput(work, url).rows()))
+            tables.append(("Fourth round: a user's files, output flags, default folders", Ownership(work, url).rows()))
     finally:
         server.terminate()
         server.wait()
