@@ -275,6 +275,28 @@ def test_a_runs_page_lists_the_held_out_questions_that_flipped(browser: Browser,
     assert rows == [["h/1", "Held-out one?", "gained"], ["h/2", "", "lost"]]
 
 
+def test_an_episode_with_a_nan_advantage_is_marked_and_its_neighbours_shown(browser: Browser, tmp_path: Path) -> None:
+    run = _run(tmp_path / "run")
+    lines = (run / "episodes.jsonl").read_text().splitlines()
+    rows, kept = lines[0].split('"episodes"')
+    lines[0] = rows + '"episodes"' + kept.replace('"advantage": -0.5', '"advantage": NaN', 1)  # step 1's second
+    (run / "episodes.jsonl").write_text("\n".join(lines) + "\n")
+    b = browser
+    b.open(write_page([run], tmp_path / "run.html"))
+    assert _count(b) == "5 of 5 episodes"
+    marked = b.eval("[].map.call(document.querySelectorAll('tr.ep-row .badval'), function (s) { return s.title; })")
+    assert marked == ["advantage is nan (shown as –)"]
+    b.eval(
+        "document.querySelector('select[data-k=outcome]').value = 'bad';"
+        " document.querySelector('select[data-k=outcome]').dispatchEvent(new Event('change'))"
+    )
+    assert _count(b) == "1 of 5 episodes"
+    b.click("tr.ep-row")
+    assert b.eval("document.querySelector('.detail .badvals').textContent") == (
+        "bad values in the file, shown as unknown: advantage is nan (shown as –)"
+    )
+
+
 HOSTILE = [
     '<img src=x onerror="window.pwned=1">',
     "\"'><svg onload=window.pwned=1>",

@@ -389,7 +389,9 @@ def read_run(path: Path) -> Source:
         "steps": steps,
         "curves": curves,
         "validation": [
-            p for p in points if isinstance(p, Mapping) and _is_number(p.get("step")) and _is_number(p.get("accuracy"))
+            {k: p[k] for k in ("step", "accuracy", "accuracy_se", "n") if _is_number(p.get(k))}
+            for p in points
+            if isinstance(p, Mapping) and _is_number(p.get("step")) and _is_number(p.get("accuracy"))
         ]
         if isinstance(points, list)
         else [],
