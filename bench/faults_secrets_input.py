@@ -237,6 +237,27 @@ class SecretsInput(Probes):
             and said.startswith("refused") and "'floor'" in said,
         )  # fmt: skip
 
+    def staleness_that_cannot_run(self) -> Row:
+        """`rollout.max_staleness` true / on / 10^5 / 10^12, and v05 ahead of the update: each refused
+        when the config loads, in one line naming the key, before a file of the run is written."""
+        cases = {
+            "true": ["rollout.max_staleness=true"],
+            "on": ["rollout.max_staleness=on"],
+            "10^5": ["rollout.max_staleness=100000"],
+            "10^12": ["rollout.max_staleness=1000000000000"],
+            "v05 at 1": ["algorithm.estimator=v05", "rollout.max_staleness=1"],
+        }
+        outs = {}
+        for name, overrides in cases.items():
+            run = self.work / f"staleness_{name.replace('^', '').replace(' ', '_')}"
+            outs[name] = (pvpo("train", "--config", SMOKE, "--run-dir", str(run), *overrides), run)
+        return Row(
+            "`rollout.max_staleness=true` / `on` / `100000` / `1000000000000`, and `algorithm.estimator=v05` at "
+            "`rollout.max_staleness=1`, at `train`",
+            "; ".join(f"{n}: rc {o.rc}{', run dir written' if run.exists() else ''}" for n, (o, run) in outs.items()),
+            all(one_line(o.out, o.rc, "rollout.max_staleness") and not run.exists() for o, run in outs.values()),
+        )
+
     def lone_surrogate_in_a_query(self) -> Row:
         def turns(body: str) -> str:
             return "<answer> Paris </answer>" if "Doc 1" in body else "<search> who \ud800 is </search>"
@@ -286,6 +307,7 @@ class SecretsInput(Probes):
                 self.reply_of_the_wrong_shape,
                 self.damaged_metrics,
                 self.reward_params_out_of_range,
+                self.staleness_that_cannot_run,
                 self.lone_surrogate_in_a_query,
                 self.full_retrieve_url,
             ]
