@@ -18,11 +18,27 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from fault_probes import SMOKE, Probes, Row, first_error, jsonl, one_line, pvpo, python, run_probes, snapshot
+from fault_probes import (
+    SMOKE,
+    Probes,
+    Row,
+    first_error,
+    free_port,
+    jsonl,
+    one_line,
+    popen,
+    pvpo,
+    python,
+    run_probes,
+    snapshot,
+    stop,
+)
 
 NOTES = b"a user's notes\n"
 
@@ -251,22 +267,34 @@ class Ownership(Probes):
         )
 
 
+def _serve(index: Path, port: int) -> subprocess.Popen:
+    """`pvpo retriever serve` over `index` on `port`, once /health answers (what `bench/faults.py`
+    serves; this module imports no other round nor the runner)."""
+    import httpx
+
+    server = popen("retriever", "serve", "--index", str(index), "--port", str(port))
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return server
+
+
 def main() -> None:
     """These probes alone: the smoke run trained and its index served first; exit 1 if one fails."""
-    from fault_probes import free_port
-    from faults import _serve
-    from faults_round1 import Round1
-
     work = Path(tempfile.mkdtemp(prefix="pvpo-faults-ownership-"))
-    one = Round1(work)
-    setup = one.smoke_run()
+    probes = Ownership(work)
+    smoke = pvpo("train", "--config", SMOKE, "--run-dir", str(probes.base))
+    setup = Row("`configs/smoke.yaml`, the run the probes copy", f"rc {smoke.rc}, {smoke.seconds:.0f} s", smoke.rc == 0)
     port = free_port()
-    server = _serve(one.base / "index", port)
+    server = _serve(probes.base / "index", port)
+    probes.url = f"http://127.0.0.1:{port}"
     try:
-        rows = [setup, *Ownership(work, f"http://127.0.0.1:{port}").rows()]
+        rows = [setup, *probes.rows()]
     finally:
-        server.terminate()
-        server.wait()
+        stop(server)
         shutil.rmtree(work, ignore_errors=True)
     print("| fault | result | ok |\n|---|---|---|")
     for r in rows:

@@ -35,7 +35,14 @@ def test_the_full_disk_probe_without_root_reports_not_run(tmp_path: Path) -> Non
 
 
 def test_the_fault_rounds_import_the_shared_probes_and_never_the_runner_or_each_other() -> None:
-    rounds = ["faults_round1", "faults_round2", "faults_round3", "faults_secrets_input", "fault_probes"]
+    rounds = [
+        "faults_round1",
+        "faults_round2",
+        "faults_round3",
+        "faults_secrets_input",
+        "faults_ownership",
+        "fault_probes",
+    ]
     for name in rounds:
         tree = ast.parse((BENCH / f"{name}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
