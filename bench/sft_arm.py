@@ -214,6 +214,7 @@ def train_seed(
     from pvpo.trainer.model.warmstart import continued_batches, sft_batches, warm_start
     from pvpo.trainer.setup import warm_start_trajectories
 
+    recipe_config(recipe_run, warm_start_only=True)  # a run past its warm start, or a one-line error
     cfg = load_config(recipe_run / "config.yaml", sft_overrides(recipe_run))
     cfg = with_resolved_dtype(cfg, resolve_device(cfg.model.device))
     m = cfg.model
@@ -288,7 +289,9 @@ def run_seeds(recipe_run: Path, seeds: Sequence[int], steps: int, out: Path) -> 
         check_seed_folder(folder)
         cmd = train_command(recipe_run, seed, steps, out)
         print(f"[sft seed {seed}] {shlex.join(cmd)}", flush=True)
-        subprocess.run(cmd, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        done = subprocess.run(cmd, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        if done.returncode != 0:
+            raise ValueError(f"SFT seed {seed} failed (exit status {done.returncode}): its output is above")
 
 
 def evaluate_once(recipe_run: Path, todo: Sequence[tuple[Path, Path]], questions: Path) -> list[dict[str, Any]]:
@@ -527,7 +530,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.train_seed is not None:
-        train_seed(args.recipe_run, args.train_seed, args.steps, seed_dir(args.out, args.train_seed))
+        try:
+            train_seed(args.recipe_run, args.train_seed, args.steps, seed_dir(args.out, args.train_seed))
+        except ValueError as e:
+            ap.error(str(e))
         return 0
     if not args.match_wall_of:
         ap.error("--match-wall-of: name the RL arm's finished seed runs (e.g. the recipe run and rl_seeds' seed_<k>)")

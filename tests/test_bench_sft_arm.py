@@ -143,7 +143,12 @@ def test_a_run_without_the_sft_seconds_record_takes_the_summarys_warm_start_wall
 
 def test_each_seed_trains_in_a_child_process_with_the_planned_steps_and_a_finished_one_is_kept(tmp_path, monkeypatch):
     ran: list[list[str]] = []
-    monkeypatch.setattr(sft_arm.subprocess, "run", lambda cmd, check, env: ran.append(cmd))
+
+    def child(cmd, check, env):
+        ran.append(cmd)
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(sft_arm.subprocess, "run", child)
     out = tmp_path / "out"
     done = sft_arm.seed_dir(out, 0)
     (done / "policy").mkdir(parents=True)
@@ -167,6 +172,16 @@ def test_each_seed_trains_in_a_child_process_with_the_planned_steps_and_a_finish
     with pytest.raises(ValueError, match="holds files this arm does not write"):
         sft_arm.run_seeds(tmp_path / "recipe", [3], 26, out)
     assert len(ran) == 1
+    # a seed whose child process fails is one line, naming the seed
+    monkeypatch.setattr(sft_arm.subprocess, "run", lambda cmd, check, env: types.SimpleNamespace(returncode=2))
+    with pytest.raises(ValueError, match="SFT seed 4 failed"):
+        sft_arm.run_seeds(tmp_path / "recipe", [4], 26, out)
+
+
+def test_the_child_process_of_a_seed_refuses_a_folder_that_is_no_recipe_run_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        sft_arm.main(["--recipe-run", str(tmp_path), "--out", str(tmp_path / "o"), "--train-seed", "0", "--steps", "1"])
+    assert e.value.code == 2 and "no demo run there (config.yaml)" in capsys.readouterr().err
 
 
 def _sft_seed(out: Path, seed: int, steps: int = 26) -> None:
