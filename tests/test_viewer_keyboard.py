@@ -155,11 +155,12 @@ def test_a_comparison_flips_by_f1_sorts_by_the_change_and_says_where_the_episode
     assert order[0] == "toy/q2" and order[-1] == "toy/q1"  # B - A's F1 ascending: q2 lost most, q1 gained
     b.open(pages["compare"], "open=toy/q2")
     assert b.eval("document.getElementById('divergence').textContent") == (
-        'Same for 0 turns (0 model turns); at turn 1 A answers "Guido van Rossum", B searches "Python creator".'
+        'They part at once: at model turn 1 A answers "Guido van Rossum", B searches "Python creator".'
     )
     b.open(pages["compare"], "open=toy/q1")
-    text = b.eval("document.getElementById('divergence').textContent")
-    assert text.startswith('Same for 2 turns (1 model turn); at turn 3 A answers "Paris", B answers "Berlin"')
+    assert b.eval("document.getElementById('divergence').textContent") == (
+        'Same through model turn 1 and its search results; at model turn 2 A answers "Paris", B answers "Berlin".'
+    )
     assert b.eval("document.getElementById('diverge-a').classList.contains('diverge')")
     colors = b.eval(
         "[].map.call(document.querySelectorAll('.detail .blk-answer'), function (s) { return s.className; })"

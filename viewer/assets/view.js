@@ -257,10 +257,12 @@
 
   // ---- training runs: curves, each step's groups ----
   // an axis fitted to the data (a rate from 0.133 to 0.173 must not look flat on 0-1)
+  // (a rate's axis stays within 0 and 1 when its data do)
   function axis(lo, hi) {
-    if (hi - lo < 1e-9) { lo -= 0.05; hi += 0.05; }
-    var pad = (hi - lo) * 0.1;
-    return [lo - pad, hi + pad];
+    var a = lo, b = hi;
+    if (hi - lo < 1e-9) { a -= 0.05; b += 0.05; }
+    var pad = (b - a) * 0.1;
+    return [lo >= 0 ? Math.max(0, a - pad) : a - pad, hi <= 1 ? Math.min(1, b + pad) : b + pad];
   }
   function chart(title, series, bands, id) {
     var W = 460, H = 170, L = 40, R = 8, T = 8, B = 20;
@@ -560,12 +562,12 @@
       var mark = diverge === k ? " diverge' id='diverge-" + (title.charAt(0) === "B" ? "b" : "a") : "";
       if (t.t === "m") {
         n++;
-        h += "<div class='turn turn-model" + mark + "'><div class='who'>model, turn " + n + (diverge === k ? " · the two episodes part here" : "") + "</div><pre>" + markup(t.x, e) + "</pre></div>";
+        h += "<div class='turn turn-model" + mark + "'><div class='who'>model, turn " + n + (diverge === k ? " · the episodes part here" : "") + "</div><pre>" + markup(t.x, e) + "</pre></div>";
       } else if (t.t === "o") {
         var qn = t.q != null ? String(t.q).toLowerCase().split(/\s+/).join(" ") : null, rep = qn != null && seen[qn];
         if (qn != null) seen[qn] = true;
         h += "<div class='turn turn-obs" + mark + "'><div class='who'>search results" + (t.q != null ? " for <span class='search-query'>" + esc(t.q) + "</span>" : "") +
-          (rep ? " <span class='badge rep'>repeated query</span>" : "") + (diverge === k ? " · the two episodes part here" : "") + "</div>";
+          (rep ? " <span class='badge rep'>repeated query</span>" : "") + (diverge === k ? " · the episodes part here" : "") + "</div>";
         if (!t.p.length) h += "<pre>" + highlight(t.x || "", e.gold) + "</pre>";
         t.p.forEach(function (p) {
           h += "<div class='passage" + (p.gold ? " gold" : "") + "' data-id='" + esc(p.id || "") + "' data-gold='" + (p.gold ? 1 : 0) + "'><div class='ph'>[" + p.n + "] <b>" +
@@ -575,7 +577,7 @@
         });
         h += "</div>";
       } else {
-        h += "<div class='turn turn-corr" + mark + "'><div class='who'>env correction" + (diverge === k ? " · the two episodes part here" : "") + "</div><pre>" + esc(t.x) + "</pre></div>";
+        h += "<div class='turn turn-corr" + mark + "'><div class='who'>env correction" + (diverge === k ? " · the episodes part here" : "") + "</div><pre>" + esc(t.x) + "</pre></div>";
       }
     });
     return h + "</div>";
@@ -594,16 +596,20 @@
   function diffLine(a, b, k) {
     if (k < 0) return "<div class='divergence' id='divergence'>The two episodes are the same, turn for turn.</div>";
     var models = a.turns.slice(0, k).filter(function (t) { return t.t === "m"; }).length;
+    var prev = k > 0 ? a.turns[k - 1].t : "";
+    var head = !models ? "They part at once: " : "Same through model turn " + models +
+      (prev === "o" ? " and its search results" : prev === "c" ? " and its correction" : "") + "; ";
+    var first = a.turns[k] || b.turns[k];
+    var where = first.t === "m" ? "at model turn " + (models + 1) + " " : first.t === "o" ? "then the search returned other passages: " : "then ";
     function say(e) {
       var t = e.turns[k];
       if (!t) return "ends";
-      if (t.t === "o") return "searched " + JSON.stringify(t.q != null ? t.q : "?");
+      if (t.t === "o") return "got " + t.p.map(function (p) { return JSON.stringify(p.title); }).join(", ");
       if (t.t === "c") return "was corrected";
       var m = /<(search|answer)>([\s\S]*?)<\/\1>/.exec(t.x);
       return m ? (m[1] === "search" ? "searches " : "answers ") + JSON.stringify(m[2].trim()) : "writes " + JSON.stringify(t.x.slice(0, 60));
     }
-    return "<div class='divergence' id='divergence'>Same for " + k + (k === 1 ? " turn" : " turns") + " (" + models + " model " +
-      (models === 1 ? "turn" : "turns") + "); at turn " + (k + 1) + " A " + esc(say(a)) + ", B " + esc(say(b)) + ".</div>";
+    return "<div class='divergence' id='divergence'>" + esc(head + where + "A " + say(a) + ", B " + say(b)) + ".</div>";
   }
   function detail(en) {
     if (KIND !== "compare") return episode(en.a, "");
