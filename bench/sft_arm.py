@@ -210,6 +210,7 @@ def train_seed(
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.data import load_data, retriever_session
     from pvpo.trainer.model.device import place_policy_model, placement, resolve_device, with_resolved_dtype
+    from pvpo.trainer.model.memory import process_peak_rss_gib
     from pvpo.trainer.model.policy import load_policy, save_policy
     from pvpo.trainer.model.warmstart import continued_batches, sft_batches, warm_start
     from pvpo.trainer.setup import warm_start_trajectories
@@ -273,6 +274,7 @@ def train_seed(
         "trajectories": len(trajs),
         "new_trajectories": len({i for b in batches for i in b} - seen),
         "epochs": steps * m.warm_start_batch_size / len(trajs),
+        "peak_rss_gib": process_peak_rss_gib(),  # the child process's, the policy's SFT and its data
         "start": str(recipe_run / "initial_policy"),
     }
     atomic_write_json(folder / "sft.json", record)
@@ -387,6 +389,7 @@ def plan_lines(p: dict[str, Any], records: Sequence[dict[str, Any]], rl_steps: i
     phases = ", ".join(f"{Path(k).name} {v:.0f}" for k, v in p["rl_phase_s"].items())
     sft_s = [r["sft_seconds"] for r in records]
     new = [r["new_trajectories"] for r in records]
+    peaks = [r["peak_rss_gib"] for r in records if r.get("peak_rss_gib")]
     return [
         f"- RL phase ({rl_steps} steps; rollouts, updates, anchor and Group Sampling, evaluations left out): "
         f"{phases} s; mean {p['rl_phase_mean_s']:.0f} s.",
@@ -397,7 +400,12 @@ def plan_lines(p: dict[str, Any], records: Sequence[dict[str, Any]], rl_steps: i
         f"- The SFT arm's steps took {', '.join(f'{x:.0f}' for x in sft_s)} s (mean {mean(sft_s):.0f}, "
         f"{mean(sft_s) / p['rl_phase_mean_s']:.2f}x the RL phase); of each seed's trajectories "
         f"{', '.join(map(str, new))} of {records[0]['trajectories']} were new to the warm start "
-        f"({records[0]['epochs']:.2f} epochs of them in all).",
+        f"({records[0]['epochs']:.2f} epochs of them in all)"
+        + (
+            f"; peak resident memory of each seed's process {', '.join(f'{x:.2f}' for x in peaks)} GiB."
+            if peaks
+            else "."
+        ),
     ]
 
 

@@ -303,7 +303,7 @@ def test_the_arm_continues_a_runs_warm_start_on_its_rebuilt_trajectories_and_sav
     rec = sft_arm.train_seed(run, 1, 3, tmp_path / "arm" / "seed_1", searcher=searcher, show_progress=False)
     # 5 trajectories; the warm start drew 4, so the first continued step holds the fifth
     assert rec["steps"] == 3 and len(rec["losses"]) == 3 and rec["trajectories"] == 5
-    assert rec["new_trajectories"] == 1 and rec["sft_seconds"] > 0
+    assert rec["new_trajectories"] == 1 and rec["sft_seconds"] > 0 and rec["peak_rss_gib"] > 0
     start = load_policy(run / "initial_policy").model.state_dict()
     after = load_policy(tmp_path / "arm" / "seed_1" / "policy").model.state_dict()
     assert any(not torch.equal(start[k], after[k]) for k in start)
