@@ -35,8 +35,8 @@ def get(
     source: Path | None = typer.Option(
         None,
         "--from",
-        help="A local copy instead of the hub: a download of RUC-NLPIR/FlashRAG_datasets (DIR/NAME/SPLIT.jsonl) "
-        "or a flat folder of NAME.SPLIT.jsonl files.",
+        help="A local copy instead of the hub: a download of RUC-NLPIR/FlashRAG_datasets (DIR/NAME/SPLIT.jsonl), "
+        "a flat folder of NAME.SPLIT.jsonl files, or for musique a folder holding musique_ans_v1.0_SPLIT.jsonl.",
     ),
     limit: int | None = typer.Option(None, "--limit", help="Keep N questions, a draw with --seed kept in file order."),
     seed: int = typer.Option(0, "--seed", help="Seed of --limit's draw (the same subset on every machine)."),
@@ -46,27 +46,34 @@ def get(
     """Fetch a question set the recipes use onto this machine, as OUT/NAME/SPLIT.jsonl (FlashRAG's
     jsonl; `pvpo eval --dataset NAME --data-dir OUT` finds it by name).
 
-    The source is the Hugging Face dataset RUC-NLPIR/FlashRAG_datasets, through huggingface_hub
-    (the whole split is downloaded into its cache, then --limit applies). Where the hub cannot be
+    The source is the Hugging Face dataset RUC-NLPIR/FlashRAG_datasets (MuSiQue as released, with its
+    paragraphs: dgslibisey/MuSiQue), through huggingface_hub (the whole split is downloaded into its
+    cache, then --limit applies); --list shows each file. Where the hub cannot be
     reached the command ends with one line saying so: copy the file to this machine and pass --from.
 
     Example: pvpo data get hotpotqa --split train --limit 100 --out runs/data (a seeded draw of 100
     training questions, for the real-data recipe's data.source).
     """
-    from pvpo.envs.fetch import HUB_REPO, SPLITS, get
+    from pvpo.envs.fetch import SPLITS, get
+    from pvpo.envs.fetch import source as source_of
 
     if list_sets:
         for bench, splits in SPLITS.items():
-            typer.echo(f"{bench}\t{', '.join(splits)}\t{HUB_REPO}/{bench}/<split>.jsonl")
+            typer.echo(f"{bench}\t{', '.join(splits)}\t{'/'.join(source_of(bench, '<split>'))}")
         return
     if name is None:
         raise typer.BadParameter("give a question set's name (pvpo data get --list shows them)", param_hint="NAME")
     if source is None:
-        typer.echo(f"fetching {name} from the Hugging Face hub ({HUB_REPO}) ...")
+        typer.echo(f"fetching {name} from the Hugging Face hub ...")
     got = get(name, out, split=split, folder=folder, source_dir=source, limit=limit, seed=seed, overwrite=overwrite)
     typer.echo(
         f"{got.questions} of {got.of} questions ({got.with_paragraphs} with paragraphs) from {got.source} -> {got.path}"
     )
+    if got.with_paragraphs == 0:
+        typer.echo(
+            "note: no question carries paragraphs, so `pvpo data corpus` (data.corpus: questions) has nothing to "
+            "index: give these questions a corpus file of their own (data.corpus FILE, --index)"
+        )
 
 
 @data_app.command("corpus")

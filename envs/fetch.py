@@ -3,8 +3,11 @@ local copy, written in FlashRAG's layout (`OUT/<name>/<split>.jsonl`) that every
 
 The source is FlashRAG's collection (Jin et al., arXiv 2405.13576), the Hugging Face dataset
 `RUC-NLPIR/FlashRAG_datasets`, which holds the seven benchmarks of Search-R1's tables (arXiv
-2503.09516) as `<name>/<split>.jsonl`; its HotpotQA, 2WikiMultihopQA and MuSiQue records keep their
-paragraphs in `metadata`, which the loaders read (`pvpo.envs.loaders`).
+2503.09516) as `<name>/<split>.jsonl`, except MuSiQue: FlashRAG's MuSiQue files are too small to
+hold its 20 paragraphs a question (5.6 MB for 2,417 dev questions against the raw release's 30.4
+MB), so MuSiQue comes as released (Trivedi et al., arXiv 2108.00573), `musique_ans_v1.0_<split>.jsonl`
+of the dataset `dgslibisey/MuSiQue`, paragraphs and decomposition included. The loaders read both
+formats (`pvpo.envs.loaders`).
 
 Ownership: the command writes only its own files, recorded in `OUT/.pvpo-data.json`; an existing
 file is replaced only with `overwrite=True` and only when that record names it.
@@ -25,6 +28,8 @@ from pvpo.envs.datasets import benchmark, benchmark_names, check_dataset_name, r
 from pvpo.envs.loaders import iter_examples
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
+# (dataset repository, file name) of a set that does not come from HUB_REPO's `<name>/<split>.jsonl`
+SOURCES: dict[str, tuple[str, str]] = {"musique": ("dgslibisey/MuSiQue", "musique_ans_v1.0_{split}.jsonl")}
 MANIFEST = ".pvpo-data.json"
 
 # the splits FlashRAG_datasets ships for each benchmark (its dataset card's `configs`)
@@ -94,6 +99,12 @@ def check_target(target: Path, out: Path, overwrite: bool) -> None:
         )
 
 
+def source(name: str, split: str) -> tuple[str, str]:
+    """(Hugging Face dataset repository, file name in it) of a benchmark's split."""
+    repo, pattern = SOURCES.get(name, (HUB_REPO, "{name}/{split}.jsonl"))
+    return repo, pattern.format(name=name, split=split)
+
+
 def hub_file(name: str, split: str) -> Path:
     """The split's file from the Hugging Face hub (through its cache), or DataUnavailableError
     saying why it cannot be had here and how to give a local copy instead."""
@@ -103,18 +114,18 @@ def hub_file(name: str, split: str) -> Path:
         raise DataUnavailableError(
             f"fetching {name} needs huggingface_hub (pip install huggingface_hub), or give a local copy with --from DIR"
         ) from None
-    filename = f"{name}/{split}.jsonl"
+    repo, filename = source(name, split)
     hub_log = logging.getLogger("huggingface_hub")
     level = hub_log.level
     hub_log.setLevel(logging.ERROR)  # its retries log a warning each (12 lines over ~25 s with no network)
     try:
-        return Path(hf_hub_download(HUB_REPO, filename, repo_type="dataset"))
+        return Path(hf_hub_download(repo, filename, repo_type="dataset"))
     except Exception as err:  # the hub's errors differ by version; the message names the type and what to do
         kind = type(err).__name__
         if kind in ("EntryNotFoundError", "RemoteEntryNotFoundError", "RepositoryNotFoundError"):
-            raise DataUnavailableError(f"the Hugging Face hub has no {HUB_REPO}/{filename} ({kind})") from None
+            raise DataUnavailableError(f"the Hugging Face hub has no {repo}/{filename} ({kind})") from None
         raise DataUnavailableError(
-            f"cannot fetch {HUB_REPO}/{filename} from the Hugging Face hub ({kind}): no network here, or "
+            f"cannot fetch {repo}/{filename} from the Hugging Face hub ({kind}): no network here, or "
             f"HF_HUB_OFFLINE=1; fetch it where the network allows and pass --from DIR (DIR/{filename})"
         ) from None
     finally:
@@ -151,11 +162,16 @@ def get(
     if source_dir is not None:
         if not Path(source_dir).is_dir():
             raise FileNotFoundError(f"--from {source_dir}: no such folder (give a local copy of {HUB_REPO})")
-        src = resolve_dataset(name, split=split, data_dir=source_dir).path
+        released = Path(source_dir) / source(name, split)[1]
+        src = (
+            released
+            if name in SOURCES and released.is_file()
+            else resolve_dataset(name, split=split, data_dir=source_dir).path
+        )
         where = str(src)
     else:
         src = fetch(name, split)
-        where = f"{HUB_REPO}/{name}/{split}.jsonl"
+        where = "/".join(source(name, split))
     lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
     kept = sample_subset(lines, limit, seed)
     text = "".join(line + "\n" for line in kept)

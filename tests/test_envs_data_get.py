@@ -129,7 +129,7 @@ def test_without_the_hub_the_command_ends_with_one_line_naming_from(tmp_path: Pa
     )
     assert out.returncode == 2, out.stdout + out.stderr
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "--from DIR (DIR/musique/dev.jsonl)" in errors[0], out.stderr
+    assert len(errors) == 1 and "--from DIR (DIR/musique_ans_v1.0_dev.jsonl)" in errors[0], out.stderr
     assert "Traceback" not in out.stderr and not (tmp_path / "data" / "musique").exists()
 
 
@@ -156,3 +156,40 @@ def test_name_writes_the_set_under_a_folder_that_names_its_questions(tmp_path: P
     assert [e.uid.split("/")[0] for e in examples] == ["hotpotqa_hard"] * 3
     bad = invoke("hotpotqa", "--from", str(tmp_path / "copy"), "--out", str(tmp_path / "data"), "--name", "a/b")
     assert bad.exit_code == 2 and "cannot name a results folder" in bad.output
+
+
+def test_musique_comes_as_released_with_its_paragraphs_and_is_read_from_a_copy_of_that_file(tmp_path: Path) -> None:
+    assert fetch.source("musique", "dev") == ("dgslibisey/MuSiQue", "musique_ans_v1.0_dev.jsonl")
+    assert fetch.source("hotpotqa", "train") == (fetch.HUB_REPO, "hotpotqa/train.jsonl")
+    record = {
+        "id": "2hop__1",
+        "question": "Who founded the company that makes the Walkman?",
+        "answer": "Masaru Ibuka",
+        "answer_aliases": [],
+        "paragraphs": [
+            {"idx": 0, "title": "Walkman", "paragraph_text": "The Walkman is made by Sony.", "is_supporting": True},
+            {"idx": 1, "title": "Sony", "paragraph_text": "Sony was founded by Masaru Ibuka.", "is_supporting": True},
+        ],
+        "question_decomposition": [
+            {"id": 1, "question": "Walkman >> maker", "answer": "Sony", "paragraph_support_idx": 0}
+        ],
+        "answerable": True,
+    }
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "musique_ans_v1.0_dev.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
+    result = invoke("musique", "--from", str(tmp_path / "copy"), "--out", str(tmp_path / "data"))
+    assert result.exit_code == 0, result.output
+    assert "1 of 1 questions (1 with paragraphs)" in result.output and "note:" not in result.output
+    [example] = load_dataset(tmp_path / "data" / "musique" / "dev.jsonl")
+    assert [p.title for p in example.paragraphs] == ["Walkman", "Sony"]
+
+
+def test_a_set_without_paragraphs_says_a_corpus_must_come_from_elsewhere(tmp_path: Path) -> None:
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "nq.test.jsonl").write_text(
+        json.dumps({"id": "1", "question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}) + "\n",
+        encoding="utf-8",
+    )
+    result = invoke("nq", "--from", str(tmp_path / "copy"), "--out", str(tmp_path / "data"))
+    assert result.exit_code == 0, result.output
+    assert "(0 with paragraphs)" in result.output and "note: no question carries paragraphs" in result.output
