@@ -11,6 +11,7 @@ from `//` to the first `/`, `?` or `#`, and its userinfo is the authority up to 
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -154,3 +155,22 @@ def mask_exception(err: BaseException) -> BaseException:
         stack += [c for c in (e.__cause__, e.__context__) if c is not None]
         stack += list(getattr(e, "exceptions", ()))  # an ExceptionGroup's members
     return err
+
+
+class _MaskedRecords(logging.Filter):
+    """Masks URL credentials in the records of the logger it is added to (httpx logs every request's
+    URL at INFO, `http://u:PASSWORD@host/...` as given)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = mask_url(message)
+        if masked != message:
+            record.msg, record.args = masked, ()
+        return True
+
+
+def mask_logs(name: str = "httpx") -> None:
+    """Mask URL credentials in every record logger `name` emits (once per logger)."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _MaskedRecords) for f in logger.filters):
+        logger.addFilter(_MaskedRecords())

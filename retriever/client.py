@@ -26,7 +26,9 @@ from typing import Any
 import httpx
 
 from pvpo.retriever.types import Passage, make_contents
-from pvpo.secrets import check_url, mask_url
+from pvpo.secrets import check_url, mask_logs, mask_url
+
+mask_logs("httpx")  # httpx logs each request's URL at INFO, credentials and all
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 # A server refuses a request of more queries than this (`schema.Limits.max_queries`, its default):

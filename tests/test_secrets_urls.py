@@ -160,3 +160,15 @@ def test_an_endpoint_error_names_the_url_without_its_password() -> None:
             client.post("completions", {"prompt": "p"})
         client.close()
     assert "4x" not in str(info.value) and "u:***@127.0.0.1" in str(info.value)
+
+
+def test_the_http_clients_request_log_holds_no_password(caplog: pytest.LogCaptureFixture) -> None:
+    """httpx logs every request's URL at INFO as given, `http://u:PASSWORD@host/...` included."""
+    import logging
+
+    from pvpo.retriever.client import RetrieverClient
+
+    with _server(200, {"result": [[]]}) as base, caplog.at_level(logging.INFO, logger="httpx"):
+        with RetrieverClient(base.replace("http://", "http://u:Secret@4x@"), retries=0) as client:
+            assert client.search(["q"]) == [[]]
+    assert "HTTP Request: POST http://u:***@127.0.0.1" in caplog.text and "4x" not in caplog.text

@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 
 from pvpo.reward import TagProtocol
-from pvpo.secrets import check_url, mask_url
+from pvpo.secrets import check_url, mask_logs, mask_url
+
+mask_logs("httpx")  # httpx logs each request's URL at INFO, credentials and all
 
 APIS = ("completions", "chat")
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
