@@ -132,27 +132,36 @@ def _run_episode(uid: str, advantage: float, response: str = "<answer> x </answe
     }
 
 
+def _shipped(page: str) -> dict:
+    """The data block of a page, as its script parses it."""
+    block = re.search(r'<script type="application/json" id="pvpo-data">(.*?)</script>', page, re.S)
+    assert block is not None
+    return dict(json.loads(block.group(1)))
+
+
 def test_a_nan_advantage_marks_its_episode_and_the_page_still_renders(tmp_path: Path) -> None:
     run = _run_dir(tmp_path / "run", [_run_episode("toy/q1", 0.5), _run_episode("toy/q2", float("nan"))])
-    data = page_data([read_source(run)])
+    page = build_page([run])
+    data = _shipped(page)
     good, bad = data["episodes"][0]
     assert "bad" not in good and bad["adv"] is None and bad["bad"] == ["advantage is nan (shown as –)"]
     assert data["warnings"] == ["run.steps.rows is nan (shown as –)"]  # the step's row of it
-    block = re.search(r'id="pvpo-data">(.*?)</script>', build_page([run]), re.S)
-    assert block is not None and "NaN" not in block.group(1)
+    assert "NaN" not in page.split('id="pvpo-data">', 1)[1].split("</script>", 1)[0]
 
 
-def test_a_lone_surrogate_in_one_response_marks_that_episode_only(tmp_path: Path) -> None:
+def test_a_lone_surrogate_in_one_response_or_a_label_marks_only_that(tmp_path: Path) -> None:
     items = [_item("Fine?", "x", "x", "1"), _item("Odd?", "x", "x", "2", final_response="<answer> \ud800 x </answer>")]
     folder = tmp_path / "e"
     (folder / "toy").mkdir(parents=True)
     (folder / "toy" / "predictions.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
-    data = page_data([read_source(folder)])
+    (folder / "toy" / "run.json").write_text(json.dumps({"label": "run \udc80"}))
+    out = save_page(build_page([folder]), tmp_path / "page.html")
+    data = _shipped(out.read_text(encoding="utf-8"))
     fine, odd = data["episodes"][0]
     assert "bad" not in fine and odd["bad"] == ["response holds a lone surrogate (shown as \ufffd)"]
-    assert "\ufffd x" in odd["turns"][0]["x"]
-    out = save_page(build_page([folder]), tmp_path / "page.html")
-    assert "\ufffd" in out.read_text(encoding="utf-8")
+    assert "\ufffd x" in odd["turns"][0]["x"] and data["sources"][0]["label"] == "run \ufffd"
+    assert data["warnings"] == ["sources.label holds a lone surrogate (shown as \ufffd)"]
+    assert "<title>pvpo view: evaluation of run \ufffd</title>" in out.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(

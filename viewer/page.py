@@ -60,7 +60,7 @@ def page_data(sources: Sequence[Source]) -> dict[str, Any]:
         data["paired_by"] = by
     if kind == "run":
         data["run"] = sources[0].run
-    data["warnings"] = mark_bad_values(data)
+    data["warnings"] = []
     return data
 
 
@@ -108,17 +108,11 @@ _NAMES = {
 }
 
 
-def mark_bad_values(data: dict[str, Any]) -> list[str]:
+def mark_bad_values(data: dict[str, Any]) -> None:
     """Make `page_data`'s `data` fit a page (JSON has no NaN, a UTF-8 file no lone surrogate) and
     say where it did not: an episode holding such a value keeps it as unknown (None, or U+FFFD)
     and lists what in its `bad`, so the page shows that episode marked rather than refusing every
-    other; what was changed outside episodes is returned, one line each. Checked on the whole
-    data first (one `json.dumps`), so a clean folder costs no walk."""
-    try:
-        json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8")
-        return []
-    except (ValueError, UnicodeEncodeError):
-        pass
+    other; what was changed outside episodes goes to `data["warnings"]`, one line each."""
     for side in data["episodes"]:
         for e in side:
             problems: list[str] = []
@@ -127,9 +121,22 @@ def mark_bad_values(data: dict[str, Any]) -> list[str]:
             if problems:
                 e["bad"] = sorted(set(problems))
     warnings: list[str] = []
-    for k in [k for k in data if k != "episodes"]:
+    for k in [k for k in data if k not in ("episodes", "warnings")]:
         data[k] = _clean(data[k], k, warnings)
-    return sorted(set(warnings))
+    data["warnings"] = sorted(set(warnings))
+
+
+def data_block(data: dict[str, Any]) -> str:
+    """`embed_json(data)`, with `mark_bad_values` first where the data hold a value no page can
+    (tried on the whole data first: a clean folder, nearly every one, costs no walk and no second
+    `json.dumps`, which is 0.4 s of 10,000 episodes)."""
+    try:
+        text = embed_json(data)
+        text.encode("utf-8")
+        return text
+    except (ValueError, UnicodeEncodeError):
+        mark_bad_values(data)
+        return embed_json(data)
 
 
 def _asset(name: str) -> str:
@@ -147,15 +154,17 @@ _MARKS = re.compile(r"/\*PVPO_STYLE\*/|/\*PVPO_SCRIPT\*/|PVPO_TITLE|" + re.escap
 
 
 def render_page(data: dict[str, Any]) -> str:
-    """The whole HTML page for `page_data`'s `data`. The template's marks are replaced in one pass
-    over the template alone, so no label, style or script text is ever read as a mark."""
+    """The whole HTML page for `page_data`'s `data` (`data_block` marks its bad values in it). The
+    template's marks are replaced in one pass over the template alone, so no label, style or
+    script text is ever read as a mark."""
+    block = data_block(data)  # first: it makes the labels fit the title too
     title = {"compare": "comparison", "run": "training run", "eval": "evaluation"}[data["kind"]]
     labels = " vs ".join(s["label"] for s in data["sources"])
     parts = {
         "/*PVPO_STYLE*/": _asset("view.css"),
         "/*PVPO_SCRIPT*/": _asset("view.js"),
         "PVPO_TITLE": _escape(f"pvpo view: {title} of {labels}"),
-        DATA_MARK: embed_json(data),
+        DATA_MARK: block,
     }
     return _MARKS.sub(lambda m: parts[m.group(0)], _asset("view.html"))
 
