@@ -328,7 +328,7 @@ def test_a_lookup_draft_is_what_followed_the_latest_earlier_occurrence_of_the_lo
 
 def _pick_row_by_row(batcher: ContinuousBatcher, logits: torch.Tensor, rows: list) -> None:
     """The scheduler's pick one row at a time, as it was before it was batched (the reference)."""
-    from pvpo.trainer.rollout.hf_engine import _top_k_filter, _top_p_filter
+    from pvpo.trainer.rollout.sampling import top_k_filter, top_p_filter
 
     logits = logits.float()
     for i, r in enumerate(rows):
@@ -338,7 +338,7 @@ def _pick_row_by_row(batcher: ContinuousBatcher, logits: torch.Tensor, rows: lis
             t = int(row.argmax())
         else:
             row = logits[i] / s.temperature
-            filtered = _top_p_filter(_top_k_filter(row[None], s.top_k), s.top_p)[0]
+            filtered = top_p_filter(top_k_filter(row[None], s.top_k), s.top_p)[0]
             probs = torch.softmax(filtered, dim=-1).cpu()
             t = int(torch.multinomial(probs, 1, generator=r.gen))
         batcher._append(r, t, float(torch.log_softmax(row, dim=-1)[t]))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,40 +27,10 @@ from pvpo.trainer.rollout.engine import (
     stop_token_ids,
 )
 from pvpo.trainer.rollout.repetition import ends_in_loop
+from pvpo.trainer.rollout.sampling import last_logits_only, top_k_filter, top_p_filter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Set to -inf the logits outside the smallest set whose probability reaches `top_p`."""
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-    cum = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-    drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def _top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    if top_k <= 0 or top_k >= logits.shape[-1]:
-        return logits
-    kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def last_logits_only(model: Any) -> dict[str, int]:
-    """`{"logits_to_keep": 1}` where the model's forward takes it: a prefill then projects only its
-    last position onto the vocabulary, not a `[b, prompt, V]` tensor (SmolLM2, 3k-token context:
-    590 MB of float32 logits a row)."""
-    import inspect
-
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
 class HFEngine(RolloutEngine):
@@ -163,7 +133,7 @@ class HFEngine(RolloutEngine):
             if greedy:
                 nxt = logits.argmax(dim=-1).cpu()
             else:
-                filtered = _top_p_filter(_top_k_filter(logits, sampling.top_k), sampling.top_p)
+                filtered = top_p_filter(top_k_filter(logits, sampling.top_k), sampling.top_p)
                 probs = torch.softmax(filtered, dim=-1).cpu()
                 nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
             chosen_logp = (logits.gather(-1, nxt[:, None].to(logits.device)).squeeze(-1) - log_norm).cpu()
