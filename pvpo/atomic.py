@@ -75,14 +75,40 @@ def replaced_path(path: str | Path) -> Path:
     return path.parent / f".{path.name}.pvpo-replaced"
 
 
+def _umask() -> int:
+    """The process's umask, read from /proc/self/status where Linux gives it: setting it to read it
+    (`os.umask`) would, for that moment, let a file another thread creates be written 0666."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def _plain_file_mode(path: str | Path) -> int:
+    """The permission bits `open(path, "w")` would leave `path` with: an existing file's own, else
+    0666 less the umask (0644 under the usual 022)."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
 def atomic_write_text(path: str | Path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` through a temporary file in the same folder, fsynced, then
     renamed over `path`. A crash leaves the old file or the new one; the temporary file is removed
-    on failure."""
+    on failure. The file gets the mode a plain `open` would give it (`_plain_file_mode`), not the
+    temporary file's 0600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), _plain_file_mode(path))
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
