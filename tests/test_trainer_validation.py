@@ -105,9 +105,10 @@ def test_the_best_validation_checkpoint_survives_pruning_and_a_resume(source, tm
 
 
 def test_a_damaged_best_record_keeps_every_checkpoint_instead_of_pruning_blind(tmp_path: Path) -> None:
-    from pvpo.trainer.state.checkpoint import prune_checkpoints
+    from pvpo.trainer.state.checkpoint import note_checkpoint, prune_checkpoints
 
     for s in (1, 2, 3):
+        note_checkpoint(tmp_path, f"step_{s:06d}")  # named in the manifest, as save_checkpoint does
         (tmp_path / f"step_{s:06d}").mkdir()
     (tmp_path / "best.json").write_text("{not json")
     prune_checkpoints(tmp_path, keep=1)
