@@ -446,14 +446,21 @@ def rescore_cmd(
         typer.Option(help="Re-read each pred from output.final_response with this tag protocol (search_r1, research)"),
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the re-scored items (jsonl) here")] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an existing --out file (never one a run wrote)")
+    ] = False,
 ) -> None:
     """Recompute EM / F1 / ACC (cover-EM) of every item and the totals, as FlashRAG's metric_score.txt."""
+    from pvpo.atomic import atomic_write_text
     from pvpo.evaluation.report import metric_score_text, rescore_file
+    from pvpo.owned import check_output_file
     from pvpo.reward import get_protocol
 
+    if out:  # before anything is read: never the predictions read, nor a file a run wrote (`pvpo.owned`)
+        check_output_file(out, "--out", overwrite=overwrite, reads=[path])
     res = rescore_file(path, extract=get_protocol(extract) if extract else None)
     if out:
-        out.write_text("".join(json.dumps(it, ensure_ascii=False) + "\n" for it in res.items), encoding="utf-8")
+        atomic_write_text(out, "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in res.items))
     typer.echo(metric_score_text(res.totals), nl=False)
     note = f"n: {res.totals['n']}; items whose stored metric_score differs: {res.changed_scores}"
     if extract:

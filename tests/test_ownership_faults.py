@@ -259,3 +259,18 @@ def test_a_folder_is_pvpos_only_by_a_manifest_naming_its_entries(tmp_path) -> No
     with pytest.raises(FolderError, match="give another path"):
         check_output_file(run / "config.yaml", "--out", overwrite=True)
     assert check_output_file(run / "page.html", "--out", overwrite=False) == run / "page.html"
+
+
+def test_eval_rescore_never_writes_over_the_predictions_it_reads_nor_an_existing_file(tmp_path) -> None:
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text('{"id": "1", "question": "q?", "golden_answers": ["a"], "pred": "a"}\n')
+    before = preds.read_bytes()
+    code, output = _pvpo("eval", "rescore", str(preds), "--out", str(preds), "--overwrite")
+    assert _one_line(code, output, "reads"), output
+    mine = tmp_path / "thesis.txt"
+    mine.write_bytes(NOTES)
+    code, output = _pvpo("eval", "rescore", str(preds), "--out", str(mine))
+    assert _one_line(code, output, str(mine), "--overwrite"), output
+    assert preds.read_bytes() == before and mine.read_bytes() == NOTES
+    code, output = _pvpo("eval", "rescore", str(preds), "--out", str(mine), "--overwrite")
+    assert code == 0 and b'"id": "1"' in mine.read_bytes(), output
