@@ -420,9 +420,7 @@ class _FailingPolicy:
 
 def test_run_eval_replaces_another_run_only_with_overwrite_and_restores_it_on_failure(tmp_path: Path) -> None:
     from pvpo.envs.data import QAExample
-    from pvpo.evaluation.run import run_eval
-
-    from pvpo.evaluation.run import EVAL_KIND
+    from pvpo.evaluation.run import EVAL_KIND, run_eval
     from pvpo.owned import claim
 
     out = tmp_path / "nq"
