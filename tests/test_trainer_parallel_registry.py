@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from parallel_support import on_gloo_ranks, tiny_qwen2
 
-from pvpo.trainer.algorithms.spec import available_estimators, get_spec
+from pvpo.trainer.algorithms.spec import NO_GT_ROWS, available_estimators, get_spec
 from pvpo.trainer.rollout.trajectory import Trajectory, collate
 
 WORLD = 2
@@ -61,7 +61,8 @@ def _embed(_encoder: str | None):
 
 def _steps(name: str, parallel, value_model_path: Path, prompts: list[int]) -> list[dict]:
     """Two steps of estimator `name` on `prompts` (indices into each step's PROMPTS): the first
-    rollouts (prompt 1's group is one rollout and one GT row, as Group Sampling injects it), the
+    rollouts (prompt 1's group is one rollout and one GT row, as Group Sampling injects it, except
+    for an estimator that takes no GT rows: `spec.NO_GT_ROWS`), the
     state's extra rollouts, the estimator call and what the state learns; each trajectory's
     advantages (its model tokens' for a token-level estimator) by its identity."""
     from pvpo.trainer.algorithms.estimator_state import EstimatorContext
@@ -82,7 +83,7 @@ def _steps(name: str, parallel, value_model_path: Path, prompts: list[int]) -> l
     for step in (1, 2):
         examples = [SimpleNamespace(uid=f"s{step}p{i}", question=f"question {step} {i}") for i in prompts]
         first = [
-            _trajectory(ex.uid, f"first/{j}", gt=ex.uid.endswith("p1") and j == N - 1)
+            _trajectory(ex.uid, f"first/{j}", gt=ex.uid.endswith("p1") and j == N - 1 and name not in NO_GT_ROWS)
             for ex in examples
             for j in range(N)
         ]

@@ -39,7 +39,8 @@ class GDPOConfig(Section):
         description="[{component, when, threshold}]: a component counts only where `when` reaches `threshold`",
     )
     batch_norm: bool = Field(
-        True, description="normalise the summed advantages over the whole batch (the paper's last step)"
+        True,
+        description="normalise the summed advantages over the whole batch's policy rows (the paper's last step); a GT row gets its components' weighted mean",
     )
 
 
