@@ -270,11 +270,14 @@ class Browser:
         entry = history["entries"][history["currentIndex"] - 1]
         self.send("Page.navigateToHistoryEntry", {"entryId": entry["id"]})
 
-    def screenshot(self) -> bytes:
-        """The viewport as PNG bytes."""
+    def screenshot(self, clip: tuple[float, float, float, float] | None = None) -> bytes:
+        """The viewport, or its `(x, y, width, height)` CSS pixels, as PNG bytes."""
         import base64
 
-        return base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
+        params: dict[str, Any] = {"format": "png"}
+        if clip is not None:
+            params["clip"] = dict(zip(("x", "y", "width", "height"), clip, strict=True)) | {"scale": 1}
+        return base64.b64decode(self.send("Page.captureScreenshot", params)["data"])
 
     def close(self) -> None:
         try:
