@@ -14,12 +14,13 @@ import torch
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.model.lora import MergedLoraView, apply_lora, is_lora
 from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.parallel.whole_weights import FullStateView, unsharded_copy
 from pvpo.trainer.rollout.engine import EngineSpec, RolloutEngine, ViewSyncEngine, build_engine, engine_spec
 
 
 def gathered_weights_engine(inner: RolloutEngine) -> RolloutEngine:
     """A rank's own engine over whole weights: `sync_weights(sharded)` gathers them first."""
-    return ViewSyncEngine(inner, lambda m: ddp.FullStateView(m) if ddp.is_sharded(m) else m)  # type: ignore[arg-type,return-value]
+    return ViewSyncEngine(inner, lambda m: FullStateView(m) if ddp.is_sharded(m) else m)  # type: ignore[arg-type,return-value]
 
 
 def engine_for(
@@ -44,7 +45,7 @@ def engine_for(
         return build(model=model, **opts, **(spec.copy_options if own_copy else {}))
     if spec.own_weights and not ddp.is_sharded(model):
         return gathered_weights_engine(build(model=model, **opts))
-    return gathered_weights_engine(build(model=ddp.unsharded_copy(model), **opts))
+    return gathered_weights_engine(build(model=unsharded_copy(model), **opts))
 
 
 def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:

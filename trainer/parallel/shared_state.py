@@ -31,6 +31,7 @@ import torch
 
 from pvpo.trainer.algorithms.data_parallel import SINGLE, DataParallel
 from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.parallel.whole_weights import unsharded_copy
 
 
 def data_parallel(compute_dtype: torch.dtype = torch.float32) -> DataParallel:
@@ -53,6 +54,6 @@ def data_parallel(compute_dtype: torch.dtype = torch.float32) -> DataParallel:
         all_max=ddp.all_reduce_max,
         any_rank=ddp.any_rank,
         shard=shard,
-        whole=ddp.unsharded_copy,
+        whole=unsharded_copy,
         clip_grad_norm=lambda params, max_norm: ddp.clip_grad_norm(list(params), max_norm),
     )
