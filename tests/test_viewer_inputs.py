@@ -305,3 +305,29 @@ def test_a_held_out_record_not_in_its_layout_leaves_the_rest_of_the_run_page(rec
     (run / "held_out_em.json").write_text(record)
     data = page_data([read_source(run)])
     assert data["run"]["heldout"] == [] and len(data["episodes"][0]) == 1
+
+
+def _word_tokenizer(path: Path) -> None:
+    """A tokenizer.json splitting on whitespace and punctuation (each word a token)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    path.mkdir(parents=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+
+
+def test_a_runs_episodes_carry_their_turns_tokens_by_the_runs_own_tokenizer(tmp_path: Path) -> None:
+    response = (
+        "<search> capital </search>\n\n<information>Doc 1(Title: Berlin) Berlin.</information>\n\n<answer> x </answer>"
+    )
+    run = _run_dir(tmp_path / "run", [_run_episode("toy/q1", 0.5, response=response)])
+    plain = page_data([read_source(run)])["episodes"][0][0]
+    assert all("tn" not in t for t in plain["turns"])  # no initial_policy: no tokens
+    _word_tokenizer(run / "initial_policy")
+    [e] = page_data([read_source(run)])["episodes"][0]
+    model = [t for t in e["turns"] if t["t"] == "m"]
+    assert [(t["x"], t["tn"]) for t in model] == [("<search> capital </search>", 7), ("<answer> x </answer>", 7)]
+    assert model[0]["tl"] == [1, 6, 1, 8, 3, 6, 1]  # to the ends of "<", "search", ">", "capital", "</", ...
+    [obs] = [t for t in e["turns"] if t["t"] == "o"]
+    assert obs["tn"] == 14  # the env's block as appended, wrapper tags and blank lines included

@@ -310,6 +310,32 @@ def test_an_episode_with_a_nan_advantage_is_marked_and_its_neighbours_shown(brow
     )
 
 
+def test_a_runs_episode_shows_its_tokens_shaded_by_its_advantage(browser: Browser, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    run = _run(tmp_path / "run")
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    (run / "initial_policy").mkdir()
+    tokenizer.save(str(run / "initial_policy" / "tokenizer.json"))
+    b = browser
+    b.open(write_page([run], tmp_path / "run.html"), "open=1/0/toy%2Fq1")
+    assert "re-tokenized: 7 model tokens (in the loss), 0 env tokens (masked out)" in b.eval(
+        "document.querySelector('.detail .facts').textContent"
+    )
+    b.click("#toktoggle")
+    assert (
+        b.eval("location.hash") == "#tok=1&open=1%2F0%2Ftoy%2Fq1" and b.eval("document.activeElement.id") == "toktoggle"
+    )
+    spans = b.eval(
+        "[].map.call(document.querySelectorAll('.detail pre.tokens .tk'), function (s) { return s.textContent; })"
+    )
+    assert spans == ["<", "answer", ">", " x", " </", "answer", ">"]
+    assert b.eval("document.querySelector('.detail .tk').title") == "model token 1 · advantage +0.500"
+    b.back()
+    b.wait("document.querySelectorAll('.detail pre.tokens').length === 0")
+
+
 HOSTILE = [
     '<img src=x onerror="window.pwned=1">',
     "\"'><svg onload=window.pwned=1>",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pvpo.reward import TagProtocol, available_protocols, get_protocol, normalize_answer
@@ -141,18 +141,36 @@ def _last_query(text: str, protocol: TagProtocol) -> str | None:
     return text[opened + len(protocol.open_tag(protocol.search)) : close].strip() if opened >= 0 else None
 
 
+# a tokenizer as the page needs it: the character spans of a text's tokens
+Tokenize = Callable[[str], Sequence[tuple[int, int]]]
+
+
+def token_cuts(text: str, tokenize: Tokenize) -> tuple[int, list[int]]:
+    """(how many tokens `text` is, the lengths in characters between token boundaries): the page
+    draws the boundaries (several byte-level tokens of one character share one)."""
+    spans = tokenize(text)
+    lengths, at = [], 0
+    for end in sorted({e for _, e in spans if e > 0}):
+        lengths.append(end - at)
+        at = end
+    return len(spans), lengths
+
+
 def split_turns(
     response: str,
     protocol: TagProtocol,
     passages: Sequence[Sequence[Mapping[str, Any]]] = (),
     golds: Sequence[str] = (),
     queries: Sequence[str] = (),
+    tokenize: Tokenize | None = None,
 ) -> list[dict[str, Any]]:
     """`response` as the page's turns: `{"t": "m", "x": text}` the model's text, `{"t": "o", "x": raw,
     "p": [passage...], "q": query}` a search result, `{"t": "c", "x": text}` a correction. A passage is
     `{n, title, text, gold}` plus `id` and `score` where `passages` (per search, as the env recorded
     them) has them; `golds` are `usable_golds`. A result's query is the one the env recorded
-    (`queries`, per search) where there is one, else the last search block of the turn before it."""
+    (`queries`, per search) where there is one, else the last search block of the turn before it.
+    With `tokenize`, a model turn also holds its tokens (`tn` and `tl`, `token_cuts`) and an env
+    block its number of tokens (`tn`), re-tokenized from the text."""
     turns: list[dict[str, Any]] = []
     at, search = 0, 0
     query: str | None = None
@@ -160,14 +178,22 @@ def split_turns(
     def model(text: str) -> None:
         nonlocal query
         if text.strip():
-            turns.append({"t": "m", "x": text.strip("\n")})
+            turn: dict[str, Any] = {"t": "m", "x": text.strip("\n")}
+            if tokenize is not None:
+                turn["tn"], turn["tl"] = token_cuts(turn["x"], tokenize)
+            turns.append(turn)
             query = _last_query(text, protocol)
+
+    def env(turn: dict[str, Any], start: int, end: int) -> dict[str, Any]:
+        if tokenize is not None:
+            turn["tn"] = len(tokenize(response[start:end]))
+        return turn
 
     for start, end, lo, hi, kind in _env_blocks(response, protocol):
         model(response[at:start])
         at = end
         if kind == "c":
-            turns.append({"t": "c", "x": response[lo:hi].strip()})
+            turns.append(env({"t": "c", "x": response[lo:hi].strip()}, start, end))
             continue
         raw = response[lo:hi]
         found = split_passages(raw)
@@ -186,7 +212,7 @@ def split_turns(
         said = str(queries[search]) if search < len(queries) else query
         if said is not None:
             obs["q"] = said
-        turns.append(obs)
+        turns.append(env(obs, start, end))
         search += 1
     model(response[at:])
     return turns
@@ -243,13 +269,15 @@ def page_episode(
     protocol: TagProtocol | None = None,
     tokens: int | None = None,
     queries: Sequence[str] = (),
+    tokenize: Tokenize | None = None,
 ) -> dict[str, Any]:
     """The page's record of one episode (short keys: 10,000 of them travel inside the page). `scores`
     holds `em`, `f1` and cover-EM as `cem` or FlashRAG's `acc`; `format_ok` None (a file that did not
     record it) shows as unknown, never as a failure; `queries` are the searches' queries as the env
-    recorded them. `gr` is `first_gold`, `rq` `repeated_queries`."""
+    recorded them; `tokenize` adds each turn's tokens (`split_turns`). `gr` is `first_gold`, `rq`
+    `repeated_queries`."""
     protocol = protocol or detect_protocol(response)
-    turns = split_turns(response, protocol, passages, usable_golds(golds), queries)
+    turns = split_turns(response, protocol, passages, usable_golds(golds), queries, tokenize)
     searches = sum(t["t"] == "o" for t in turns)
     return {
         "k": key,

@@ -19,7 +19,7 @@ from pvpo.evaluation.run import PREDICTIONS, RUN, EvalError, resolve_template
 from pvpo.reward import TagProtocol, get_reward
 from pvpo.trainer.episode_log import read_episode_log
 from pvpo.trainer.state.run_dir import RunDir
-from pvpo.viewer.episodes import detect_protocol, page_episode
+from pvpo.viewer.episodes import Tokenize, detect_protocol, page_episode
 
 
 class ViewError(ValueError):
@@ -286,9 +286,26 @@ def _curves(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def run_episode(e: Mapping[str, Any], step: int, row: int, protocol: TagProtocol | None) -> dict[str, Any]:
-    """The page's episode of one kept training episode (`pvpo.trainer.episode_log.episode_record`);
-    ValueError naming a field that is not of its kind."""
+def _run_tokenizer(files: RunDir) -> Tokenize | None:
+    """The run's tokenizer (its `initial_policy/tokenizer.json`, read by `tokenizers` alone: no
+    model, no transformers) as token spans of a text; None when the run has none readable."""
+    import tokenizers
+
+    path = files.initial_policy / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception on a file it cannot read
+        return None
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).offsets
+
+
+def run_episode(
+    e: Mapping[str, Any], step: int, row: int, protocol: TagProtocol | None, tokenize: Tokenize | None = None
+) -> dict[str, Any]:
+    """The page's episode of one kept training episode (`pvpo.trainer.episode_log.episode_record`),
+    with its turns' tokens where `tokenize` is given; ValueError naming a field that is not of its kind."""
     uid = str(e.get("uid", ""))
     dataset, _, ident = uid.partition("/") if "/" in uid else ("", "", uid)
     ep = page_episode(
@@ -307,6 +324,7 @@ def run_episode(e: Mapping[str, Any], step: int, row: int, protocol: TagProtocol
         passages=_searches(e.get("passages"), "passages"),
         protocol=protocol,
         tokens=_number(e.get("model_tokens"), "model_tokens"),
+        tokenize=tokenize,
     )
     components = _mapping(e, "reward_components")
     ep.update(step=step, uid=uid, gt=bool(e.get("is_gt")), adv=e.get("advantage"), r=e.get("reward"))
@@ -358,6 +376,7 @@ def read_run(path: Path) -> Source:
     advantage, GT), the rollouts' curves and the validation curve (`checkpoints/best.json`)."""
     files = RunDir(path)
     protocol = _run_protocol(files)
+    tokenize = _run_tokenizer(files)
     episodes: list[dict[str, Any]] = []
     steps = []
     _steps(files.episodes, _objects(files.episodes))
@@ -372,7 +391,7 @@ def read_run(path: Path) -> Source:
             for row, e in enumerate(kept):
                 if not isinstance(e, Mapping):
                     raise ValueError(f"episode {row + 1} is a JSON {type(e).__name__}, not an object")
-                episodes.append(run_episode(e, step, row, protocol))
+                episodes.append(run_episode(e, step, row, protocol, tokenize))
             rows = _step_rows(record)
         except (TypeError, ValueError, AttributeError) as e:
             raise ViewError(f"{files.episodes}: the line of step {step}: {e}: fix or remove that line") from None

@@ -12,7 +12,7 @@
   var EPS = D.episodes;
   var PAGE = 50;
   var DEFAULTS = { outcome: "all", ds: "", ns: "", q: "", flip: "all", by: "em", side: "either", step: "", gt: "all",
-    group: "", sort: "", page: "1", open: "" };
+    group: "", sort: "", tok: "", page: "1", open: "" };
   var S = {};
   var haystacks = null;
 
@@ -538,6 +538,23 @@
     marks.forEach(function (m) { if (m[0] >= at) { out += esc(text.slice(at, m[0])) + "<mark" + m[2] + ">" + esc(text.slice(m[0], m[1])) + "</mark>"; at = m[1]; } });
     return out + esc(text.slice(at));
   }
+  // a model turn as its tokens (re-tokenized by the run's tokenizer): each a span, shaded by the
+  // row's advantage (the trainer logs one per row: a token-level estimator's is their mean)
+  function tokens(t, e, from) {
+    var out = "", at = 0, a = e.adv || 0, tint = Math.min(1, Math.abs(a)) * 0.45;
+    var bg = a > 0 ? "rgba(19,115,51," + tint.toFixed(2) + ")" : a < 0 ? "rgba(179,38,30," + tint.toFixed(2) + ")" : "transparent";
+    t.tl.forEach(function (n, i) {
+      out += "<span class='tk tk" + (i % 2) + "' style='background:" + bg + "' title='model token " + (from + i + 1) + " · advantage " +
+        signed(e.adv) + "'>" + esc(t.x.slice(at, at + n)) + "</span>";
+      at += n;
+    });
+    return out + esc(t.x.slice(at));
+  }
+  function tokenCounts(e) {
+    var m = 0, env = 0, has = false;
+    e.turns.forEach(function (t) { if (t.tn != null) { has = true; if (t.t === "m") m += t.tn; else env += t.tn; } });
+    return has ? [m, env] : null;
+  }
   function episode(e, title, diverge) {
     if (!e) return "<div class='episode'><h3>" + esc(title) + "</h3><p class='empty'>not in this folder</p></div>";
     var f = ["EM " + fmt(e.em, 0), "F1 " + fmt(e.f1, 2), "cover-EM " + fmt(e.cem, 0),
@@ -551,23 +568,30 @@
     if (e.rc) Object.keys(e.rc).forEach(function (k) { f.push(k + " " + fmt(e.rc[k], 2)); });
     if (e.adv != null) f.push("advantage " + signed(e.adv));
     if (e.gt) f.push("GT row (injected)");
+    var tc = tokenCounts(e);
+    if (tc) f.push("re-tokenized: " + tc[0] + " model tokens (in the loss), " + tc[1] + " env tokens (masked out)");
     if (e.pi) f.push("pi_gt: log-prob " + fmt(e.pi.logprob, 2) + " over " + e.pi.tokens + " tokens (" + fmt(e.pi.logprob_per_token, 3) + " per token, " + (e.pi.source || "–") + ")");
+    var tokView = !!tc && S.tok === "1";
     var h = "<div class='episode' data-key='" + esc(e.k) + "'><h3>" + esc(title) + "</h3>" +
+      (tc ? "<button class='toktoggle' id='toktoggle' data-focus='toktoggle'>" + (tokView ? "show the text" : "show the tokens") + "</button>" : "") +
       (e.bad ? "<div class='badvals'>bad values in the file, shown as unknown: " + esc(e.bad.join("; ")) + "</div>" : "") +
       "<div><b>" + findMarks(e.q) + "</b></div><div>gold: <span class='gold-list'>" + esc(e.gold.join(" | ")) + "</span> · answer: <b class='" +
       (right(e) ? "ans-ok" : "ans-bad") + "'>" + esc(e.pred || "–") + "</b></div>" +
       "<div class='facts'>" + f.map(function (x) { return "<span>" + esc(x) + "</span>"; }).join("") + "</div>";
-    var n = 0, seen = {};
+    var n = 0, seen = {}, done = 0;
     e.turns.forEach(function (t, k) {
       var mark = diverge === k ? " diverge' id='diverge-" + (title.charAt(0) === "B" ? "b" : "a") : "";
       if (t.t === "m") {
         n++;
-        h += "<div class='turn turn-model" + mark + "'><div class='who'>model, turn " + n + (diverge === k ? " · the episodes part here" : "") + "</div><pre>" + markup(t.x, e) + "</pre></div>";
+        h += "<div class='turn turn-model" + mark + "'><div class='who'>model, turn " + n + (t.tn != null ? " · " + t.tn + " tokens" : "") +
+          (diverge === k ? " · the episodes part here" : "") + "</div><pre" + (tokView ? " class='tokens'>" + tokens(t, e, done) : ">" + markup(t.x, e)) + "</pre></div>";
+        done += t.tn || 0;
       } else if (t.t === "o") {
         var qn = t.q != null ? String(t.q).toLowerCase().split(/\s+/).join(" ") : null, rep = qn != null && seen[qn];
         if (qn != null) seen[qn] = true;
         h += "<div class='turn turn-obs" + mark + "'><div class='who'>search results" + (t.q != null ? " for <span class='search-query'>" + esc(t.q) + "</span>" : "") +
-          (rep ? " <span class='badge rep'>repeated query</span>" : "") + (diverge === k ? " · the episodes part here" : "") + "</div>";
+          (rep ? " <span class='badge rep'>repeated query</span>" : "") + (t.tn != null ? " · " + t.tn + " env tokens, masked out" : "") +
+          (diverge === k ? " · the episodes part here" : "") + "</div>";
         if (!t.p.length) h += "<pre>" + highlight(t.x || "", e.gold) + "</pre>";
         t.p.forEach(function (p) {
           h += "<div class='passage" + (p.gold ? " gold" : "") + "' data-id='" + esc(p.id || "") + "' data-gold='" + (p.gold ? 1 : 0) + "'><div class='ph'>[" + p.n + "] <b>" +
@@ -658,6 +682,7 @@
       set({ sort: S.sort === k ? "-" + k : S.sort === "-" + k ? "" : k });
       return;
     }
+    if (ev.target.closest("#toktoggle")) { set({ tok: S.tok === "1" ? "" : "1" }, true); return; }
     if (ev.target.closest(".detail-row")) return;
     var tr = ev.target.closest("tr.ep-row");
     if (tr) toggle(tr.getAttribute("data-key"));
