@@ -180,6 +180,28 @@ def test_a_comparison_flips_by_f1_sorts_by_the_change_and_says_where_the_episode
     assert colors == ["blk-answer ans-bad", "blk-answer ans-ok"]  # A's Paris is wrong, B's Berlin right
 
 
+def test_questions_paired_by_text_each_have_a_row_of_their_own(browser: Browser, tmp_path: Path) -> None:
+    def folder(name: str, questions: list[str]) -> Path:
+        items = [
+            {"question": q, "golden_answers": ["x"], "output": {"final_response": "<answer> x </answer>"}}
+            for q in questions
+        ]
+        (tmp_path / name / "toy").mkdir(parents=True)
+        (tmp_path / name / "toy" / "predictions.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
+        return tmp_path / name
+
+    page = write_page([folder("a", ["One?", "Two?"]), folder("b", ["Three?", "One?"])], tmp_path / "c.html")
+    b = browser
+    b.open(page)
+    keys = b.eval(
+        "[].map.call(document.querySelectorAll('tr.ep-row'), function (r) { return r.getAttribute('data-key'); })"
+    )
+    assert keys == ["toy/#1", "toy/#2", "B:toy/#1"]  # One? (both), Two? (only A), Three? (only B)
+    b.eval("document.querySelectorAll('tr.ep-row')[2].focus()")
+    b.key("Enter")
+    assert b.eval("document.querySelectorAll('.detail .episode')[1].textContent").startswith("B: bThree?")
+
+
 def _run(path: Path) -> Path:
     """A run dir: step 1 sampled 3 policy rows of q1 (EM 1, 0, 0) and a GT row, and 2 of q2 (EM 0,
     not kept); step 2 one row of q1. Validation EM from 0.133 to 0.173."""

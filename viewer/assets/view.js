@@ -35,7 +35,10 @@
   } else {
     ENTRIES = EPS[0].map(function (e) { return { a: e, b: null }; });
   }
-  ENTRIES.forEach(function (en) { en.key = (en.a || en.b).k; });
+  // a question's key is A's episode's; one only B answered keeps B's, set apart where A's episodes
+  // use the same key for another question (two files paired by question text, keyed by position)
+  var aKeys = new Set(EPS[0].map(function (e) { return e.k; }));
+  ENTRIES.forEach(function (en) { en.key = en.a ? en.a.k : (aKeys.has(en.b.k) ? "B:" : "") + en.b.k; });
 
   // what became of a question from A to B by a score: EM and cover-EM are right at 1; F1 is
   // compared as a number ("gained" = B higher, "both" = equal and above 0)
