@@ -416,13 +416,9 @@ def report_cmd(
     """Merge runs into one markdown table (datasets as columns, Avg last, N per column) and a CSV."""
     from pvpo.atomic import atomic_write_text
     from pvpo.evaluation.report import build_table, find_runs, markdown_table, write_csv
-    from pvpo.owned import check_output_file
+    from pvpo.owned import check_output_files
 
-    for flag, path in (("--md", md_path), ("--csv", csv_path)):  # before anything is read (`pvpo.owned`)
-        if path is not None:
-            check_output_file(path, flag, overwrite=overwrite)
-    if md_path is not None and csv_path is not None and md_path.resolve() == csv_path.resolve():
-        raise ValueError(f"--md and --csv name one file, {md_path}: give two")
+    check_output_files({"--md": md_path, "--csv": csv_path}, overwrite=overwrite)  # before anything is read
 
     results = find_runs(dirs, metric)
     if not results:
@@ -453,11 +449,10 @@ def rescore_cmd(
     """Recompute EM / F1 / ACC (cover-EM) of every item and the totals, as FlashRAG's metric_score.txt."""
     from pvpo.atomic import atomic_write_text
     from pvpo.evaluation.report import metric_score_text, rescore_file
-    from pvpo.owned import check_output_file
+    from pvpo.owned import check_output_files
     from pvpo.reward import get_protocol
 
-    if out:  # before anything is read: never the predictions read, nor a file a run wrote (`pvpo.owned`)
-        check_output_file(out, "--out", overwrite=overwrite, reads=[path])
+    check_output_files({"--out": out}, overwrite=overwrite, reads=[path])  # never the predictions it reads
     res = rescore_file(path, extract=get_protocol(extract) if extract else None)
     if out:
         atomic_write_text(out, "".join(json.dumps(it, ensure_ascii=False) + "\n" for it in res.items))

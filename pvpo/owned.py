@@ -494,3 +494,18 @@ def check_output_file(path: str | Path, what: str, *, overwrite: bool, reads: Se
     if os.path.lexists(path) and not overwrite:
         raise FolderError(f"{what} {path} exists: give another path, or --overwrite to replace it")
     return path
+
+
+def check_output_files(
+    outputs: Mapping[str, str | Path | None], *, overwrite: bool, reads: Sequence[str | Path] = ()
+) -> None:
+    """`check_output_file` of each output given (option -> path; None: not asked for), and two
+    options naming one file refused."""
+    given = {what: Path(p) for what, p in outputs.items() if p is not None}
+    for what, path in given.items():
+        check_output_file(path, what, overwrite=overwrite, reads=reads)
+    seen: dict[Path, str] = {}
+    for what, path in given.items():
+        if path.resolve() in seen:
+            raise FolderError(f"{seen[path.resolve()]} and {what} name one file, {path}: give two")
+        seen[path.resolve()] = what

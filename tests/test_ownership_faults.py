@@ -274,3 +274,11 @@ def test_eval_rescore_never_writes_over_the_predictions_it_reads_nor_an_existing
     assert preds.read_bytes() == before and mine.read_bytes() == NOTES
     code, output = _pvpo("eval", "rescore", str(preds), "--out", str(mine), "--overwrite")
     assert code == 0 and b'"id": "1"' in mine.read_bytes(), output
+
+
+def test_eval_report_refuses_md_and_csv_naming_one_file(tmp_path) -> None:
+    toy = _eval_folder(tmp_path)
+    table = tmp_path / "table.txt"
+    code, output = _pvpo("eval", "report", str(toy), "--md", str(table), "--csv", str(table))
+    assert _one_line(code, output, "--md and --csv name one file"), output
+    assert not table.exists()
