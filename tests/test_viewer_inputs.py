@@ -331,3 +331,11 @@ def test_a_runs_episodes_carry_their_turns_tokens_by_the_runs_own_tokenizer(tmp_
     assert model[0]["tl"] == [1, 6, 1, 8, 3, 6, 1]  # to the ends of "<", "search", ">", "capital", "</", ...
     [obs] = [t for t in e["turns"] if t["t"] == "o"]
     assert obs["tn"] == 14  # the env's block as appended, wrapper tags and blank lines included
+
+
+def test_a_flashrag_files_bad_item_is_one_line_naming_the_file_and_item(tmp_path: Path) -> None:
+    path = tmp_path / "intermediate_data.json"
+    path.write_text(json.dumps([{"id": "1", "question": "Q?"}, {"id": "2", "output": {"passages": "none"}}]))
+    res = runner.invoke(app, ["view", str(path), "--out", str(tmp_path / "p.html")])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert f"{path}: item 2: `output.passages` is not a list of lists of passages" in res.output.splitlines()[0]

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pvpo.atomic import read_jsonl
-from pvpo.envs.loaders import read_located
-from pvpo.evaluation.run import PREDICTIONS, RUN, EvalError, resolve_template
+from pvpo.evaluation.run import PREDICTIONS, RUN, EvalError, read_items, resolve_template
 from pvpo.reward import TagProtocol, get_reward
 from pvpo.trainer.episode_log import read_episode_log
 from pvpo.trainer.state.run_dir import RunDir
@@ -216,9 +215,8 @@ def read_eval(path: Path) -> Source:
     """An evaluation folder (one dataset's, or `--out` holding several) or a FlashRAG predictions file."""
     episodes: list[dict[str, Any]] = []
     if path.is_file():
-        located = read_located(path)
-        items = [item for _, item in located]
-        episodes = _items_episodes(items, path, lambda i: located[i][0], path.name.split(".")[0], None)
+        items = read_items(path)  # each an object, or an error naming the file and its line or row
+        episodes = _items_episodes(items, path, lambda i: f"item {i + 1}", path.name.split(".")[0], None)
         _unique_keys(episodes)
         return Source(path.stem, str(path), "eval", episodes, _first_prompt(items))
     folders = _dataset_folders(path)
