@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from test_viewer_page import CASES_A, CASES_B
@@ -422,7 +423,13 @@ def test_hostile_text_in_every_field_stays_text_in_every_state_of_the_page(brows
             e.setdefault("question", evil)
     (run / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (run / "held_out.jsonl").write_text(json.dumps({"id": "h/1", "question": evil}) + "\n")
-    b.open(write_page([run], tmp_path / "r.html"))
+    run_page = write_page([run], tmp_path / "r.html")
+    hostile_state = urlencode(
+        {k: HOSTILE[i % len(HOSTILE)] for i, k in enumerate(("step", "group", "q", "sort", "by", "open"))}
+    )
+    b.open(run_page, hostile_state)  # a link someone sent: the state in its fragment is text too
+    assert _inert(b) == [] and HOSTILE[1] in b.eval("document.getElementById('groupf').textContent")
+    b.open(run_page)
     b.eval("document.querySelector('details.heldout').open = true")
     assert _inert(b) == []
     b.click("tr.grp.kept")
