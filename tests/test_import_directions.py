@@ -139,6 +139,19 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "pvpo.trainer.model.policy",  # a local model as GT source
     ),
     "state": ("pvpo.trainer.config", "pvpo.trainer.model.policy"),  # a checkpoint's weight files
+    # the step modes: a step's plan and rollouts over the run's data, engine and reference machinery
+    "steps": (
+        *OUTSIDE,
+        "pvpo.trainer.config",
+        "pvpo.trainer.data",
+        "pvpo.trainer.policy_engine",
+        "pvpo.trainer.algorithms",
+        "pvpo.trainer.model.device",
+        "pvpo.trainer.parallel",
+        "pvpo.trainer.reference",
+        "pvpo.trainer.rollout",
+        "pvpo.trainer.state",
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""The batches of rollouts beside the update (`async_loop.BatchLedger`): each step takes exactly its
+"""The batches of rollouts beside the update (`steps.pipelined.BatchLedger`): each step takes exactly its
 planned count, waits for the steps before it, an episode is never more than one step late, and no
 schedule of step sizes and episode delays ends in a wait that never returns: the 5/4/3-at-eta-2
 case on the real stream, and hundreds of seeded schedules simulated with the admission rule."""
@@ -16,11 +16,11 @@ import pytest
 from trainer_support import WORLD, OverlapSearcher, policy  # noqa: F401 (fixture)
 
 from pvpo.envs.episode import EpisodeConfig
-from pvpo.trainer.async_loop import BatchLedger, RolloutStall
 from pvpo.trainer.rollout.agent_loop import LoopConfig
 from pvpo.trainer.rollout.engine import AsyncGenerate, Completion, RolloutEngine
 from pvpo.trainer.rollout.episode_stream import Admission, EpisodeStream, Finished, Planned
 from pvpo.trainer.rollout.trajectory import Trajectory
+from pvpo.trainer.steps.pipelined import BatchLedger, RolloutStall
 
 
 class SlowQuestions(RolloutEngine):
@@ -137,10 +137,10 @@ def test_a_wait_for_episodes_that_cannot_come_ends_at_once_and_any_other_at_its_
 
 
 def test_a_stalled_wait_ends_the_run_in_one_line_naming_it_and_the_resume_command(tmp_path):
-    from pvpo.trainer.async_loop import AsyncSteps
+    from pvpo.trainer.steps.pipelined import PipelinedSteps
 
-    steps = AsyncSteps.__new__(AsyncSteps)
-    steps.trainer, steps.timeout, steps.stream = types.SimpleNamespace(run_dir=tmp_path / "run"), 5.0, None
+    steps = PipelinedSteps.__new__(PipelinedSteps)
+    steps.host, steps.timeout, steps.stream = types.SimpleNamespace(run_dir=tmp_path / "run"), 5.0, None
     (tmp_path / "run").mkdir()
     with pytest.raises(RolloutStall) as err, steps._waiting(3, "the finished episodes of its batch"):
         raise TimeoutError("no batch within 5 s")
@@ -158,7 +158,7 @@ def _finished(step: int, uid: str, started: int = 0) -> Finished:
 
 def simulate(seed: int) -> dict[str, object]:
     """One run: random step sizes (streamed episodes, or whole groups), episode and update times,
-    eta and concurrency; the trainer and the rollouts as `AsyncSteps` and `EpisodeStream` run
+    eta and concurrency; the trainer and the rollouts as `PipelinedSteps` and `EpisodeStream` run
     them (the admission rule, the ledger's choice), as discrete events. Raises on a hang."""
     rng = random.Random(seed)
     eta, steps, streaming = rng.randint(0, 3), rng.randint(1, 7), rng.random() < 0.5
@@ -240,11 +240,11 @@ def test_hundreds_of_random_schedules_never_hang_and_stay_within_one_step_and_et
 
 
 def test_an_episodes_own_timeout_error_is_not_reported_as_a_stalled_wait(tmp_path):
-    from pvpo.trainer.async_loop import AsyncSteps
+    from pvpo.trainer.steps.pipelined import PipelinedSteps
 
-    steps = AsyncSteps.__new__(AsyncSteps)
+    steps = PipelinedSteps.__new__(PipelinedSteps)
     own = TimeoutError("the search server timed out")
-    steps.trainer, steps.timeout = types.SimpleNamespace(run_dir=tmp_path), 5.0
+    steps.host, steps.timeout = types.SimpleNamespace(run_dir=tmp_path), 5.0
     steps.stream = types.SimpleNamespace(error=own, gate=types.SimpleNamespace(error=None))  # type: ignore[assignment]
     with pytest.raises(TimeoutError) as err, steps._waiting(2, "the finished episodes of its batch"):
         raise own

@@ -1,4 +1,4 @@
-"""Rollouts beside the update (`rollout.max_staleness`, `trainer/async_loop.py`) on tiny synthetic
+"""Rollouts beside the update (`rollout.max_staleness`, `trainer/steps/pipelined.py`) on tiny synthetic
 runs: the pipelined steps at eta = 0 reproduce the synchronous loop figure for figure, a resumed
 run at eta = 0 equals an unbroken one, at eta = 1 a run trains on episodes one version old and
 resumes, regenerating the episodes its checkpoint left in flight, and its updates weigh each token
@@ -20,12 +20,12 @@ def _figures(row: dict) -> dict:
 def _pipelined_at_eta_0(cfg, run_dir, searcher):
     """`Trainer.run` with the pipelined steps forced on at eta = 0."""
     from pvpo.trainer import loop
-    from pvpo.trainer.async_loop import AsyncSteps
+    from pvpo.trainer.steps.pipelined import PipelinedSteps
 
     class Pipelined(loop.Trainer):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.pipeline = AsyncSteps(self, loop._seed)
+            self.steps = PipelinedSteps(self)
 
     run_dir.mkdir(parents=True)
     with Pipelined(cfg, run_dir, loop.load_data(cfg, run_dir), searcher, show_progress=False) as trainer:

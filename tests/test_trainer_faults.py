@@ -370,7 +370,7 @@ def test_a_resume_without_a_checkpoint_counts_the_reference_state_it_reuses_once
     from trainer_support import WORLD, OverlapSearcher
 
     from pvpo.trainer.loop import train
-    from pvpo.trainer.reference.pipeline import Reference
+    from pvpo.trainer.reference.machinery import Reference
     from pvpo.trainer.state.resume import resume_config
 
     gs = [*TINY_RUN, "algorithm.group_sampling.enabled=true", "rollout.max_turns=3", "rollout.max_response_tokens=200",

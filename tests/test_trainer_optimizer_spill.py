@@ -102,13 +102,20 @@ def test_evaluations_during_rl_run_without_the_optimizer_state_and_training_is_u
     source = tmp_path / "musique.json"
     source.write_text(json.dumps(_musique_rows(8)))
     seen: list[tuple[str, int, bool]] = []
-    real = heldout.evaluate_trainer
+    real, real_init = heldout.evaluate_current, loop.Trainer.__init__
+    trainers: list[loop.Trainer] = []
 
-    def watched(trainer, tag, *args):
+    def recorded_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        trainers.append(self)
+
+    def watched(policy, tag, *args, **kwargs):
+        trainer = trainers[-1]
         seen.append((tag, len(trainer.optimizer.state), trainer.files.optimizer_spill.exists()))
-        return real(trainer, tag, *args)
+        return real(policy, tag, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "evaluate_trainer", watched)
+    monkeypatch.setattr(loop.Trainer, "__init__", recorded_init)
+    monkeypatch.setattr(loop, "evaluate_current", watched)
 
     def run(name: str) -> list[dict[str, float]]:
         searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))

@@ -203,7 +203,7 @@ def test_correctness_reads_the_rewards_own_correctness_or_the_metric_asked_for()
 def test_a_prompt_the_reference_solves_every_time_by_the_reward_is_dropped_even_at_em_zero(tmp_path):
     from types import SimpleNamespace
 
-    from pvpo.trainer.reference.pipeline import Reference
+    from pvpo.trainer.reference.machinery import Reference
 
     exs = WORLD.questions("train")[:2]
     solved_by_cem, never = exs[0].uid, exs[1].uid

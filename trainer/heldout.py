@@ -4,16 +4,17 @@ searches, the standard error of EM, and EM per hop count when the questions carr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import zlib
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from pvpo.atomic import atomic_write_json
 from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.progress import Progress
@@ -21,8 +22,10 @@ from pvpo.retriever.types import Searcher
 from pvpo.reward import answer_metrics
 from pvpo.stats import standard_error
 from pvpo.trainer.config.schema import TrainConfig
-from pvpo.trainer.data import agent_settings
-from pvpo.trainer.model.device import Placement
+from pvpo.trainer.data import Data, agent_settings
+from pvpo.trainer.model.device import PhaseMemory, Placement
+from pvpo.trainer.parallel import distributed as ddp
+from pvpo.trainer.result import TrainResult
 from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, summarize
@@ -171,85 +174,114 @@ def as_validation(metrics: dict[str, float]) -> dict[str, float]:
     return {"val/" + k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith("eval/")}
 
 
-def evaluate_trainer(
-    trainer: Any,
+@dataclass(frozen=True)
+class PolicyUnderTest:
+    """What a held-out evaluation of a run's current policy uses (`evaluate_current`): the run's
+    config, the engine and tokenizer over the policy and where it runs, the retriever, the memory
+    meter of the run's phases, the step mode's pause (rollouts beside the update wait meanwhile)
+    and whether a meter shows."""
+
+    cfg: TrainConfig
+    engine: RolloutEngine
+    tokenizer: Any
+    where: Placement
+    searcher: Searcher
+    memory: PhaseMemory
+    paused: Callable[[], AbstractContextManager[None]]
+    show_progress: bool
+
+
+def evaluate_current(
+    policy: PolicyUnderTest,
     tag: str,
-    examples: Sequence[QAExample] | None = None,
+    questions: Sequence[QAExample],
+    *,
+    result: TrainResult | None = None,
     per_question_out: list[float] | None = None,
 ) -> dict[str, float]:
-    """Held-out metrics (`eval/*`) of a `Trainer`'s current policy, one rollout per question of
-    `examples` (default: the run's evaluation set, whose per-question scores the trainer keeps),
-    each rank its share, the metrics weighted by share size; `per_question_out` receives each
+    """Held-out metrics (`eval/*`) of a run's current policy, one rollout per question of
+    `questions`, each rank its share, the metrics weighted by share size; `result`, if given,
+    keeps each question's EM and scores under `tag` and `per_question_out` receives each
     question's EM (one process only)."""
-    from pvpo.trainer.parallel import distributed as ddp
-
-    questions = trainer.data.eval if examples is None else examples
     if not questions:
         return {}
     share = ddp.rank_share(questions)
     per_question: list[float] = []
     scores: list[dict[str, float]] = []
-    pipeline = getattr(trainer, "pipeline", None)  # rollouts beside the update wait meanwhile
-    paused = pipeline.paused() if pipeline is not None else contextlib.nullcontext()
-    with paused, trainer.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows (run)
+    with policy.paused(), policy.memory.phase("eval"):  # mem/eval_*: logged with the step the evaluation follows
         metrics = (
             evaluate_policy(
-                trainer.cfg,
-                trainer.engine,
-                trainer.tokenizer,
-                trainer.where,
+                policy.cfg,
+                policy.engine,
+                policy.tokenizer,
+                policy.where,
                 share,
-                trainer.searcher,
+                policy.searcher,
                 tag,
                 per_question,
                 scores,
-                show_progress=trainer.show_progress,
+                show_progress=policy.show_progress,
             )
             if share
             else {}
         )
-    if not ddp.is_distributed() and examples is None:
-        trainer.result.eval_em[tag] = per_question
-        trainer.result.eval_scores[tag] = scores
+    if not ddp.is_distributed() and result is not None:
+        result.eval_em[tag] = per_question
+        result.eval_scores[tag] = scores
     if not ddp.is_distributed() and per_question_out is not None:
         per_question_out[:] = per_question
     return ddp.reduce_metrics(metrics, len(share))
 
 
-def watches_validation(trainer: Any) -> bool:
+class ValidatedRun(Protocol):
+    """What the evaluation before RL and the validation points use of a run (`loop.Trainer`): its
+    config, splits and result, and an evaluation of its current policy."""
+
+    @property
+    def cfg(self) -> TrainConfig: ...
+
+    @property
+    def data(self) -> Data: ...
+
+    @property
+    def result(self) -> TrainResult: ...
+
+    def evaluate(
+        self, tag: str, examples: Sequence[QAExample] | None = None, per_question_out: list[float] | None = None
+    ) -> dict[str, float]: ...
+
+
+def watches_validation(cfg: TrainConfig, data: Data) -> bool:
     """Whether the run watches a validation split (`run.eval_every` and `data.validation_examples`)."""
-    return bool(trainer.cfg.run.eval_every and trainer.data.validation)
+    return bool(cfg.run.eval_every and data.validation)
 
 
-def validation_point(trainer: Any, step: int, last: bool) -> tuple[dict[str, float], list[float]]:
+def validation_point(run: ValidatedRun, step: int, last: bool) -> tuple[dict[str, float], list[float]]:
     """The validation metrics (`val/*`) and each validation question's EM at `step` (0: before RL)
     when the run watches its validation split and the step is due (every `run.eval_every`, and the
     last); empty otherwise. With `data.evaluate_on=validation` the evaluation before and after RL
     are the validation ones and are reused, not run twice."""
-    every = trainer.cfg.run.eval_every
-    if not watches_validation(trainer) or not (step == 0 or last or step % every == 0):
+    every = run.cfg.run.eval_every
+    if not watches_validation(run.cfg, run.data) or not (step == 0 or last or step % every == 0):
         return {}, []
-    result = trainer.result
-    if trainer.data.validation is trainer.data.eval and (step == 0 or last):
+    result = run.result
+    if run.data.validation is run.data.eval and (step == 0 or last):
         tag = "before" if step == 0 else "after"
         return as_validation(result.eval_before if step == 0 else result.eval_after), result.eval_em.get(tag, [])
     em: list[float] = []
     tag = "val_before" if step == 0 else f"val_step{step}"
-    return as_validation(trainer.evaluate(tag, trainer.data.validation, em)), em
+    return as_validation(run.evaluate(tag, run.data.validation, em)), em
 
 
-def evaluation_before(trainer: Any) -> None:
-    """A `Trainer`'s evaluation before RL into its result: measured (and saved to eval_before.json
-    by the main rank) on a fresh run, read back from that file on a resumed one."""
-    from pvpo.atomic import atomic_write_json
-    from pvpo.trainer.parallel import distributed as ddp
-
-    result = trainer.result
-    if trainer.start_step == 0:
-        result.eval_before = trainer.evaluate("before")
+def evaluation_before(run: ValidatedRun, *, fresh: bool, saved: Path) -> None:
+    """A run's evaluation before RL into its result: measured (and saved to `saved`,
+    eval_before.json, by the main rank) on a `fresh` run, read back from that file on a resumed one."""
+    result = run.result
+    if fresh:
+        result.eval_before = run.evaluate("before")
         if ddp.is_main():
             atomic_write_json(
-                trainer.files.eval_before,
+                saved,
                 {
                     "metrics": result.eval_before,
                     "em": result.eval_em.get("before", []),
@@ -257,7 +289,7 @@ def evaluation_before(trainer: Any) -> None:
                 },
             )
         return
-    result.eval_before, em, scores = load_eval_before(trainer.files.eval_before)
+    result.eval_before, em, scores = load_eval_before(saved)
     if not ddp.is_distributed():
         result.eval_em.update({"before": em} if em else {})
         result.eval_scores.update({"before": scores} if scores else {})

@@ -2,12 +2,13 @@
 log -> checkpoint (`Trainer.train_step`, `Trainer.run`).
 
 What the run builds before its first step is `data.py`'s and `setup.py`'s (the episode rules and
-loop limits are made once there and kept here); PVPO's anchor, Group Sampling and GT trajectories
-are `reference/pipeline.py`'s; what an estimator needs beyond rewards and groups is its own state
-(`algorithms/estimator_state.py`). Everything random is a pure function of `(run.seed, step)`
-(data order, sampling, mini-batch order), and the optimizer / RNG / anchor store are checkpointed,
-so `resume=True` continues exactly where the last checkpoint left off: no step lost or repeated
-in `metrics.jsonl`.
+loop limits are made once there and kept here); how a step gets its trajectories is its step
+mode's (`steps/`: rolled out then trained on, or sampled beside the update); PVPO's anchor, Group
+Sampling and GT trajectories are `reference/machinery.py`'s; what an estimator needs beyond
+rewards and groups is its own state (`algorithms/estimator_state.py`). Everything random is a
+pure function of `(run.seed, step)` (data order, sampling, mini-batch order: `steps/plan.py`), and
+the optimizer / RNG / anchor store are checkpointed, so `resume=True` continues exactly where the
+last checkpoint left off: no step lost or repeated in `metrics.jsonl`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -31,12 +31,17 @@ from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
-from pvpo.trainer.async_loop import AsyncSteps
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.config.written import dump_config
-from pvpo.trainer.data import Data, agent_settings, load_data, retriever_session, step_examples
+from pvpo.trainer.data import Data, agent_settings, load_data, retriever_session
 from pvpo.trainer.episode_log import log_step_episodes
-from pvpo.trainer.heldout import evaluate_trainer, evaluation_before, validation_point, watches_validation
+from pvpo.trainer.heldout import (
+    PolicyUnderTest,
+    evaluate_current,
+    evaluation_before,
+    validation_point,
+    watches_validation,
+)
 from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
 from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
@@ -44,9 +49,8 @@ from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk, remove_s
 from pvpo.trainer.model.update import importance_for, policy_update, reference_logprobs
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
-from pvpo.trainer.policy_engine import engine_asleep
 from pvpo.trainer.reference.gt_registry import GTContext
-from pvpo.trainer.reference.pipeline import Reference
+from pvpo.trainer.reference.machinery import Reference
 from pvpo.trainer.reference.reuse import reuse_if_asked
 from pvpo.trainer.result import TrainResult
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
@@ -71,12 +75,10 @@ from pvpo.trainer.state.resume import (
     run_inputs,
 )
 from pvpo.trainer.state.run_dir import RunDir
+from pvpo.trainer.steps import derive_seed, make_steps, resumed_record
+from pvpo.trainer.steps.plan import episode_batches
 
 log = logging.getLogger(__name__)
-
-
-def _seed(*parts: int | str) -> int:
-    return zlib.crc32("/".join(map(str, parts)).encode())
 
 
 class Trainer:
@@ -143,10 +145,9 @@ class Trainer:
             self.cost.count_saved(self.reference.saved_cost())
         self.estimator_state = estimator_state(cfg, self.spec, m, self.run_dir)
         self.curve = ValidationCurve()  # validation EM by step (run.eval_every), restored with the checkpoint
-        self.pipeline_record: dict[str, Any] = {}  # what a checkpoint's pipelined rollouts left (async_loop.py)
+        self.steps_record: dict[str, Any] = {}  # what a checkpoint's step mode left (steps/)
         self.start_step = self._restore(ckpt) if ckpt is not None else 0
-        # rollout.max_staleness > 0: rollouts beside the update (async_loop.py), with the decoupled objective
-        self.pipeline = AsyncSteps(self, _seed, self.pipeline_record) if cfg.rollout.max_staleness else None
+        self.steps = make_steps(self, self.steps_record)  # rollouts then update, or beside it (steps/)
         self.result.resumed_from = self.start_step
         if ddp.is_main():
             dump_config(cfg, self.files.config)
@@ -169,14 +170,13 @@ class Trainer:
             self.cost.load_state_dict(extra["cost"])
         if "validation" in extra:
             self.curve = ValidationCurve.from_json(extra["validation"])
-        self.pipeline_record = extra.get("pipeline", {})
+        self.steps_record = resumed_record(extra)
         return int(state["step"])
 
     def close(self) -> None:
         """Shut the rollout engines down (vLLM: its engine process and its temporary copy of the
         model); `with Trainer(...) as trainer:` does it on leaving."""
-        if self.pipeline is not None:  # its rollouts first: they use the engine
-            self.pipeline.close()
+        self.steps.close()  # its rollouts first: they use the engine
         for engine in (self.engine, self._ref_engine):
             if engine is not None:
                 engine.close()
@@ -214,7 +214,7 @@ class Trainer:
         out: list[Trajectory] = []
         loop = self.loop if temperature is None else replace(self.loop, temperature=temperature)
         done = (lambda i, t: progress.update(1)) if progress is not None else None
-        for lo, hi, start in ddp.aligned_batches(offset, len(examples), self.cfg.rollout.batch_size):
+        for lo, hi, batch_seed, first in episode_batches(seed, offset, len(examples), self.cfg.rollout.batch_size):
             with self.where.autocast():
                 out += run_agent_loop(
                     engine or self.engine,
@@ -223,14 +223,14 @@ class Trainer:
                     self.searcher,
                     self.epcfg,
                     loop,
-                    seed=_seed(seed, start),
-                    indices=range(offset + lo - start, offset + hi - start),
+                    seed=batch_seed,
+                    indices=range(first, first + hi - lo),
                     on_done=done,
                 )
         self.cost.add(kind, out)
         return out
 
-    def _phase(self, step: int, what: str, unit: str, total: int | None = None) -> Progress:
+    def meter(self, step: int, what: str, unit: str, total: int | None = None) -> Progress:
         """A brief meter for one phase of `step` (`pvpo.progress.Progress`: off a terminal, a line
         every 30 s while it lasts, none for a shorter phase)."""
         return Progress(
@@ -256,7 +256,7 @@ class Trainer:
                 reference_engine=lambda: self.ref_engine,
                 # before this run's first update (and not resumed) the policy is the reference
                 is_reference=self.start_step == 0 and self.result.steps_done == 0,
-                seed=_seed,
+                seed=derive_seed,
                 show_progress=self.show_progress,
             )
             ref.ensure_group_sampling(
@@ -275,38 +275,26 @@ class Trainer:
         """Held-out metrics (`eval/*`) of the current policy, one greedy rollout per question of
         `examples` (default: the run's evaluation set, whose per-question scores are kept);
         `per_question_out` receives each question's EM. RL's optimizer state waits on disk meanwhile."""
+        under_test = PolicyUnderTest(
+            self.cfg,
+            self.engine,
+            self.tokenizer,
+            self.where,
+            self.searcher,
+            self.memory,
+            self.steps.paused,  # rollouts beside the update wait meanwhile
+            self.show_progress,
+        )
+        questions = self.data.eval if examples is None else examples
+        kept = self.result if examples is None else None  # the evaluation set's per-question scores are kept
         with optimizer_state_on_disk(self.optimizer, self.files.optimizer_spill, distributed=ddp.is_distributed()):
-            return evaluate_trainer(self, tag, examples, per_question_out)  # rollouts beside the update pause
+            return evaluate_current(under_test, tag, questions, result=kept, per_question_out=per_question_out)
 
     # ---- one step ----------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
-        if self.pipeline is not None:  # rollouts beside the update: 1-2 in async_loop.py, then `learn`
-            return self.pipeline.step(step)
-        cfg, seed = self.cfg, self.cfg.run.seed
-        # 1. PVPO's reference: the anchor, and Group Sampling's pool and GT trajectories
-        self.ensure_reference(step - 1)
-        prompts = step_examples(self.reference.pool(self.data.train), step, cfg.data.prompts_per_step, seed)
-        prompts = ddp.rank_share(prompts)  # whole groups per rank (parallel/distributed.py)
-        group, injected = self.reference.group(prompts, cfg.rollout.n)
-        # 2. rollouts (the estimator may ask for more, e.g. V0.5's adaptive budget), rewards by the env
-        t0 = time.perf_counter()
-        self.engine.wake_up()
-        with self.memory.phase("rollout"), self._phase(step, "rollouts", "rollout", len(group)) as meter:
-            trajs = self.rollout(
-                group, seed=_seed(seed, "step", step), offset=ddp.exclusive_prefix_sum(len(group)), progress=meter
-            )
-            anchors = self.reference.anchors()
-            trajs += self.estimator_state.extra_rollouts(
-                prompts,
-                trajs,
-                # one seed for all ranks (the trailing 0 keeps one process's), offset by the ranks before
-                lambda exs, rnd: self.rollout(
-                    exs, seed=_seed(seed, "v05", step, rnd, 0), offset=ddp.exclusive_prefix_sum(len(exs))
-                ),
-                anchors,
-            )
-            trajs += injected
-        return self.learn(step, trajs, injected, prompts, anchors, t0, time.perf_counter())
+        """Step `step`'s metrics, by the run's step mode (`steps/`): PVPO's reference, the step's
+        rollouts and rewards, then `learn`."""
+        return self.steps.step(step)
 
     def learn(
         self,
@@ -319,9 +307,9 @@ class Trainer:
         t1: float,
     ) -> dict[str, float]:
         """Steps 3-5 of `step` on its trajectories (the policy's rollouts of `prompts`, then the
-        `injected` GT rows), awaited from `t0` to `t1`: advantages, the update, metrics. With rollouts
-        beside the update (`self.pipeline`) the engine neither sleeps nor takes each optimizer step's
-        weights: the pipeline gets the new policy once the update is done."""
+        `injected` GT rows), awaited from `t0` to `t1`: advantages, the update, metrics. The step
+        mode says what the engine does meanwhile (`StepMode.update_scope`: asleep, or sampling the
+        next steps' episodes) and whether it takes each optimizer step's weights."""
         cfg, seed = self.cfg, self.cfg.run.seed
         # 3. advantages
         batch = collate(trajs, self.tokenizer.pad_token_id)
@@ -330,8 +318,8 @@ class Trainer:
         adv = self.spec(batch.rewards, batch.uids, anchors=anchors, policy_rows=~batch.is_gt, **adv_kwargs)
         log_step_episodes(self.files.episodes, step, trajs, adv, batch.loss_mask, prompts, self.tokenizer, cfg.run)
         # 4. the policy update (and what the estimator learns from the step)
-        with engine_asleep(self.engine) if self.pipeline is None else contextlib.nullcontext():
-            with self.memory.phase("train"), self.where.autocast(), self._phase(step, "update", "micro-batch") as meter:
+        with self.steps.update_scope():
+            with self.memory.phase("train"), self.where.autocast(), self.meter(step, "update", "micro-batch") as meter:
                 stats = {}
                 if self.estimator_state.trains_policy(step):
                     stats = policy_update(
@@ -341,18 +329,17 @@ class Trainer:
                         adv,
                         cfg.optim,
                         temperature=cfg.rollout.temperature,
-                        seed=_seed(seed, "update", step),
-                        engine=self.engine if self.pipeline is None else None,
+                        seed=derive_seed(seed, "update", step),
+                        engine=self.steps.synced_engine(),
                         ref_model=self.ref_model,
                         importance=importance_for(cfg.rollout),  # with rollouts ahead: the decoupled objective
                         default_agg=self.spec.loss_agg,
                         norm_len=cfg.rollout.max_response_tokens,
                         progress=meter,
                     )
-                stats.update(self.estimator_state.after_step(batch, adv_kwargs, seed=_seed(seed, "critic", step)))
-        if self.pipeline is not None:
-            self.pipeline.after_update(step)
-        idle = self.pipeline.idle_seconds() if self.pipeline is not None else None  # no episode in flight
+                stats.update(self.estimator_state.after_step(batch, adv_kwargs, seed=derive_seed(seed, "critic", step)))
+        self.steps.after_update(step)
+        idle = self.steps.idle_seconds()  # no episode in flight
         t2 = time.perf_counter()
         # 5. metrics (under torchrun the rollouts' own are weighted by each rank's sampled rollouts)
         sampled = trajs[: len(trajs) - len(injected)]
@@ -391,7 +378,7 @@ class Trainer:
                 "config": config_record(self.cfg),
                 "validation": self.curve.to_json(),
                 **self.estimator_state.state_dict(),
-                **(self.pipeline.state_dict() if self.pipeline is not None else {}),
+                **self.steps.state_dict(),
             },
             state_files=self.files.state_files(),
             modules=self.estimator_state.sharded_modules(),
@@ -400,9 +387,9 @@ class Trainer:
     def run(self) -> TrainResult:
         cfg = self.cfg
         if self.data.eval:  # measured on a fresh run, read back on a resumed one
-            evaluation_before(self)
+            evaluation_before(self, fresh=self.start_step == 0, saved=self.files.eval_before)
         # with a validation split, run.eval_every watches it: val/* by step, the best step's checkpoint kept
-        watch = watches_validation(self)
+        watch = watches_validation(cfg, self.data)
         if watch and self.start_step == 0:  # step 0: the policy RL starts from (no checkpoint kept for it)
             self.curve.questions = [q.uid for q in self.data.validation]
             self.curve.record(0, *validation_point(self, 0, last=False))
@@ -446,7 +433,7 @@ class Trainer:
                 postfix["val_em"] = f"{val['val/accuracy']:.3f}"
             if budget is not None:
                 postfix["rollouts"] = f"{metrics['cost/cum_rollouts']:.0f}/{budget}"
-            postfix.update(self.pipeline.postfix(metrics) if self.pipeline is not None else {})  # stale, clamp, idle
+            postfix.update(self.steps.postfix(metrics))  # with rollouts beside the update: stale, clamp, idle
             bar.set_postfix(**postfix)
             bar.update(1)
             self.result.steps_done = step

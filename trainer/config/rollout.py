@@ -1,7 +1,7 @@
 """The `rollout` config section: how training rollouts are sampled (the engine and its vLLM
 options, temperature, turns and budgets, group size, concurrency), the importance correction for
 the sampler's log-probs, and rollouts beside the update (`max_staleness`, `decoupled`,
-`wait_timeout_s`: trainer/async_loop.py)."""
+`wait_timeout_s`: trainer/steps/pipelined.py)."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ class RolloutConfig(Section):
         ge=0,
         le=MAX_STALENESS,
         description="eta: rollouts may run ahead of the update by this many policy versions (AReaL's admission rule, "
-        "the decoupled objective, weights synced between turns: trainer/async_loop.py); 0 = the synchronous loop; "
+        "the decoupled objective, weights synced between turns: trainer/steps/pipelined.py); 0 = the synchronous loop; "
         f"a whole number, at most {MAX_STALENESS}",
     )
     decoupled: bool = Field(

@@ -4,7 +4,7 @@ PVPO's reference machinery and the estimators' states are built from the whole t
 not from a rank's share of a step, so every rank must hold the same copy:
 
 - the anchor: its prompts split over the ranks, the statistics gathered
-  (`reference.pipeline.build_anchor_sharded`);
+  (`reference.machinery.build_anchor_sharded`);
 - Group Sampling's partition: computed by every rank from that same anchor, then rank 0's copy
   (its report holds rank 0's timings) broadcast (`torch.distributed.broadcast_object_list`), so
   the prompt pool each step draws from is one list;

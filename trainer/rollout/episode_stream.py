@@ -1,6 +1,6 @@
 """Episodes sampled beside the update: one rollout thread runs an event loop that starts the
 planned episodes as AReaL's admission rule allows and buffers them as they finish, while the
-trainer's thread updates the policy (`rollout.max_staleness > 0`, `trainer/async_loop.py`).
+trainer's thread updates the policy (`rollout.max_staleness > 0`, `trainer/steps/pipelined.py`).
 
 The trainer plans each step's episodes (`plan`: the examples, their seeds and places, exactly as
 the synchronous loop would roll them out) and says when a new policy version exists (`publish`).
@@ -15,7 +15,7 @@ k - 1 exists: the synchronous loop. At most `concurrency` episodes are in flight
 own task in the one episode driver (`agent_loop.run_episode`); the weights reach them through
 `weight_gate.WeightGate`, between two turns.
 
-The trainer takes its batch with `take` (what to take is its choice: `async_loop.py`), which
+The trainer takes its batch with `take` (what to take is its choice: `steps/pipelined.py`), which
 ends in `TimeoutError` past its timeout, or at once when every planned episode has finished and
 the choice still waits (nothing more can come); `close` discards what is in flight or unclaimed and says how many (a resume regenerates them).
 """

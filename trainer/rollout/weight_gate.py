@@ -1,7 +1,7 @@
 """New weights for an engine whose episodes keep running: each turn (or episode) holds the gate
 while it samples, and a sync waits until none holds it, so no turn is sampled by two policies.
 
-`rollout.max_staleness > 0` runs the rollouts beside the update (`trainer/async_loop.py`). After
+`rollout.max_staleness > 0` runs the rollouts beside the update (`trainer/steps/pipelined.py`). After
 each update the trainer publishes the new weights (`publish`); the gate lets the turns in flight
 finish with the weights that started them, holds back the turns submitted meanwhile, loads the
 new weights in the engine's thread, drops what the session computed with the old ones (saved KV

@@ -1,12 +1,12 @@
 """Rollouts that never wait for the update (`rollout.max_staleness: eta > 0`): the training step
-of `loop.py` with its rollouts sampled beside the update, under a staleness bound.
+of `synchronous.py` with its rollouts sampled beside the update, under a staleness bound.
 
 A rollout thread (`rollout/episode_stream.py`) samples the planned episodes while the trainer's
 thread updates the policy. Step k of the run then reads:
 
 1. the plans: the prompts, Group Sampling's GT rows and the episodes (their seeds and places, the
-   synchronous loop's) of each step up to k + eta are planned (`_plan`: the step's prompts are
-   drawn from the pool as the plan is made); the rollout thread starts them as AReaL's admission
+   synchronous loop's, `plan.plan_step`) of each step up to k + eta are planned (`_plan`: the
+   step's prompts are drawn from the pool as the plan is made); the rollout thread starts them as AReaL's admission
    rule allows (accepted + running <= (eta + version + 1) x batch, Fu et al. 2025,
    arXiv:2505.24298);
 2. the batch (`BatchLedger`), in the order the episodes finished, oldest plan first: with a
@@ -17,7 +17,7 @@ thread updates the policy. Step k of the run then reads:
    takes no more episodes of later plans than those plans' own batches can give back, so an
    episode is at most one step late and no step waits for an episode that is not coming; a
    prompt's GT rows (Group Sampling) join the batch that takes its first episode;
-3. the update of `loop.py` (`Trainer.learn`) with AReaL's decoupled objective (the importance
+3. the update of `loop.py` (`StepHost.learn`) with AReaL's decoupled objective (the importance
    correction forced on: clip against the proximal policy, the weights the update starts from,
    times the clamped behaviour weight pi_prox / pi_behav; a GT row keeps pi_gt as its
    denominator and weight 1); the engine neither sleeps nor receives each optimizer step's weights;
@@ -27,7 +27,7 @@ thread updates the policy. Step k of the run then reads:
    turn recording the version that sampled it; then the plan of step k + 1 + eta.
 
 At eta = 0 the rule admits step k's episodes only once the policy of step k - 1 exists and the
-batch is exactly step k's episodes: the synchronous loop (`loop.py` runs that one itself).
+batch is exactly step k's episodes: the synchronous loop (`synchronous.py` runs that one itself).
 
 The staleness bound is eta + 1, not eta, for a straggler's first turns: the rule starts step
 k's episodes from version k - 1 - eta on, so on time (trained by the update that starts from
@@ -59,18 +59,17 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any
 
 from pvpo.envs.data import QAExample
-from pvpo.trainer.data import step_examples
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.reference.anchor import needs_refresh
-from pvpo.trainer.rollout.engine import engine_spec
+from pvpo.trainer.rollout.engine import RolloutEngine, engine_spec
 from pvpo.trainer.rollout.episode_stream import EpisodeStream, Finished, Planned
 from pvpo.trainer.rollout.trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from pvpo.trainer.loop import Trainer
+from pvpo.trainer.state.resume import where_stopped
+from pvpo.trainer.steps.plan import StepHost, episode_batches, plan_step
 
 log = logging.getLogger(__name__)
 
@@ -175,26 +174,25 @@ def staleness_metrics(trajs: Sequence[Trajectory], version: int, eta: int) -> di
     return out
 
 
-class AsyncSteps:
-    """A trainer's steps with rollouts beside the update (see the module doc)."""
+class PipelinedSteps:
+    """A trainer's steps with rollouts beside the update (see the module doc; a `plan.StepMode`)."""
 
-    def __init__(self, trainer: Trainer, seed: Callable[..., int], resumed: Mapping[str, Any] | None = None) -> None:
-        """`seed`: the trainer's seed function (its `(run.seed, ...)` parts to a seed); `resumed`:
-        the pipeline record of the checkpoint the run resumed from."""
-        cfg = trainer.cfg
-        if trainer.spec.extra_rollouts:
+    def __init__(self, host: StepHost, resumed: Mapping[str, Any] | None = None) -> None:
+        """`resumed`: the pipeline record of the checkpoint the run resumed from (`state_dict`)."""
+        cfg = host.cfg
+        if host.spec.extra_rollouts:
             raise ValueError(
-                f"rollout.max_staleness={cfg.rollout.max_staleness}: algorithm.estimator={trainer.spec.name} samples "
+                f"rollout.max_staleness={cfg.rollout.max_staleness}: algorithm.estimator={host.spec.name} samples "
                 "more rollouts after seeing a step's first ones, which the pipelined loop cannot; set "
                 "rollout.max_staleness=0"
             )
-        self.trainer, self.cfg, self.seed = trainer, cfg, seed
+        self.host, self.cfg = host, cfg
         self.eta = cfg.rollout.max_staleness
         self.per_turn = engine_spec(cfg.rollout.engine).partial_rollouts
         self.stream: EpisodeStream | None = None
         self._idle0 = 0.0  # the stream's idle seconds when the current step began
         self.planned_through = 0
-        self.ledger = BatchLedger(streaming=trainer.spec.needs_anchors)  # a static baseline: rows stream in
+        self.ledger = BatchLedger(streaming=host.spec.needs_anchors)  # a static baseline: rows stream in
         self.timeout = cfg.rollout.wait_timeout_s
         self.gt: dict[Key, list[Trajectory]] = {}  # a group's GT rows, until a batch takes its first episode
         self.regenerated = int((resumed or {}).get("running", 0)) + int((resumed or {}).get("finished", 0))
@@ -207,7 +205,7 @@ class AsyncSteps:
 
     # ---- one step ----------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
-        t = self.trainer
+        t = self.host
         if self.stream is None:  # the reference is built before any episode runs
             t.ensure_reference(step - 1)
             self._start(step)
@@ -244,7 +242,7 @@ class AsyncSteps:
     def _start(self, step: int) -> None:
         """The rollout thread, at the policy version of the step before `step`, with the plans up
         to `step + eta`."""
-        t, r = self.trainer, self.cfg.rollout
+        t, r = self.host, self.cfg.rollout
         self.stream = EpisodeStream(
             t.engine,
             t.tokenizer,
@@ -263,24 +261,28 @@ class AsyncSteps:
 
     def _plan(self, step: int) -> None:
         """Plan `step`'s episodes as the synchronous loop rolls them out (its prompts, rank share,
-        GT rows, each episode's seed and index: `Trainer.rollout`); none past `run.steps`."""
+        GT rows, each episode's seed and index: `StepHost.rollout`); none past `run.steps`."""
         if step > self.cfg.run.steps or step <= self.planned_through:
             return
         assert self.stream is not None
-        t, cfg = self.trainer, self.cfg
-        prompts = step_examples(t.reference.pool(t.data.train), step, cfg.data.prompts_per_step, cfg.run.seed)
-        prompts = ddp.rank_share(prompts)
-        group, injected = t.reference.group(prompts, cfg.rollout.n)
-        offset = ddp.exclusive_prefix_sum(len(group))
-        step_seed = self.seed(cfg.run.seed, "step", step)
+        t, cfg = self.host, self.cfg
+        plan = plan_step(
+            t.reference,
+            t.data.train,
+            step,
+            prompts_per_step=cfg.data.prompts_per_step,
+            n=cfg.rollout.n,
+            run_seed=cfg.run.seed,
+        )
+        group = plan.group
         episodes = [
-            Planned(step, j, group[j], self.seed(step_seed, start), offset + j - start)
-            for lo, hi, start in ddp.aligned_batches(offset, len(group), cfg.rollout.batch_size)
+            Planned(step, j, group[j], batch_seed, first + j - lo)
+            for lo, hi, batch_seed, first in episode_batches(plan.seed, plan.offset, len(group), cfg.rollout.batch_size)
             for j in range(lo, hi)
         ]
         streaming = self.ledger.streaming
-        self.ledger.plan(step, len(episodes) if streaming else len(prompts), [ex.uid for ex in group])
-        for row in injected:
+        self.ledger.plan(step, len(episodes) if streaming else len(plan.prompts), [ex.uid for ex in group])
+        for row in plan.injected:
             self.gt.setdefault((step, row.uid), []).append(row)
         self.planned_through = step
         self.stream.plan(step, episodes)
@@ -295,30 +297,36 @@ class AsyncSteps:
             stream = self.stream
             if stream is not None and e in (stream.error, getattr(stream, "gate", None) and stream.gate.error):
                 raise  # an episode's own error (a timeout of its engine or search), re-raised as it is
-            from pvpo.trainer.state.resume import where_stopped
-
             at = f"step {step}" if step is not None else "the trainer"
             raise RolloutStall(
                 f"rollouts beside the update: {at} waited for {what} and stopped ({e}; "
-                f"rollout.wait_timeout_s={self.timeout:g}): {where_stopped(self.trainer.run_dir, 'pvpo train')}"
+                f"rollout.wait_timeout_s={self.timeout:g}): {where_stopped(self.host.run_dir, 'pvpo train')}"
             ) from e
 
     def after_update(self, step: int) -> None:
         """Publish the policy of `step` to the engine (its weights gathered here: a collective
-        under torchrun) and plan the step the rule now admits (`Trainer.learn` calls it)."""
+        under torchrun) and plan the step the rule now admits (`StepHost.learn` calls it)."""
         assert self.stream is not None
-        t = self.trainer
+        t = self.host
         self.stream.publish(step, t.engine.weights_for_sync(t.model))
         self._plan(step + 1 + self.eta)
 
-    def idle_seconds(self) -> float:
-        """Seconds since the current step began with no episode in flight (`Trainer.learn`)."""
+    def idle_seconds(self) -> float | None:
+        """Seconds since the current step began with no episode in flight (`StepHost.learn`)."""
         return self.stream.idle_seconds() - self._idle0 if self.stream is not None else 0.0
 
     def _reference_due(self, step: int) -> bool:
         """Whether the anchor is due for a refresh before `step` (it samples with the engine)."""
-        store, a = self.trainer.reference.anchor, self.cfg.algorithm.anchor
+        store, a = self.host.reference.anchor, self.cfg.algorithm.anchor
         return store is not None and needs_refresh(step - 1, a.refresh_every, store.computed_at_step)
+
+    def update_scope(self) -> AbstractContextManager[None]:
+        """The engine keeps sampling through the update."""
+        return contextlib.nullcontext()
+
+    def synced_engine(self) -> RolloutEngine | None:
+        """None: the new weights are published once the update is done (`after_update`)."""
+        return None
 
     # ---- around the steps ------------------------------------------------------------------
     @contextlib.contextmanager
