@@ -153,6 +153,9 @@ def test_a_comparison_flips_by_f1_sorts_by_the_change_and_says_where_the_episode
 ) -> None:
     b = browser
     b.open(pages["compare"])
+    assert b.eval("document.getElementById('parts').textContent") == (
+        "Where the two episodes of a question part: model turn 1 3, model turn 2 1"
+    )
     b.click("button[data-flip='lost']")
     assert b.eval("location.hash") == "#flip=lost" and _count(b) == "1 of 4 questions"
     b.eval("document.getElementById('flipby').focus()")

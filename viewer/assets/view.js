@@ -214,6 +214,23 @@
     var v = d.length > 1 ? d.reduce(function (x, y) { return x + (y - m) * (y - m); }, 0) / (d.length - 1) : 0;
     return BY[by] + " B − A over " + d.length + " questions: " + signed(m) + " (paired s.e. " + fmt(Math.sqrt(v / d.length)) + ")";
   }
+  // over the questions both answered: at which model turn the two episodes part
+  var PARTS = null;
+  function partsLine() {
+    if (!PARTS) {
+      PARTS = {};
+      ENTRIES.forEach(function (en) {
+        if (!en.a || !en.b) return;
+        var k = divergence(en.a, en.b), at = k < 0 ? "never" : Math.min(4, en.a.turns.slice(0, k).filter(function (t) { return t.t === "m"; }).length + 1);
+        PARTS[at] = (PARTS[at] || 0) + 1;
+      });
+    }
+    var keys = [1, 2, 3, 4].filter(function (k) { return PARTS[k]; });
+    if (!keys.length && !PARTS.never) return "";
+    return "<div class='legend' id='parts'>Where the two episodes of a question part: " + keys.map(function (k) {
+      return (k === 4 ? "model turn 4 or later " : "model turn " + k + " ") + PARTS[k];
+    }).concat(PARTS.never ? ["never (the same episode) " + PARTS.never] : []).join(", ") + "</div>";
+  }
   function renderSummary() {
     var rows = [];
     if (KIND === "run") rows = runSummaryRows();
@@ -245,7 +262,8 @@
         "</select></label>" + flipLabels.map(function (f) {
           return "<button data-flip='" + f[0] + "' data-focus='flip-" + f[0] + "' class='" + (S.flip === f[0] ? "on" : "") + "'>" + esc(f[1]) + "</button>";
         }).join("") + "<span class='legend' id='paired'>" + paired(by) + "</span>" +
-        (D.paired_by && D.paired_by !== "id" ? "<span class='legend' id='pairedby'>paired by " + esc(D.paired_by) + " (no usable ids)</span>" : "") + "</div>";
+        (D.paired_by && D.paired_by !== "id" ? "<span class='legend' id='pairedby'>paired by " + esc(D.paired_by) + " (no usable ids)</span>" : "") + "</div>" +
+        partsLine();
     }
     D.sources.forEach(function (src, i) {
       if (src.prompt) h += "<details class='prompt'><summary>" + (KIND === "compare" ? "AB"[i] + ": " : "") +
