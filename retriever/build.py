@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from pvpo.atomic import disk_full_error
+from pvpo.owned import RECORD
 from pvpo.retriever.corpus import CorpusCheck, CorpusStore, corpus_layout, iter_corpus, write_jsonl
 from pvpo.retriever.index import (
     OFFSETS_FILE,
@@ -36,6 +37,27 @@ DEFAULT_SEARCH_PARAMS = {"nprobe": 32, "efSearch": 128}
 # 72.1 vs 40.7 in bfloat16 (less padding, activations that stay in cache); GPUs prefer big batches.
 CPU_PASSAGE_BATCH, GPU_PASSAGE_BATCH = 32, 256
 SLICE_BATCHES = 16  # batches per call: the encoder sorts each call's texts by length
+
+
+def _started_empty(out: Path) -> bool:
+    """Whether `out` is absent or holds only the manifest `retriever.outdir` writes before a build:
+    a build that fails there leaves nothing (`_undo`)."""
+    return not out.exists() or all(p.name == RECORD for p in out.iterdir())
+
+
+def _undo(out: Path, *, existed: bool) -> None:
+    """Remove what a failed build wrote in a folder it found empty (`_started_empty`): its
+    entries, and the folder itself when it made it and no manifest is left (`retriever.outdir`
+    removes that one)."""
+    for p in out.iterdir():
+        if p.name == RECORD:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    if not existed and not any(out.iterdir()):
+        out.rmdir()
 
 
 def _source_stamp(path: Path) -> dict[str, Any]:
@@ -243,14 +265,14 @@ def build_index(
 
     check_rerank_depth(rerank_depth)
     out = Path(out_dir)
-    created = not out.exists()
+    created, existed = _started_empty(out), out.exists()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
         store = prepare_corpus(corpus, out)
     except BaseException:
         if created:  # nothing of this build is worth keeping: leave no directory behind
-            shutil.rmtree(out, ignore_errors=True)
+            _undo(out, existed=existed)
         raise
     meta: dict[str, Any] = {
         "format": 1,
@@ -322,7 +344,7 @@ def link_prebuilt(
         stem = faiss_index.stem
         index_type = stem.split("_", 1)[1] if "_" in stem else stem
     vectors = _vector_count(faiss_index)
-    created = not out.exists()
+    created, existed = _started_empty(out), out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         if corpus_layout(corpus_jsonl) == "jsonl":
@@ -339,7 +361,7 @@ def link_prebuilt(
             )
     except BaseException:
         if created:
-            shutil.rmtree(out, ignore_errors=True)
+            _undo(out, existed=existed)
         else:
             (out / OFFSETS_FILE).unlink(missing_ok=True)
         raise
@@ -414,7 +436,7 @@ def reindex_prebuilt(
     if not isinstance(flat, faiss.IndexFlat):
         raise ValueError(f"{faiss_index} is a {type(flat).__name__}: only a flat index holds the vectors to re-index")
     make_faiss_index(int(flat.d), index_type)  # a bad factory string fails before anything is written
-    created = not Path(out_dir).exists()
+    created, existed = _started_empty(Path(out_dir)), Path(out_dir).exists()
     out = link_prebuilt(faiss_index, corpus_jsonl, out_dir, model=model, index_type="Flat", max_length=max_length)
     n = int(flat.ntotal)
     chunks = [FlatRows(flat, s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
@@ -432,7 +454,7 @@ def reindex_prebuilt(
         )
     except BaseException:
         if created:  # not even the link is kept: the directory would not be the index asked for
-            shutil.rmtree(out, ignore_errors=True)
+            _undo(out, existed=existed)
         raise
     meta.pop("mmap", None)  # the new index file is ours: mapped on CPU, read for a GPU (load_retriever)
     meta |= {

@@ -194,3 +194,21 @@ def test_an_encoder_neither_local_nor_cached_offline_is_one_line(tmp_path, monke
     code, output = _build("--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--model", "no-such-org/no-model")
     assert code == 2 and "not in the Hugging Face cache" in output and "Traceback" not in output, output
     assert len(output.strip().splitlines()) <= 3
+
+
+def test_a_refused_link_into_a_new_folder_leaves_no_folder_even_after_converting_the_corpus(tmp_path, tiny) -> None:
+    """The link's manifest is written before the link: a link refused after converting a JSON corpus
+    into the folder left the converted corpus and the manifest behind."""
+    from pvpo.retriever.build import INDEX_FILE
+
+    corpus = tmp_path / "two.json"
+    corpus.write_text('[{"id": "a", "contents": "one"}, {"id": "b", "contents": "two"}]')  # not the index's rows
+    out = tmp_path / "linked"
+    index_dir = Path(tiny.corpus.path).parent
+    res = CliRunner().invoke(
+        app,
+        ["retriever", "link", "--faiss-index", str(index_dir / INDEX_FILE), "--corpus", str(corpus), "--out", str(out)],
+        env={"COLUMNS": "300"},
+    )
+    assert res.exit_code == 2 and "same rows" in res.output, res.output
+    assert not out.exists()
