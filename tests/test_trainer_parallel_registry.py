@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
 # what a config needs on the command line to validate here (its header's command gives it)
 ARGS = {
+    "first_agent.yaml": ["data.source=[hotpotqa/train.jsonl]"],
     "real_smollm2_hotpotqa_musique.yaml": ["data.source=[a/questions.json, b/questions.json]"],
     "real_smollm2_multihop.yaml": [
         "data.source=[hotpotqa_hard/questions.jsonl, 2wikimultihopqa/questions.jsonl, musique_dev/questions.jsonl]"

@@ -141,6 +141,9 @@ def train_cmd(
         cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
         check_index_dir(cfg)  # a user's folder as retriever.index_dir: refused before anything is written
         result = train(cfg, run_dir, resume=resume, overwrite=overwrite)
+    if not cfg.run.steps:
+        typer.echo(f"done: the warm start alone (run.steps=0); its policy is {run_dir / 'initial_policy'}")
+        return
     last = result.metrics[-1] if result.metrics else {}
     typer.echo(
         f"done: {result.steps_done} steps in {run_dir}; last reward/mean={last.get('reward/mean', float('nan')):.4f}"

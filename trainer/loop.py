@@ -386,11 +386,11 @@ class Trainer:
 
     def run(self) -> TrainResult:
         cfg = self.cfg
-        if self.data.eval:  # measured on a fresh run, read back on a resumed one
+        if self.data.eval and cfg.run.steps:  # fresh: measured, resumed: read back; run.steps=0 (no RL): neither
             evaluation_before(self, fresh=self.start_step == 0, saved=self.files.eval_before)
         # with a validation split, run.eval_every watches it: val/* by step, the best step's checkpoint kept
         watch = watches_validation(cfg, self.data)
-        if watch and self.start_step == 0:  # step 0: the policy RL starts from (no checkpoint kept for it)
+        if watch and self.start_step == 0 < cfg.run.steps:  # step 0: the policy RL starts from (no checkpoint)
             self.curve.questions = [q.uid for q in self.data.validation]
             self.curve.record(0, *validation_point(self, 0, last=False))
             if ddp.is_main():

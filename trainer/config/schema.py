@@ -242,7 +242,12 @@ class OptimConfig(Section):
 
 
 class RunConfig(Section):
-    steps: int = Field(2, ge=1, description="training steps")
+    steps: int = Field(
+        2,
+        ge=0,
+        description="training steps; 0 = the warm start alone: its policy saved to <run>/initial_policy and not "
+        "evaluated by the run (`pvpo eval` it on <run>/held_out.jsonl)",
+    )
     seed: int = Field(0, description="seed of sampling, data order and initialisation")
     checkpoint_every: int = Field(1, ge=0, description="checkpoint every this many steps; 0 = only at the end")
     eval_every: int = Field(
@@ -306,6 +311,8 @@ class TrainConfig(Section):
                 "data.warm_start_examples (questions set aside for SFT on the dataset's GT: MuSiQue's "
                 "decomposition or HotpotQA's supporting facts); or set model.warm_start_steps=0"
             )
+        if not self.run.steps and not self.model.warm_start_steps:
+            raise ValueError("run.steps=0 runs the warm start alone: set model.warm_start_steps, or run.steps >= 1")
         return self
 
 
