@@ -264,11 +264,11 @@ def parse_engine_options(items: list[str], engine: str) -> dict[str, Any]:
         return {}
     if engine == "openai":
         raise ValueError("--engine-option: the openai engine takes none (it is a remote endpoint)")
-    factory = ENGINES.get(engine)
+    factory = ENGINES.get(engine).factory
     sig = inspect.signature(factory)
     if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):  # a builder passing **kwargs on: its class's
         ret = sig.return_annotation
-        cls = getattr(factory, "__globals__", {}).get(ret) if isinstance(ret, str) else ret
+        cls = getattr(inspect.getmodule(factory), ret, None) if isinstance(ret, str) else ret
         sig = inspect.signature(cls) if callable(cls) else sig
     params = sig.parameters
     known = sorted(k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in SET_BY_EVAL)

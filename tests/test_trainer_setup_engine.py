@@ -5,7 +5,6 @@ importance correction applied to the loss when enabled."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
 
 import pytest
 import torch
@@ -45,7 +44,12 @@ def test_the_auto_engine_is_vllm_where_vllm_is_installed_and_hf_otherwise(
 @pytest.fixture
 def vllm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let configs name the vllm engine on a machine without vLLM (the engine is never built)."""
-    monkeypatch.setitem(engine_mod.ENGINE_SPECS, "vllm", replace(engine_mod.ENGINE_SPECS["vllm"], package=""))
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> object:
+        return object() if name == "vllm" else real(name, package)
+
+    monkeypatch.setattr(engine_mod.importlib.util, "find_spec", find_spec)
 
 
 def test_engine_options_are_the_selected_engines_section(vllm_allowed: None) -> None:

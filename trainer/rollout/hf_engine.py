@@ -23,7 +23,6 @@ from pvpo.trainer.rollout.engine import (
     Completion,
     RolloutEngine,
     SamplingConfig,
-    register_engine,
     stop_token_ids,
 )
 from pvpo.trainer.rollout.repetition import ends_in_loop
@@ -172,8 +171,3 @@ class HFEngine(RolloutEngine):
             )
             for i in range(b)
         ]
-
-
-@register_engine("hf")
-def _build_hf(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, **kwargs: object) -> HFEngine:
-    return HFEngine(model, tokenizer, **kwargs)  # type: ignore[arg-type]

