@@ -163,13 +163,13 @@ def is_ours(folder: str | Path, kind: FolderKind) -> bool:
     return folder.is_dir() and _record_kind(folder) == kind.name
 
 
-def _ours_test(folder: Path, kind: FolderKind, *, recorded: bool) -> Callable[[str], bool] | None:
+def _ours_test(folder: Path, kind: FolderKind, *, named_by_parent: bool) -> Callable[[str], bool] | None:
     """Which entries of `folder` are pvpo's: those its manifest names (and their temporary forms);
-    for a folder of `kind` without a manifest of its own (`recorded` False: a checkpoint, named by
-    its parent's), those `kind` writes. None: the folder is the user's."""
+    in a folder without a manifest of its own that its parent's names (`named_by_parent`: a
+    checkpoint), those `kind` writes. None: the folder is the user's."""
     doc = _record(folder)
     if doc is None or doc["kind"] != kind.name:
-        return kind.writes if not recorded and doc is None else None
+        return kind.writes if named_by_parent and doc is None else None
     listed = _listed(doc)
     if listed is None:
         return kind.writes
@@ -182,7 +182,7 @@ def entries(folder: str | Path, kind: FolderKind) -> tuple[list[str], list[str]]
     if not folder.is_dir():
         return [], []
     names = sorted(p.name for p in folder.iterdir())
-    ours = _ours_test(folder, kind, recorded=True)
+    ours = _ours_test(folder, kind, named_by_parent=False)
     if ours is None:
         return [], names
     return [n for n in names if ours(n)], [n for n in names if not ours(n)]
@@ -199,7 +199,7 @@ def foreign_nested(folder: str | Path, kind: FolderKind, names: Sequence[str]) -
         sub = folder / name
         if sub_kind is None or sub.is_symlink() or not sub.is_dir():
             continue
-        ours = _ours_test(sub, sub_kind, recorded=False)
+        ours = _ours_test(sub, sub_kind, named_by_parent=True)
         inside = sorted(p.name for p in sub.iterdir())
         mine = [n for n in inside if ours is not None and ours(n)]
         found += [f"{name}/{n}" for n in inside if n not in mine]
@@ -222,7 +222,7 @@ def remove_temp_files(folder: str | Path, kind: FolderKind) -> list[str]:
     """Remove the temporary files that killed atomic writes of `kind`'s entries left in `folder`
     (call it with the folder's lock held: no write of ours is under way); their names."""
     folder = Path(folder)
-    ours = _ours_test(folder, kind, recorded=False) if folder.is_dir() else None
+    ours = _ours_test(folder, kind, named_by_parent=True) if folder.is_dir() else None
     if ours is None:
         return []
     gone = sorted(
@@ -466,7 +466,7 @@ def _owner(path: Path) -> tuple[Path, str] | None:
         if kind is None:
             continue
         top = path.relative_to(folder).parts[0]
-        ours = _ours_test(folder, kind, recorded=True)
+        ours = _ours_test(folder, kind, named_by_parent=False)
         if ours is not None and ours(top):
             return folder, kind.noun
     return None
