@@ -15,7 +15,9 @@ warning) and for the user's files it must not lose. One module per round, this r
 - round 4, a user's files (`faults_ownership.py`): `retriever build` into a user's folder, onto its
   own corpus, over another corpus's index; a user's folder as the trainer's index dir; a user's
   checkpoint copy at pruning; `view --out` / `eval report --md` onto a run's or a user's files; a
-  demo into a training run; `--overwrite` with user files nested in `checkpoints/`.
+  demo into a training run; `--overwrite` with user files nested in `checkpoints/`;
+- round 4, the viewer (`faults_viewer.py`): `view --serve` asked for another host or on a busy
+  port, damaged lines, a YAML alias bomb in a run's config, a 6.6 MB response of one search repeated.
 
     python bench/faults.py [--workdir DIR] [--keep] [--rounds 1,2,3,4] [--docs docs/reliability.md]
 
@@ -44,6 +46,7 @@ from faults_round1 import Round1
 from faults_round2 import Round2
 from faults_round3 import Round3
 from faults_secrets_input import SecretsInput
+from faults_viewer import ViewerInput
 from machine import machine_line
 
 MARKER = "<!-- bench/faults.py --docs writes everything below this line -->"
@@ -132,6 +135,7 @@ def main() -> None:
         if 4 in rounds:
             tables.append(("Fourth round: secrets and bad input", SecretsInput(work, url).rows()))
             tables.append(("Fourth round: a user's files, output flags, default folders", Ownership(work, url).rows()))
+            tables.append(("Fourth round: the viewer's server and bad input", ViewerInput(work, url).rows()))
     finally:
         server.terminate()
         server.wait()

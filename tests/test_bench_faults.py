@@ -41,6 +41,7 @@ def test_the_fault_rounds_import_the_shared_probes_and_never_the_runner_or_each_
         "faults_round3",
         "faults_secrets_input",
         "faults_ownership",
+        "faults_viewer",
         "fault_probes",
     ]
     for name in rounds:

@@ -234,7 +234,7 @@ def test_a_yaml_alias_bomb_in_a_runs_config_is_not_expanded(tmp_path: Path) -> N
 
 
 def test_a_response_of_megabytes_repeating_one_search_renders_in_seconds(tmp_path: Path) -> None:
-    looping = "<think> search again </think>\n<search> the same query </search>\n" * 100_000  # 6.6 MB
+    looping = "<think> search again </think>\n<search> the same query </search>\n" * 103_000  # 6.6 MB
     looping += "\n\n<information>Doc 1(Title: x) x</information>\n\n<answer> x </answer>"
     _folder(tmp_path / "e", [_item("Q?", "x", "x", "1", final_response=looping)])
     _builds_within(20, tmp_path / "e")

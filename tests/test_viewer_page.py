@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -312,3 +313,14 @@ def test_an_evaluations_episodes_carry_the_format_gated_reward_training_would_gi
     assert by["toy/q2"]["r"] == 1.0  # right, in format
     assert by["toy/q1"]["r"] == pytest.approx(0.1)  # wrong in format: pvpo's floor
     assert by["toy/q4"]["fmt"] is False and by["toy/q4"]["r"] == 0.0  # format broken: gated to 0
+
+
+def test_the_reward_of_a_response_longer_than_training_makes_is_left_unknown() -> None:
+    from pvpo.viewer.sources import MAX_REWARD_CHARS, item_episode
+
+    def item(response: str) -> dict[str, Any]:
+        return {"id": "1", "question": "Q?", "golden_answers": ["x"], "output": {"final_response": response}}
+
+    long = "<think> " + "x " * MAX_REWARD_CHARS + "</think><answer> x </answer>"
+    assert item_episode(item(long), "toy", SEARCH_R1)["r"] is None
+    assert item_episode(item("<think> x </think><answer> x </answer>"), "toy", SEARCH_R1)["r"] == 1.0

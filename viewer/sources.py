@@ -164,9 +164,18 @@ def item_episode(item: Mapping[str, Any], dataset: str, protocol: TagProtocol | 
     return ep
 
 
-def gated_reward(response: str, golds: list[str], protocol: TagProtocol) -> float:
+# the longest response whose reward the page recomputes: the format check reads about a million
+# characters a second (7 s for a 6.6 MB response of one search repeated), and a response training
+# can make is bounded by its token budget, far below this
+MAX_REWARD_CHARS = 200_000
+
+
+def gated_reward(response: str, golds: list[str], protocol: TagProtocol) -> float | None:
     """The reward training gives this response by default (`pvpo`: 0 unless the tag format holds,
-    `pvpo.reward.rewards.pvpo_reward`), judged as the env judges it: without its correction messages."""
+    `pvpo.reward.rewards.pvpo_reward`), judged as the env judges it: without its correction
+    messages; None for a response over MAX_REWARD_CHARS."""
+    if len(response) > MAX_REWARD_CHARS:
+        return None
     correction = protocol.correction_message()
     judged = response.replace(correction, "") if correction else response
     return float(get_reward("pvpo")(judged, golds, protocol).total)
