@@ -38,7 +38,7 @@ def _get(port: int, host: str) -> int:
 
 
 class ViewerInput(Probes):
-    """The probes of issue 77's items 13 and 15; each returns a table row."""
+    """The viewer's probes (its server, its bad input); each returns a table row."""
 
     def evaluation(self, name: str, rows: list[dict] | bytes) -> Path:
         """An evaluation folder `work/views/<name>` whose toy/predictions.jsonl holds `rows`."""
