@@ -39,14 +39,14 @@ CPU_PASSAGE_BATCH, GPU_PASSAGE_BATCH = 32, 256
 SLICE_BATCHES = 16  # batches per call: the encoder sorts each call's texts by length
 
 
-def _started_empty(out: Path) -> bool:
+def started_empty(out: Path) -> bool:
     """Whether `out` is absent or holds only the manifest `retriever.outdir` writes before a build:
-    a build that fails there leaves nothing (`_undo`)."""
+    a build that fails there leaves nothing (`undo_failed_build`)."""
     return not out.exists() or all(p.name == RECORD for p in out.iterdir())
 
 
-def _undo(out: Path, *, existed: bool) -> None:
-    """Remove what a failed build wrote in a folder it found empty (`_started_empty`): its
+def undo_failed_build(out: Path, *, existed: bool) -> None:
+    """Remove what a failed build wrote in a folder it found empty (`started_empty`): its
     entries, and the folder itself when it made it and no manifest is left (`retriever.outdir`
     removes that one)."""
     for p in out.iterdir():
@@ -265,14 +265,14 @@ def build_index(
 
     check_rerank_depth(rerank_depth)
     out = Path(out_dir)
-    created, existed = _started_empty(out), out.exists()
+    created, existed = started_empty(out), out.exists()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
         store = prepare_corpus(corpus, out)
     except BaseException:
         if created:  # nothing of this build is worth keeping: leave no directory behind
-            _undo(out, existed=existed)
+            undo_failed_build(out, existed=existed)
         raise
     meta: dict[str, Any] = {
         "format": 1,
@@ -344,7 +344,7 @@ def link_prebuilt(
         stem = faiss_index.stem
         index_type = stem.split("_", 1)[1] if "_" in stem else stem
     vectors = _vector_count(faiss_index)
-    created, existed = _started_empty(out), out.exists()
+    created, existed = started_empty(out), out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         if corpus_layout(corpus_jsonl) == "jsonl":
@@ -361,7 +361,7 @@ def link_prebuilt(
             )
     except BaseException:
         if created:
-            _undo(out, existed=existed)
+            undo_failed_build(out, existed=existed)
         else:
             (out / OFFSETS_FILE).unlink(missing_ok=True)
         raise
@@ -436,7 +436,7 @@ def reindex_prebuilt(
     if not isinstance(flat, faiss.IndexFlat):
         raise ValueError(f"{faiss_index} is a {type(flat).__name__}: only a flat index holds the vectors to re-index")
     make_faiss_index(int(flat.d), index_type)  # a bad factory string fails before anything is written
-    created, existed = _started_empty(Path(out_dir)), Path(out_dir).exists()
+    created, existed = started_empty(Path(out_dir)), Path(out_dir).exists()
     out = link_prebuilt(faiss_index, corpus_jsonl, out_dir, model=model, index_type="Flat", max_length=max_length)
     n = int(flat.ntotal)
     chunks = [FlatRows(flat, s, min(n, s + chunk_size)) for s in range(0, n, chunk_size)]
@@ -454,7 +454,7 @@ def reindex_prebuilt(
         )
     except BaseException:
         if created:  # not even the link is kept: the directory would not be the index asked for
-            _undo(out, existed=existed)
+            undo_failed_build(out, existed=existed)
         raise
     meta.pop("mmap", None)  # the new index file is ours: mapped on CPU, read for a GPU (load_retriever)
     meta |= {

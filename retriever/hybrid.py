@@ -11,7 +11,6 @@ by `build_hybrid`, or existing ones referenced by `link_hybrid`), the weights, k
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -163,18 +162,18 @@ def build_hybrid(
 ) -> Path:
     """A hybrid index directory: out/dense (FAISS `dense_index_type`) and out/bm25 built from
     the corpus (`build_kw` go to build_index), and the fusion settings."""
-    from pvpo.retriever.build import build_index
+    from pvpo.retriever.build import build_index, started_empty, undo_failed_build
 
     check_fusion(weights, k, depth)  # fail before encoding anything
     out = Path(out_dir)
-    created = not out.exists()
+    created, existed = started_empty(out), out.exists()
     try:
         build_index(corpus, out / DENSE_DIR, index_type=dense_index_type, **build_kw)
         build_index(corpus, out / LEXICAL_DIR, index_type="bm25", show_progress=build_kw.get("show_progress", True))
         write_hybrid_meta(out, DENSE_DIR, LEXICAL_DIR, weights=weights, k=k, depth=depth)
     except BaseException:
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
+        if created:  # a folder it started (absent, or only the manifest `retriever.outdir` wrote): left as found
+            undo_failed_build(out, existed=existed)
         raise
     return out
 
