@@ -218,6 +218,9 @@ class Browser:
         import json
 
         url = page.resolve().as_uri() + (f"#{fragment}" if fragment else "")
+        # by way of a blank page: the same file with another fragment would only fire hashchange
+        self.send("Page.navigate", {"url": "about:blank"})
+        self.wait("location.href === 'about:blank'")
         self.send("Page.navigate", {"url": url})
         self.wait(
             f"location.href === {json.dumps(url)} && !!document.documentElement"
