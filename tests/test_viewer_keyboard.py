@@ -111,7 +111,9 @@ def test_typing_in_find_filters_and_marks_the_matches_in_the_opened_episode(
     assert b.eval("document.getElementById('find').value") == "guido"
 
 
-def test_the_filter_bar_never_covers_the_lists_headings_when_scrolled(browser: Browser, tmp_path: Path) -> None:
+def test_the_filter_bar_never_covers_the_lists_headings_and_the_arrows_cross_pages(
+    browser: Browser, tmp_path: Path
+) -> None:
     items = [
         {
             "id": f"q{i}",
@@ -119,7 +121,7 @@ def test_the_filter_bar_never_covers_the_lists_headings_when_scrolled(browser: B
             "golden_answers": ["x"],
             "output": {"final_response": "<answer> x </answer>"},
         }
-        for i in range(50)
+        for i in range(60)
     ]
     (tmp_path / "many.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
     b = browser
@@ -146,6 +148,13 @@ def test_the_filter_bar_never_covers_the_lists_headings_when_scrolled(browser: B
     b.eval("window.scrollTo(0, 0)")
     b.wait("window.scrollY === 0")
     assert b.screenshot(tuple(b.eval(row))) == stuck
+    # the arrows go on to the next page and back at the ends of one
+    b.eval("var rows = document.querySelectorAll('tr.ep-row'); rows[rows.length - 1].focus()")
+    assert _focused(b) == "many/q49"
+    b.key("ArrowDown")
+    assert _focused(b) == "many/q50" and b.eval("document.getElementById('page').textContent") == "2"
+    b.key("ArrowUp")
+    assert _focused(b) == "many/q49" and b.eval("document.getElementById('page').textContent") == "1"
 
 
 def test_a_comparison_flips_by_f1_sorts_by_the_change_and_says_where_the_episodes_part(
