@@ -9,7 +9,8 @@ MODEL="$1"; OUT="$2"; shift 2
 HERE="$(cd "$(dirname "$0")" && pwd)"
 "$HERE/run.sh" "$MODEL" "$OUT" nq triviaqa popqa hotpotqa 2wikimultihopqa musique bamboogle "$@"
 PVPO="${PVPO:-pvpo}"
-"$PVPO" eval report "$OUT" --metric em --md "$OUT/table.md" --csv "$OUT/table.csv"
+# --overwrite: the tables are this script's own output, refreshed by a re-run (a report refuses an existing file without it)
+"$PVPO" eval report "$OUT" --metric em --md "$OUT/table.md" --csv "$OUT/table.csv" --overwrite
 if [ -n "${JUDGE_BASE_URL:-}" ]; then
-    "$PVPO" eval report "$OUT" --metric lasj --md "$OUT/table_lasj.md" --csv "$OUT/table_lasj.csv"
+    "$PVPO" eval report "$OUT" --metric lasj --md "$OUT/table_lasj.md" --csv "$OUT/table_lasj.csv" --overwrite
 fi
