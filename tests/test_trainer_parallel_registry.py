@@ -128,19 +128,18 @@ def ranks() -> list[dict]:
 
 @pytest.mark.parametrize("name", available_estimators())
 def test_every_registered_estimator_runs_on_two_ranks_as_one_process_or_is_refused(name, ranks, monkeypatch):
-    from pvpo.trainer import setup
+    from pvpo.trainer.config.preflight import check_estimator
     from pvpo.trainer.config.schema import load_config
 
     spec = get_spec(name)
-    monkeypatch.setattr(setup.ddp, "is_distributed", lambda: True)
     cfg = load_config(None, [f"algorithm.estimator={name}"])
     if not spec.sharded:
         with pytest.raises(ValueError) as refused:
-            setup.check_supported(cfg, spec)
+            check_estimator(cfg, WORLD)
         msg = str(refused.value)
         assert "\n" not in msg and f"algorithm.estimator={name}" in msg and "--nproc 1" in msg
         return
-    setup.check_supported(cfg, spec)
+    check_estimator(cfg, WORLD)
     for rank, r in enumerate(ranks):
         one, two = r[name]["one"], r[name]["two"]
         for step, (a, b) in enumerate(zip(one, two, strict=True), 1):
@@ -158,23 +157,25 @@ def test_every_registered_estimator_runs_on_two_ranks_as_one_process_or_is_refus
 def test_an_estimator_registered_as_unsharded_is_refused_in_one_line_naming_the_key(monkeypatch):
     import dataclasses
 
-    from pvpo.trainer import setup
+    from pvpo.trainer.algorithms import spec as specs
+    from pvpo.trainer.config.preflight import check_estimator
     from pvpo.trainer.config.schema import load_config
 
-    spec = dataclasses.replace(get_spec("grpo"), name="solo", sharded=False)
-    monkeypatch.setattr(setup.ddp, "is_distributed", lambda: True)
+    solo = dataclasses.replace(get_spec("grpo"), name="solo", sharded=False)
+    monkeypatch.setattr(specs, "get_spec", lambda name: solo if name == "solo" else get_spec(name))
+    cfg = load_config(None, [])  # with an estimator a user's module registered (no config names it at load)
+    cfg = cfg.model_copy(update={"algorithm": cfg.algorithm.model_copy(update={"estimator": "solo"})})
     with pytest.raises(
         ValueError, match=r"^algorithm.estimator=solo does not run under torchrun.*--nproc 1.*pvpo[^\n]*$"
     ):
-        setup.check_supported(load_config(None, []), spec)
+        check_estimator(cfg, WORLD)
+    check_estimator(cfg, 1)  # a single process runs it
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_shipped_config_passes_the_torchrun_checks_at_two_ranks(config, monkeypatch):
-    from pvpo.trainer import setup
+    from pvpo.trainer.config.preflight import check_estimator
     from pvpo.trainer.config.schema import load_config
 
-    monkeypatch.setattr(setup.ddp, "is_distributed", lambda: True)
-    monkeypatch.setattr(setup.ddp, "world_size", lambda: WORLD)
     cfg = load_config(str(REPO / "configs" / config), ARGS.get(config, []))
-    setup.check_supported(cfg, get_spec(cfg.algorithm.estimator))
+    check_estimator(cfg, WORLD)

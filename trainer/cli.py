@@ -33,6 +33,15 @@ def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
     return load_config(None if config is None else resolve_config(config), overrides)
 
 
+def _preflight(cfg: TrainConfig, *, world_size: int | None = None, resume: bool = False) -> TrainConfig:
+    """`cfg` once it passed every "can this run" check (`config.preflight`), made before the run
+    dir's lock, any file, any model: one line and exit status 2 otherwise."""
+    from pvpo.trainer.config.preflight import preflight
+
+    preflight(cfg, world_size=world_size, resume=resume)
+    return cfg
+
+
 def default_run_dir(config: Path | None) -> Path:
     """`pvpo train`'s run dir when --run-dir is not given: `runs/train-<config's name>`, never the
     folder `pvpo demo` writes by default (`runs/demo`), so `pvpo train --config demo` and `pvpo demo`
@@ -121,12 +130,9 @@ def train_cmd(
             from pvpo.trainer.parallel.checkpoint import check_resume_world
 
             check_resume_world(run_dir or default_run_dir(config), nproc)
-
+        else:  # refused in this process, before torchrun starts any
+            _preflight(_load(config, list(overrides or [])), world_size=nproc)
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
-    from pvpo.trainer.data import check_index_dir
-    from pvpo.trainer.loop import train
-    from pvpo.trainer.state.resume import resume_config
-
     if resume and overwrite:
         raise ValueError("--resume and --overwrite contradict each other: pick one")
     run_dir = run_dir or default_run_dir(config)
@@ -137,9 +143,16 @@ def train_cmd(
             "A preset: --config demo (or smoke)",
             err=True,
         )
+    cfg = None if resume else _preflight(_load(config, list(overrides or [])))  # before the run dir is touched
     with _run_dir_session(run_dir, "pvpo train"):
-        cfg = resume_config(run_dir, list(overrides or []), config) if resume else _load(config, list(overrides or []))
-        check_index_dir(cfg)  # a user's folder as retriever.index_dir: refused before anything is written
+        if cfg is None:  # a resume's config is the run's own, read under the run dir's lock
+            from pvpo.trainer.parallel.checkpoint import check_resume_world
+            from pvpo.trainer.state.resume import resume_config
+
+            check_resume_world(run_dir, int(os.environ.get("WORLD_SIZE", "1")))
+            cfg = _preflight(resume_config(run_dir, list(overrides or []), config), resume=True)
+        from pvpo.trainer.loop import train
+
         result = train(cfg, run_dir, resume=resume, overwrite=overwrite)
     if not cfg.run.steps:
         typer.echo(f"done: the warm start alone (run.steps=0); its policy is {run_dir / 'initial_policy'}")
@@ -172,9 +185,10 @@ def demo_cmd(
 ) -> None:
     """End to end on CPU: synthetic world, MiniLM index served on loopback, tiny policy, warm start,
     PVPO training, held-out accuracy before/after, metrics + reward-curve plot + summary table."""
+    cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
+    _preflight(cfg)  # before the run dir is touched
     from pvpo.trainer.demo import run_demo
 
-    cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
     with _run_dir_session(run_dir, "pvpo demo"):
         summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite)
     typer.echo(summary)

@@ -23,6 +23,7 @@ from pvpo.atomic import atomic_write_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.retriever.types import Searcher
 from pvpo.secrets import has_masked_credentials
+from pvpo.trainer.config.preflight import check_index_dir  # noqa: F401 (the demo recipe's import)
 from pvpo.trainer.config.schema import QUESTIONS_CORPUS, TrainConfig
 from pvpo.trainer.rollout.agent_settings import AgentSettings
 from pvpo.trainer.state.run_dir import RunDir
@@ -276,21 +277,6 @@ def write_questions(questions: Sequence[QAExample], path: Path) -> None:
 
 
 _INDEX_DIR = "retriever.index_dir"
-
-
-def check_index_dir(cfg: TrainConfig) -> None:
-    """Before any file is written or model built: a `retriever.index_dir` the run would build an
-    index in (it holds no `meta.json`) must be a folder `pvpo retriever build` could build in - new,
-    empty, or an interrupted build of pvpo's (`retriever.outdir.check_build_target`); a user's data
-    folder is a ValueError naming it, never rewritten. A built index is only read."""
-    if cfg.retriever.url or not cfg.retriever.index_dir:
-        return  # the run's own <run>/index: a name its manifest reserves
-    index_dir = Path(cfg.retriever.index_dir)
-    if (index_dir / "meta.json").is_file():
-        return
-    from pvpo.retriever.outdir import check_build_target
-
-    check_build_target(index_dir, what=_INDEX_DIR)
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.advantages import advantage_stats
 from pvpo.trainer.algorithms.spec import get_spec
+from pvpo.trainer.config.preflight import preflight
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.config.written import dump_config
 from pvpo.trainer.data import Data, agent_settings, load_data, retriever_session
@@ -56,7 +57,7 @@ from pvpo.trainer.result import TrainResult
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
-from pvpo.trainer.setup import build_model, check_supported, estimator_state, uses_anchor
+from pvpo.trainer.setup import build_model, estimator_state, uses_anchor
 from pvpo.trainer.state.best import ValidationCurve
 from pvpo.trainer.state.checkpoint import (
     KEPT_CHECKPOINTS,
@@ -107,7 +108,6 @@ class Trainer:
         agent = agent_settings(cfg)  # the run's episode rules and loop limits, made once
         self.epcfg, self.loop = agent.episode(), agent.loop()
         self.spec = get_spec(cfg.algorithm.estimator)
-        check_supported(cfg, self.spec)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
@@ -458,7 +458,9 @@ def train(
     """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
     differs from the run's own config.yaml, or its checkpoint's, outside `resume.SAFE_ON_RESUME`
-    (RunDirError); a run dir another process writes is refused (`pvpo.locks.FolderInUse`)."""
+    (RunDirError); a run dir another process writes is refused (`pvpo.locks.FolderInUse`); a run that
+    cannot run here is refused before any of it (`config.preflight`)."""
+    preflight(cfg, resume=resume, retriever=searcher is None)
     run_dir = Path(run_dir)
     device = resolve_device(cfg.model.device)
     ddp.init_from_env(device)  # under torchrun: join the process group

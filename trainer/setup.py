@@ -1,7 +1,7 @@
 """What a run builds before its first step, beside its data (`trainer/data.py`): the policy
 (placed, evaluated and warm-started on a fresh run, with LoRA, sharded), the frozen reference, the
-rollout engine over it (`trainer/policy_engine.py`), what the config asks that a run cannot do, and
-the estimator's own state; and what a resume restores.
+rollout engine over it (`trainer/policy_engine.py`), and the estimator's own state; and what a resume
+restores. What the config asks that a run cannot do is refused before any of it (`config/preflight.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pvpo.atomic import atomic_write_dir, atomic_write_json
 from pvpo.envs.data import QAExample
 from pvpo.retriever.types import Searcher
 from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorState
-from pvpo.trainer.algorithms.spec import EstimatorSpec, available_estimators, get_spec
+from pvpo.trainer.algorithms.spec import EstimatorSpec
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import Data, agent_settings
 from pvpo.trainer.heldout import evaluate_policy
@@ -57,18 +57,6 @@ def initial_policy(cfg: TrainConfig, data: Data, run_dir: Path) -> tuple[Policy,
     protocol = agent_settings(cfg).episode().tag_protocol
     tags = (protocol.think, protocol.search, protocol.result, protocol.answer)
     return policy_from_config(cfg.model, corpus_texts=data.texts, tags=tags, seed=cfg.run.seed), True
-
-
-def check_supported(cfg: TrainConfig, spec: EstimatorSpec) -> None:
-    """Refuse, naming the key, an estimator registered as not running under torchrun (every
-    shipped one runs: `trainer.parallel.shared_state`); a single process runs them all."""
-    if not ddp.is_distributed() or spec.sharded:
-        return
-    sharded = ", ".join(n for n in available_estimators() if get_spec(n).sharded)
-    raise ValueError(
-        f"algorithm.estimator={spec.name} does not run under torchrun (its state is learned by one "
-        f"process): run it without torchrun (--nproc 1), or under torchrun one of {sharded}"
-    )
 
 
 def uses_anchor(cfg: TrainConfig, spec: EstimatorSpec) -> bool:

@@ -67,6 +67,13 @@ NO_GT_ROWS: dict[str, str] = {
 }
 
 
+# The shipped estimators that sample more rollouts after seeing a prompt's first ones (their spec's
+# `extra_rollouts`), read without torch by the config, which refuses them with rows sampled ahead
+# of the update (`rollout.max_staleness > 0`): asking the spec imported torch and the estimator's
+# module, 9.3 s of the refusal on a loaded 2-core machine. A test holds it equal to the specs.
+EXTRA_ROLLOUTS: frozenset[str] = frozenset({"v05", "v05_value"})
+
+
 def own_aggregation(name: str) -> str:
     """The loss aggregation the estimator `name` is paired with by its paper (`OWN_AGGREGATION`,
     token-mean otherwise)."""
@@ -120,19 +127,17 @@ class EstimatorSpec:
 
 
 _MODULE = "pvpo.trainer.algorithms."
-ESTIMATORS: Registry[EstimatorSpec] = Registry(
-    "advantage estimator",
-    lazy={
-        "grpo": _MODULE + "baselines",
-        "dr_grpo": _MODULE + "baselines",
-        "rloo": _MODULE + "baselines",
-        "pvpo": _MODULE + "baselines",
-        "gdpo": _MODULE + "gdpo",
-        "v05": _MODULE + "v05",
-        "v05_value": _MODULE + "v05",
-        "ppo": _MODULE + "gae",
-    },
-)
+_SHIPPED = {
+    "grpo": _MODULE + "baselines",
+    "dr_grpo": _MODULE + "baselines",
+    "rloo": _MODULE + "baselines",
+    "pvpo": _MODULE + "baselines",
+    "gdpo": _MODULE + "gdpo",
+    "v05": _MODULE + "v05",
+    "v05_value": _MODULE + "v05",
+    "ppo": _MODULE + "gae",
+}
+ESTIMATORS: Registry[EstimatorSpec] = Registry("advantage estimator", lazy=_SHIPPED)
 
 
 def register_estimator(
@@ -179,3 +184,9 @@ def get_estimator(name: str) -> Estimator:
 def available_estimators() -> list[str]:
     """Names of all registered estimators, sorted (lazily registered ones included)."""
     return ESTIMATORS.names()
+
+
+def samples_extra_rollouts(name: str) -> bool:
+    """Whether the estimator `name` samples more rollouts after seeing a prompt's first ones: a
+    shipped one by `EXTRA_ROLLOUTS` (nothing imported), any other by its registered spec."""
+    return name in EXTRA_ROLLOUTS if name in _SHIPPED else get_spec(name).extra_rollouts

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pvpo.trainer.algorithms.spec import ESTIMATORS, NO_GT_ROWS
+from pvpo.trainer.algorithms.spec import ESTIMATORS
 from pvpo.trainer.config.estimators import GDPOConfig, PPOConfig, PriorFusionConfig
 from pvpo.trainer.config.section import Section
 
@@ -128,16 +128,6 @@ class AlgorithmConfig(Section):
             and not (self.gt.model.path or self.gt.model.base_url)
         ):
             raise ValueError("algorithm.gt.source=model needs gt.model.path or gt.model.base_url")
-        return self
-
-    @model_validator(mode="after")
-    def _estimator_takes_gt_rows(self) -> AlgorithmConfig:
-        why = NO_GT_ROWS.get(self.estimator)
-        if self.group_sampling.enabled and why:
-            raise ValueError(
-                f"algorithm.estimator={self.estimator} takes no Group Sampling GT rows ({why}): set "
-                "algorithm.group_sampling.enabled=false, or use another estimator"
-            )
         return self
 
     @field_validator("estimator")

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pvpo.bounded_yaml import YAMLBoundsError, load_yaml
 from pvpo.secrets import check_url, mask_value
-from pvpo.trainer.algorithms.spec import check_aggregation
+from pvpo.trainer.algorithms.spec import NO_GT_ROWS, check_aggregation, samples_extra_rollouts
 from pvpo.trainer.config.algorithm import AlgorithmConfig
 from pvpo.trainer.config.policy import ModelConfig
 from pvpo.trainer.config.rollout import (  # noqa: F401 (the section's classes, importable from here too)
@@ -366,6 +366,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     except ValidationError as e:
         raise ConfigError(_format_errors(e)) from None
     check_staleness_estimator(cfg)
+    check_group_sampling(cfg)
     return cfg
 
 
@@ -373,13 +374,36 @@ def check_staleness_estimator(cfg: TrainConfig) -> None:
     """Refuse (one line) rollouts ahead of the update with an estimator that samples more rollouts
     after seeing a step's first ones (V0.5): the pipelined loop plans a step's episodes before its
     update, so it cannot."""
-    from pvpo.trainer.algorithms.spec import get_spec
-
     eta, name = cfg.rollout.max_staleness, cfg.algorithm.estimator
-    if eta > 0 and get_spec(name).extra_rollouts:
+    if eta > 0 and samples_extra_rollouts(name):
         raise ConfigError(
             f"rollout.max_staleness={eta}: algorithm.estimator={name} samples more rollouts after seeing a step's "
             "first ones, which rollouts ahead of the update cannot: set rollout.max_staleness=0 or another estimator"
+        )
+
+
+def check_group_sampling(cfg: TrainConfig) -> None:
+    """Refuse (one line) Group Sampling where its GT rows cannot be had or used: an estimator that
+    takes none (`NO_GT_ROWS`), the oracle off the synthetic world, an endpoint whose log-probs would
+    be the PPO ratio's pi_gt."""
+    alg, gt = cfg.algorithm, cfg.algorithm.gt
+    if not alg.group_sampling.enabled:
+        return
+    why = NO_GT_ROWS.get(alg.estimator)
+    if why:
+        raise ConfigError(
+            f"algorithm.estimator={alg.estimator} takes no Group Sampling GT rows ({why}): set "
+            "algorithm.group_sampling.enabled=false, or use another estimator"
+        )
+    if gt.source == "oracle" and cfg.data.source != "synthetic":
+        raise ConfigError(
+            "algorithm.gt.source=oracle needs the synthetic world (data.source: synthetic): on a QA file set "
+            "algorithm.gt.source=dataset or model, or algorithm.group_sampling.enabled=false"
+        )
+    if gt.source == "model" and gt.model.base_url and gt.logprobs != "reference":
+        raise ConfigError(
+            "algorithm.gt.model.base_url: an endpoint may return no log-probs, or log-probs over its own "
+            "tokenization: set algorithm.gt.logprobs=reference"
         )
 
 

@@ -179,13 +179,7 @@ class PipelinedSteps:
 
     def __init__(self, host: StepHost, resumed: Mapping[str, Any] | None = None) -> None:
         """`resumed`: the pipeline record of the checkpoint the run resumed from (`state_dict`)."""
-        cfg = host.cfg
-        if host.spec.extra_rollouts:
-            raise ValueError(
-                f"rollout.max_staleness={cfg.rollout.max_staleness}: algorithm.estimator={host.spec.name} samples "
-                "more rollouts after seeing a step's first ones, which the pipelined loop cannot; set "
-                "rollout.max_staleness=0"
-            )
+        cfg = host.cfg  # an estimator sampling extra rollouts is refused when the config loads
         self.host, self.cfg = host, cfg
         self.eta = cfg.rollout.max_staleness
         self.per_turn = engine_spec(cfg.rollout.engine).partial_rollouts

@@ -1,0 +1,127 @@
+"""A run that cannot run is refused before it starts: `pvpo train` and `pvpo demo` end in one line,
+exit status 2, within seconds, with no run folder (no file at all) written and no model built, for
+every refused combination the config or the pre-flight (`trainer/config/preflight.py`) knows."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pvpo.trainer.config.preflight import check_retriever, preflight
+from pvpo.trainer.config.schema import load_config
+
+PVPO = str(Path(sys.executable).parent / "pvpo")
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# (overrides, what the one line must name); {port} is a closed loopback port, {tmp} the test's folder
+REFUSED = {
+    "v05 beside the update": (["algorithm.estimator=v05", "rollout.max_staleness=1"], "rollout.max_staleness=0"),
+    "v05_value beside the update": (
+        ["algorithm.estimator=v05_value", "rollout.max_staleness=2"],
+        "algorithm.estimator=v05_value",
+    ),
+    "ppo with Group Sampling": (
+        ["algorithm.estimator=ppo", "algorithm.group_sampling.enabled=true"],
+        "algorithm.group_sampling.enabled=false",
+    ),
+    "the oracle as GT source on a QA file": (
+        ["data.source=qa.jsonl", "algorithm.group_sampling.enabled=true"],
+        "algorithm.gt.source=oracle needs the synthetic world",
+    ),
+    "an endpoint's own log-probs as pi_gt": (
+        [
+            "algorithm.group_sampling.enabled=true",
+            "algorithm.gt.source=model",
+            "algorithm.gt.model.base_url=http://127.0.0.1:{port}/v1",
+            "algorithm.gt.model.model=m",
+        ],
+        "algorithm.gt.logprobs=reference",
+    ),
+    "a reused anchor that is not there": (
+        ["algorithm.anchor.reuse_from={tmp}/no-such-run"],
+        "algorithm.anchor.reuse_from=",
+    ),
+    "a GPU the machine does not have": (["model.device=cuda:7"], "model.device="),
+    "an unreachable retriever.url": (["retriever.url=http://127.0.0.1:{port}"], "retriever.url=http://127.0.0.1:"),
+}
+
+
+def _refused(tmp_path: Path, command: str, overrides: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    port = _closed_port()
+    args = [a.format(port=port, tmp=tmp_path) for a in overrides]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    out = subprocess.run(
+        [PVPO, command, "--run-dir", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return out, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("command", ["train", "demo"])
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_run_that_cannot_run_is_refused_in_one_line_before_any_file_or_model(
+    tmp_path: Path, case: str, command: str
+) -> None:
+    overrides, named = REFUSED[case]
+    out, seconds = _refused(tmp_path, command, overrides)
+    assert out.returncode == 2, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if not ln.startswith("no --config:") and "shows the traceback" not in ln]
+    assert len(errors) == 1 and errors[0].startswith("error: "), out.stderr
+    assert named in errors[0], out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not (tmp_path / "run").exists()
+    assert sorted(os.listdir(tmp_path)) == []  # no run folder, no lock file beside it, nothing
+    assert seconds < 10, f"refused after {seconds:.1f} s"
+
+
+def test_the_library_entry_refuses_before_any_file_too(tmp_path: Path) -> None:
+    from pvpo.trainer.loop import train
+
+    cfg = load_config(None, [f"retriever.url=http://127.0.0.1:{_closed_port()}", "run.steps=1"])
+    with pytest.raises(ValueError, match=r"^retriever.url=http://127.0.0.1:\d+: retriever unreachable"):
+        train(cfg, tmp_path / "run", show_progress=False)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_retriever_that_answers_passes_and_one_that_refuses_the_token_is_named(tiny) -> None:
+    from pvpo.retriever.server import BackgroundServer
+
+    with BackgroundServer(tiny, token="s3cret") as server:
+        check_retriever(load_config(None, [f"retriever.url={server.url}", "retriever.token=s3cret"]))
+        with pytest.raises(ValueError, match=r"retriever.url=.*401.*check the token") as refused:
+            check_retriever(load_config(None, [f"retriever.url={server.url}"]))
+        assert "\n" not in str(refused.value)
+
+
+def test_a_resume_keeps_its_own_anchor_and_a_given_searcher_skips_the_retriever(tmp_path: Path) -> None:
+    cfg = load_config(
+        None, [f"algorithm.anchor.reuse_from={tmp_path / 'gone'}", f"retriever.url=http://127.0.0.1:{_closed_port()}"]
+    )
+    preflight(cfg, resume=True, retriever=False)  # a resume restores the anchor its first attempt copied
+    with pytest.raises(ValueError, match="algorithm.anchor.reuse_from="):
+        preflight(cfg, retriever=False)
+
+
+def test_the_config_knows_which_shipped_estimators_sample_extra_rollouts_without_importing_them() -> None:
+    from pvpo.trainer.algorithms.spec import _SHIPPED, EXTRA_ROLLOUTS, get_spec
+
+    assert {n for n in _SHIPPED if get_spec(n).extra_rollouts} == EXTRA_ROLLOUTS
