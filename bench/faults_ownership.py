@@ -55,6 +55,10 @@ PASSAGES = [{"id": str(i), "contents": f"Entity {i} lives in town {i % 3}."} for
 class Ownership(Probes):
     """The probes of items 1-9; each returns a table row."""
 
+    def _said(self, out: str, n: int = 110) -> str:
+        """The refusal's line, the scratch folder shown as $W before it is cut to `n` characters."""
+        return first_error(out.replace(str(self.work), "$W"))[:n]
+
     def _users_data(self, name: str, *, meta: bool = True) -> Path:
         """A user's data folder: a corpus with its own fields (url, title), embeddings/ and, with
         `meta`, a meta.json of the user's own."""
@@ -76,7 +80,7 @@ class Ownership(Probes):
         kept = snapshot(data) == before
         return Row(
             "1. `retriever build --out P`, P a user's folder holding its own `meta.json` and `embeddings/`",
-            f"rc {plain.rc}: {first_error(plain.out)[:110]}; --overwrite: rc {over.rc}; "
+            f"rc {plain.rc}: {self._said(plain.out, 110)}; --overwrite: rc {over.rc}; "
             + ("every file kept byte for byte" if kept else "**the user's files changed**"),
             one_line(plain.out, plain.rc, str(data)) and one_line(over.out, over.rc, "pvpo did not write") and kept,
         )
@@ -94,7 +98,7 @@ class Ownership(Probes):
         kept = snapshot(data) == before_user and snapshot(index) == before_index
         return Row(
             "2. `retriever build --corpus P/corpus.jsonl --out P` (P a user's folder with a `meta.json`; P an index)",
-            f"user's P: rc {in_user.rc}; index P with --overwrite: rc {in_index.rc}: {first_error(in_index.out)[:90]}; "
+            f"user's P: rc {in_user.rc}; index P with --overwrite: rc {in_index.rc}: {self._said(in_index.out, 90)}; "
             + ("both corpora kept byte for byte (url fields and titles)" if kept else "**a corpus was rewritten**"),
             built.rc == 0
             and one_line(in_user.out, in_user.rc, str(data))
@@ -115,7 +119,7 @@ class Ownership(Probes):
         size = json.loads((index / "meta.json").read_text())["size"] if over.rc == 0 else None
         return Row(
             "3. `retriever build --corpus b.jsonl --out I`, I a finished index of another corpus",
-            f"rc {plain.rc}: {first_error(plain.out)[:110]}; "
+            f"rc {plain.rc}: {self._said(plain.out, 110)}; "
             + ("kept byte for byte" if kept else "**replaced**")
             + f"; with --overwrite: rc {over.rc}, {size} passage(s)",
             built.rc == 0 and one_line(plain.out, plain.rc, "already holds a finished index") and kept and size == 1,
@@ -130,7 +134,7 @@ class Ownership(Probes):
         kept = snapshot(data) == before
         return Row(
             "4. `pvpo train ... retriever.index_dir=DATA`, DATA a user's folder (corpus.jsonl, embeddings/)",
-            f"rc {res.rc} in {res.seconds:.1f} s: {first_error(res.out)[:110]}; "
+            f"rc {res.rc} in {res.seconds:.1f} s: {self._said(res.out, 110)}; "
             + ("DATA kept byte for byte" if kept else "**DATA changed**")
             + ("; no run dir written" if not run.exists() else "; a run dir was written"),
             one_line(res.out, res.rc, "retriever.index_dir") and kept and not run.exists(),
@@ -163,7 +167,7 @@ class Ownership(Probes):
         train_default, demo_default = (defaults.out.split() + ["?", "?"])[:2]
         return Row(
             "7. `pvpo train --config smoke --run-dir R`, then `pvpo demo --config smoke --run-dir R`; the defaults",
-            f"rc {res.rc}: {first_error(res.out)[:100]}; "
+            f"rc {res.rc}: {self._said(res.out, 100)}; "
             + ("the run kept byte for byte" if kept else "**the run changed**")
             + f"; defaults: train --config demo -> {train_default}, demo -> {demo_default}",
             one_line(res.out, res.rc, "training run") and kept and train_default != demo_default,
@@ -194,7 +198,7 @@ class Ownership(Probes):
         return Row(
             "6. `pvpo view OUT/toy --out OUT/toy/predictions.jsonl`, `--out RUN/config.yaml` (with and without "
             "--overwrite)",
-            f"rc {', '.join(map(str, results))}: {first_error(res.out)[:80]}; files kept; the run resumes: rc {resumed.rc}",
+            f"rc {', '.join(map(str, results))}: {self._said(res.out, 80)}; files kept; the run resumes: rc {resumed.rc}",
             ok and resumed.rc == 0,
         )
 
@@ -210,7 +214,7 @@ class Ownership(Probes):
         over = pvpo("eval", "report", str(toy), "--md", str(files["notes.md"]), "--overwrite")
         return Row(
             "8. `pvpo view ... --out thesis.txt`, `eval report ... --md notes.md --csv table.csv` (existing files)",
-            f"view rc {view.rc}, report rc {report.rc}: {first_error(report.out)[:90]}; "
+            f"view rc {view.rc}, report rc {report.rc}: {self._said(report.out, 90)}; "
             + ("kept byte for byte" if kept else "**overwritten**")
             + f"; with --overwrite: rc {over.rc}",
             one_line(view.out, view.rc, "--overwrite")
@@ -230,7 +234,7 @@ class Ownership(Probes):
         kept = snapshot(run) == before
         return Row(
             "9. `pvpo train --overwrite` with a user's `checkpoints/README` and `checkpoints/step_000002/NOTES.md`",
-            f"rc {res.rc} in {res.seconds:.1f} s: {first_error(res.out)[:110]}; "
+            f"rc {res.rc} in {res.seconds:.1f} s: {self._said(res.out, 110)}; "
             + ("every file kept byte for byte" if kept else "**files changed**"),
             one_line(res.out, res.rc, "move it out") and kept,
         )
@@ -245,7 +249,7 @@ class Ownership(Probes):
         kept = snapshot(place) == before
         return Row(
             "9. `pvpo eval --out O --overwrite`, O/<dataset>/ holding only a user's `run.json`",
-            f"rc {res.rc}: {first_error(res.out)[:110]}; " + ("kept byte for byte" if kept else "**replaced**"),
+            f"rc {res.rc}: {self._said(res.out, 110)}; " + ("kept byte for byte" if kept else "**replaced**"),
             one_line(res.out, res.rc, "run.json") and kept,
         )
 
