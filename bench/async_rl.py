@@ -46,10 +46,11 @@ import contextlib
 import functools
 import json
 import multiprocessing
+import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,15 @@ def mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def lag_histogram(steps: Sequence[dict[str, float]], eta: int) -> dict[str, float]:
+    """Each step's `stale/lag_<j>` (j <= eta) and `stale/lag_over_eta`, averaged over the steps
+    (every step trains one batch of about the same size); at eta = 0 (no such keys) all at lag 0."""
+    keys = [f"stale/lag_{j}" for j in range(eta + 1)] + ["stale/lag_over_eta"]
+    if not any(key in m for m in steps for key in keys):
+        return {"lag_0": 1.0} if steps else {}
+    return {key.removeprefix("stale/"): mean([m.get(key, 0.0) for m in steps]) for key in keys}
+
+
 ROW = "bench_row.json"  # a finished run's row, kept in its folder: a rerun of the bench keeps the run
 
 
@@ -164,6 +174,7 @@ def run_one(config: str, overrides: list[str], run_dir: str) -> dict[str, Any]:
 
     cfg = load_config(resolve_config(config), overrides)
     timer = Timed()
+    started, load = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), os.getloadavg()[0]
     with trainer_for(cfg, Path(run_dir)) as (trainer, _):
         trainer.ensure_reference(0)  # the anchor and GT set (the first run's; reused after): not timed
         timer.wrap(trainer)
@@ -189,6 +200,18 @@ def run_one(config: str, overrides: list[str], run_dir: str) -> dict[str, Any]:
         "em_se": result.eval_after.get("eval/accuracy_se", float("nan")),
         "em_by_step": [m["eval/accuracy"] for m in steps if "eval/accuracy" in m],
         "per_question": result.eval_em.get("after", []),
+        "threads": cfg.run.threads,
+        "decoupled": cfg.rollout.decoupled,
+        "tokens_per_s": sum(timer.tokens) / rl_wall,
+        # the share of the trained model tokens at each lag (versions behind the update), over all
+        # steps; stale/lag_over_eta: a straggler's first turns, eta + 1 behind (trainer/steps/pipelined.py)
+        "lag": lag_histogram(steps, cfg.rollout.max_staleness),
+        "late": mean([m.get("stale/late_frac", 0.0) for m in steps]),
+        "stale_max": max([m.get("stale/max", 0.0) for m in steps], default=0.0),
+        "kl_max": max([m.get("approx_kl", float("nan")) for m in steps], default=float("nan")),
+        "peak_rss_gib": max([m.get("mem/process_peak_rss_gib", float("nan")) for m in steps], default=float("nan")),
+        "started": started,
+        "load_at_start": load,
     }
     (Path(run_dir) / ROW).write_text(json.dumps(row, indent=1) + "\n")
     return row
@@ -201,6 +224,13 @@ def kept_row(run_dir: Path, config: str, overrides: list[str]) -> dict[str, Any]
     except (OSError, ValueError):
         return None
     return row if (row.get("config"), row.get("overrides")) == (config, overrides) else None
+
+
+def in_fresh_process(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """`fn(*args)` in a process of its own ("spawn": nothing of the last run's memory or threads
+    carried over)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def pipeline(args: argparse.Namespace) -> None:
@@ -230,9 +260,7 @@ def pipeline(args: argparse.Namespace) -> None:
                 if first is not None:
                     share_start(first, run_dir)
                 print(f"[{run_dir.name}] training", flush=True)
-                # a fresh process per run ("spawn": nothing of the last run's memory or threads carried over)
-                with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                    row = pool.submit(run_one, args.config, overrides, str(run_dir)).result()
+                row = in_fresh_process(run_one, (args.config, overrides, str(run_dir)))
             first = first or run_dir
             rows.append(row)
     print(
@@ -433,7 +461,19 @@ def main() -> None:
     t = sub.add_parser("trl", help="our step beside TRL's GRPOTrainer")
     t.add_argument("--turns", type=int, default=1, help="1: single-turn; more: multi-turn through our TRL adapter")
     t.add_argument("--steps", type=int, default=8)
-    for q in (p, t):
+    a = sub.add_parser("pairs", help="interleaved, repeated pairs: eta 0 at 2 threads against eta > 0, or the ablation")
+    a.add_argument("--etas", type=int, nargs="+", default=None, help="the arms' eta (default: 1 2; --ablation: 2)")
+    a.add_argument("--repeats", type=int, default=3, help="pairs per arm, one RL seed each (at least 3 for a figure)")
+    a.add_argument("--seeds", type=int, nargs="+", default=None, help="the repeats' run.seed (default: 0, 1, ...)")
+    a.add_argument("--steps", type=int, default=None, help="run.steps (default: the config's)")
+    a.add_argument("--base-threads", type=int, default=2, help="run.threads of the eta-0 base arm")
+    a.add_argument("--threads", type=int, default=1, help="run.threads of the eta > 0 arms (a phase each core)")
+    a.add_argument(
+        "--ablation",
+        action="store_true",
+        help="decoupled (base) against naive PPO (rollout.decoupled=false) at one eta",
+    )
+    for q in (p, t, a):
         q.add_argument(
             "--from-run",
             default=None,
@@ -446,7 +486,13 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {machine_line(('torch', 'transformers', 'trl', 'vllm'))}")
     print("$ " + " ".join(["python", *sys.argv]))
-    (pipeline if args.what == "pipeline" else trl)(args)
+    if args.what == "pairs":
+        from async_rl_pairs import pairs
+
+        args.etas = args.etas or ([2] if args.ablation else [1, 2])
+        pairs(args, in_fresh_process)
+    else:
+        (pipeline if args.what == "pipeline" else trl)(args)
 
 
 if __name__ == "__main__":
