@@ -115,7 +115,7 @@ def one_step(cfg: TrainConfig, run_dir: Path) -> list[dict[str, Any]]:
 
 # A training test below takes 4-5 s after another has imported torch and transformers, 19-67 s
 # alone (2 cores shared at load ~10), hence slow.
-SMOKE = [str(REPO / "configs" / "smoke.yaml")]
+SMOKE = str(REPO / "configs" / "smoke.yaml")
 ONE_STEP = ["run.steps=1", "run.tensorboard=false", "data.max_train_examples=2", "data.max_eval_examples=1"]
 
 
@@ -130,7 +130,7 @@ def test_the_pages_toy_estimator_trains_one_step(tmp_path: Path, monkeypatch: py
         return registered.fn(rewards, uids, **kwargs)
 
     monkeypatch.setitem(estimator_spec.ESTIMATORS._entries, name, dataclasses.replace(registered, fn=counted))
-    cfg = load_config(SMOKE[0], [*ONE_STEP, f"algorithm.estimator={name}"])
+    cfg = load_config(SMOKE, [*ONE_STEP, f"algorithm.estimator={name}"])
     metrics = one_step(cfg, tmp_path / "run")
     assert calls and metrics[0]["grad_norm"] > 0
 
@@ -146,6 +146,6 @@ def test_the_pages_toy_engine_trains_one_step(tmp_path: Path, monkeypatch: pytes
         return engines[-1]
 
     monkeypatch.setitem(engine_mod.ENGINES._entries, name, dataclasses.replace(built, factory=counted))
-    cfg = load_config(SMOKE[0], [*ONE_STEP, f"rollout.engine={name}"])
+    cfg = load_config(SMOKE, [*ONE_STEP, f"rollout.engine={name}"])
     metrics = one_step(cfg, tmp_path / "run")
     assert engines and metrics[0]["response_length"] > 0
