@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_support import TINY, WORLD, OverlapSearcher
 
 from pvpo.trainer.config.preflight import check_retriever, preflight
 from pvpo.trainer.config.schema import load_config
@@ -125,3 +126,37 @@ def test_the_config_knows_which_shipped_estimators_sample_extra_rollouts_without
     from pvpo.trainer.algorithms.spec import _SHIPPED, EXTRA_ROLLOUTS, get_spec
 
     assert {n for n in _SHIPPED if get_spec(n).extra_rollouts} == EXTRA_ROLLOUTS
+
+
+# what the config asks of the policy or of a reused anchor, known once the policy or the RL prompts
+# are loaded: refused before the base evaluation and the warm start run (no eval or warm-start file)
+AFTER_LOADING = {
+    "a LoRA target the model lacks": (["model.lora.enabled=true", "model.lora.target_modules=[qkv]"], "qkv"),
+    "a chat template the tokenizer lacks": (["model.chat_template=true"], "model.chat_template"),
+    "a reused anchor missing the RL prompts": (["algorithm.anchor.reuse_from={src}"], "lacks"),
+}
+
+
+@pytest.mark.parametrize("case", AFTER_LOADING)
+def test_what_the_policy_or_the_prompts_refuse_comes_before_the_base_evaluation_and_warm_start(
+    tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pvpo.trainer import setup
+    from pvpo.trainer.loop import train
+    from pvpo.trainer.state.run_dir import RunDir
+
+    def work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the base evaluation or the warm start ran before the refusal")
+
+    monkeypatch.setattr(setup, "base_evaluation", work)
+    monkeypatch.setattr(setup, "warm_start", work)
+    src = RunDir(tmp_path / "sweep")
+    src.root.mkdir()
+    src.anchor.write_text('{"version": 1, "stats": {}}')
+    overrides, named = AFTER_LOADING[case]
+    base = [*TINY, "model.warm_start_steps=2", "run.eval_base=true", "run.steps=1"]
+    cfg = load_config(None, [*base, *(o.format(src=src.root) for o in overrides)])
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(ValueError, match=named):
+        train(cfg, run.root, searcher=OverlapSearcher(WORLD.passages), show_progress=False)
+    assert not run.warm_start.exists() and not run.eval_before.exists() and not run.initial_policy.exists()

@@ -108,6 +108,18 @@ class Trainer:
         agent = agent_settings(cfg)  # the run's episode rules and loop limits, made once
         self.epcfg, self.loop = agent.episode(), agent.loop()
         self.spec = get_spec(cfg.algorithm.estimator)
+        # the run's files before its model: a refusal here (a hand-edited config, an anchor that misses
+        # an RL prompt) comes before the base evaluation and the warm start
+        if resume:  # a killed run's optimizer state, older than the checkpoint loaded below
+            remove_stale_spill(self.files.optimizer_spill)
+        ckpt = latest_checkpoint(self.run_dir) if resume else None
+        if ckpt is not None:  # a hand-edited config.yaml would continue another run from these weights
+            check_checkpoint_config(ckpt, cfg)
+        if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
+            restore_state_files(ckpt, self.files.state_files())
+        elif ckpt is None and ddp.is_main():  # a sweep's arms may share one reference (anchor.reuse_from)
+            reuse_if_asked(cfg.algorithm, self.files, data.train)
+        ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
@@ -130,16 +142,6 @@ class Trainer:
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
         self.cost = CostCounter()
-        if resume:  # a killed run's optimizer state, older than the checkpoint loaded below
-            remove_stale_spill(self.files.optimizer_spill)
-        ckpt = latest_checkpoint(self.run_dir) if resume else None
-        if ckpt is not None:  # a hand-edited config.yaml would continue another run from these weights
-            check_checkpoint_config(ckpt, cfg)
-        if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
-            restore_state_files(ckpt, self.files.state_files())
-        elif ckpt is None and ddp.is_main():  # a sweep's arms may share one reference (anchor.reuse_from)
-            reuse_if_asked(cfg.algorithm, self.files, data.train)
-        ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
         self.reference = Reference(cfg, self.run_dir, uses_anchor=uses_anchor(cfg, self.spec))
         if resume and ckpt is None and ddp.is_main():  # state a killed first attempt saved: its cost is unlogged
             self.cost.count_saved(self.reference.saved_cost())

@@ -74,6 +74,22 @@ def needs_reference_model(cfg: TrainConfig, spec: EstimatorSpec) -> bool:
     return cfg.optim.kl_coef > 0 or refresh_reference or (gs.enabled and alg.gt.logprobs == "reference")
 
 
+def check_policy(cfg: TrainConfig, policy: Policy) -> None:
+    """What the config asks of the policy it names, refused (one line naming the key) before the
+    base evaluation and the warm start run: a chat template its tokenizer has, LoRA's target modules
+    among its modules (checked by peft only after the warm start, where adapters are added)."""
+    from pvpo.trainer.model.lora import check_target_modules
+
+    m = cfg.model
+    if m.chat_template and not getattr(policy.tokenizer, "chat_template", None):
+        raise ValueError(
+            f"model.chat_template is set but the tokenizer of {m.path or 'the tiny policy'} has no chat template: "
+            "set model.chat_template=false, or give a chat model's folder as model.path"
+        )
+    if m.lora.enabled:
+        check_target_modules(policy.model, m.lora.target_modules)
+
+
 @dataclass
 class Model:
     """The trained policy and what samples from it: `model` (a transformers model, or peft's
@@ -109,6 +125,7 @@ def build_model(
     files = RunDir(run_dir)
     policy, fresh = initial_policy(cfg, data, run_dir)
     m = cfg.model
+    check_policy(cfg, policy)  # before it is evaluated or warm-started
     where = placement(m.device, m.dtype, m.attn_implementation, m.gradient_checkpointing)
     where.sharded = ddp.is_distributed()
     place_policy_model(policy.model, where)

@@ -38,12 +38,9 @@ def is_lora(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def add_lora(
-    model: torch.nn.Module, *, r: int, alpha: int, dropout: float, target_modules: Sequence[str]
-) -> torch.nn.Module:
-    """`model` with LoRA adapters on `target_modules` (a peft `PeftModel`; only adapters train)."""
-    from peft import LoraConfig, get_peft_model
-
+def check_target_modules(model: torch.nn.Module, target_modules: Sequence[str]) -> None:
+    """A ValueError naming `model.lora.target_modules` and the model's linear layers when one of
+    `target_modules` names no module of `model`."""
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in target_modules if t not in present]
     if missing:
@@ -51,6 +48,15 @@ def add_lora(
             f"model.lora.target_modules {missing} are not modules of {type(model).__name__}; "
             f"its linear layers include {sorted(n for n in present if n.endswith('proj'))}"
         )
+
+
+def add_lora(
+    model: torch.nn.Module, *, r: int, alpha: int, dropout: float, target_modules: Sequence[str]
+) -> torch.nn.Module:
+    """`model` with LoRA adapters on `target_modules` (a peft `PeftModel`; only adapters train)."""
+    from peft import LoraConfig, get_peft_model
+
+    check_target_modules(model, target_modules)
     config = LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
     )
