@@ -203,7 +203,7 @@ def warm_try(
 ) -> dict[str, Any]:
     """A warm start of `steps` SFT steps from `settings.warm_seed` in `<out>/warm/steps<steps>`,
     and its validation EM (kept in `try.json` there, so a resumed calibration redoes nothing)."""
-    from pvpo.trainer.heldout import evaluate_policy
+    from pvpo.trainer.heldout.scoring import evaluate_policy
     from pvpo.trainer.loop import Trainer
 
     where = settings.out / "warm" / f"steps{steps}"
@@ -253,7 +253,7 @@ def warm_phase(settings: Settings, testbed: Testbed, searcher: Any, *, show_prog
     """The shared warm start (`calibrate`), its held-out EM on validation and test (each run's
     start), and the one-off reference work (anchor, Group Sampling partition, GT trajectories) with
     its cost. Written to `<out>/warm/summary.json` once and reused."""
-    from pvpo.trainer.heldout import evaluate_policy
+    from pvpo.trainer.heldout.scoring import evaluate_policy
     from pvpo.trainer.loop import Trainer
 
     done = settings.out / "warm" / "summary.json"

@@ -35,7 +35,7 @@ from pvpo.reward.metrics import as_golds
 from pvpo.reward.normalize import normalize_answer
 from pvpo.reward.protocol import TagProtocol, get_protocol
 from pvpo.stats import mean, seeds_contrast, seeds_difference
-from pvpo.trainer.heldout_table import STAGES, per_dataset_table
+from pvpo.trainer.recipes.heldout_table import STAGES, per_dataset_table
 
 Scores = dict[str, dict[str, float]]  # a `pvpo eval` folder's scores by question id (`read_scores`)
 

@@ -138,7 +138,26 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "pvpo.trainer.state",
         "pvpo.trainer.model.policy",  # a local model as GT source
     ),
-    "state": ("pvpo.trainer.config", "pvpo.trainer.model.policy"),  # a checkpoint's weight files
+    "state": (
+        "pvpo.trainer.config",
+        "pvpo.trainer.model.policy",  # a checkpoint's weight files
+        # the episode log: the step's rows scored as the reward scores them, written by rank 0
+        "pvpo.reward",
+        "pvpo.envs.data",
+        "pvpo.trainer.rollout.trajectory",
+        "pvpo.trainer.parallel.distributed",
+    ),
+    # held-out scoring and the run's evaluation points, over a narrow view of the run
+    "heldout": (
+        *OUTSIDE,
+        "pvpo.trainer.config",
+        "pvpo.trainer.data",
+        "pvpo.trainer.model.device",
+        "pvpo.trainer.parallel",
+        "pvpo.trainer.rollout",
+        "pvpo.trainer.state.result",
+    ),
+    "recipes": ("pvpo.trainer",),  # around a run: the demo, its tables and plots
     # the step modes: a step's plan and rollouts over the run's data, engine and reference machinery
     "steps": (
         *OUTSIDE,
@@ -236,7 +255,7 @@ def test_the_viewer_reads_what_evaluation_and_training_write_and_nothing_imports
         "pvpo.viewer",
         "pvpo.reward",
         "pvpo.evaluation.run",
-        "pvpo.trainer.episode_log",
+        "pvpo.trainer.state.episode_log",
         "pvpo.trainer.state.run_dir",
     )
     assert _violations("viewer", allowed) == []

@@ -12,8 +12,8 @@ from trainer_support import TINY, WORLD, OverlapSearcher
 from pvpo.atomic import append_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.trainer.config.schema import RunConfig, load_config
-from pvpo.trainer.episode_log import kept_rows, log_step_episodes, read_episode_log, row_advantages
 from pvpo.trainer.rollout.trajectory import Trajectory
+from pvpo.trainer.state.episode_log import kept_rows, log_step_episodes, read_episode_log, row_advantages
 
 
 class CharTokenizer:

@@ -96,13 +96,14 @@ def test_a_killed_runs_spill_file_is_removed(tmp_path: Path) -> None:
 def test_evaluations_during_rl_run_without_the_optimizer_state_and_training_is_unchanged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pvpo.trainer import heldout, loop
+    from pvpo.trainer import loop
+    from pvpo.trainer.heldout import points
     from pvpo.trainer.model import optimizer_spill as spill
 
     source = tmp_path / "musique.json"
     source.write_text(json.dumps(_musique_rows(8)))
     seen: list[tuple[str, int, bool]] = []
-    real, real_init = heldout.evaluate_current, loop.Trainer.__init__
+    real, real_init = points.evaluate_current, loop.Trainer.__init__
     trainers: list[loop.Trainer] = []
 
     def recorded_init(self, *args, **kwargs):

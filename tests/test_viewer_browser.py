@@ -18,7 +18,7 @@ from viewer_support import Node, dump_dom, parse_dom, write_eval
 
 from pvpo.envs.data import QAExample
 from pvpo.trainer.config.schema import RunConfig
-from pvpo.trainer.episode_log import log_step_episodes, read_episode_log
+from pvpo.trainer.state.episode_log import log_step_episodes, read_episode_log
 from pvpo.viewer.headless import find_chromium
 from pvpo.viewer.page import write_page
 

@@ -16,7 +16,7 @@ from viewer_support import CORPUS, write_eval
 
 from pvpo.cli import app
 from pvpo.reward import RESEARCH, SEARCH_R1
-from pvpo.trainer.episode_log import read_episode_log
+from pvpo.trainer.state.episode_log import read_episode_log
 from pvpo.viewer.compare import pair_episodes
 from pvpo.viewer.episodes import (
     detect_protocol,
@@ -179,7 +179,7 @@ def test_a_run_dirs_page_holds_its_steps_groups_curves_and_validation(tmp_path: 
 
     from pvpo.envs.data import QAExample
     from pvpo.trainer.config.schema import RunConfig
-    from pvpo.trainer.episode_log import log_step_episodes
+    from pvpo.trainer.state.episode_log import log_step_episodes
 
     run = tmp_path / "run"
     run.mkdir()

@@ -187,7 +187,7 @@ def demo_cmd(
     PVPO training, held-out accuracy before/after, metrics + reward-curve plot + summary table."""
     cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
     _preflight(cfg)  # before the run dir is touched
-    from pvpo.trainer.demo import run_demo
+    from pvpo.trainer.recipes.demo import run_demo
 
     with _run_dir_session(run_dir, "pvpo demo"):
         summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite)

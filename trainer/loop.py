@@ -35,8 +35,7 @@ from pvpo.trainer.config.preflight import preflight
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.config.written import dump_config
 from pvpo.trainer.data import Data, agent_settings, load_data, retriever_session
-from pvpo.trainer.episode_log import log_step_episodes
-from pvpo.trainer.heldout import (
+from pvpo.trainer.heldout.points import (
     PolicyUnderTest,
     evaluate_current,
     evaluation_before,
@@ -53,7 +52,6 @@ from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_check
 from pvpo.trainer.reference.gt_registry import GTContext
 from pvpo.trainer.reference.machinery import Reference
 from pvpo.trainer.reference.reuse import reuse_if_asked
-from pvpo.trainer.result import TrainResult
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
@@ -67,7 +65,9 @@ from pvpo.trainer.state.checkpoint import (
     step_name,
 )
 from pvpo.trainer.state.cost import CostCounter
+from pvpo.trainer.state.episode_log import log_step_episodes
 from pvpo.trainer.state.metrics_log import MetricsLogger
+from pvpo.trainer.state.result import TrainResult
 from pvpo.trainer.state.resume import (
     check_checkpoint_config,
     check_resume_config,

@@ -23,7 +23,7 @@ from pvpo.trainer.algorithms.estimator_state import EstimatorContext, EstimatorS
 from pvpo.trainer.algorithms.spec import EstimatorSpec
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import Data, agent_settings
-from pvpo.trainer.heldout import evaluate_policy
+from pvpo.trainer.heldout.scoring import evaluate_policy
 from pvpo.trainer.model.device import (
     PhaseMemory,
     Placement,

@@ -16,7 +16,7 @@ from typing import Any
 from pvpo.atomic import read_jsonl
 from pvpo.evaluation.run import PREDICTIONS, RUN, EvalError, read_items, resolve_template
 from pvpo.reward import TagProtocol, get_reward
-from pvpo.trainer.episode_log import read_episode_log
+from pvpo.trainer.state.episode_log import read_episode_log
 from pvpo.trainer.state.run_dir import RunDir
 from pvpo.viewer.episodes import Tokenize, detect_protocol, page_episode
 
@@ -311,7 +311,7 @@ def _run_tokenizer(files: RunDir) -> Tokenize | None:
 def run_episode(
     e: Mapping[str, Any], step: int, row: int, protocol: TagProtocol | None, tokenize: Tokenize | None = None
 ) -> dict[str, Any]:
-    """The page's episode of one kept training episode (`pvpo.trainer.episode_log.episode_record`),
+    """The page's episode of one kept training episode (`pvpo.trainer.state.episode_log.episode_record`),
     with its turns' tokens where `tokenize` is given; ValueError naming a field that is not of its kind."""
     uid = str(e.get("uid", ""))
     dataset, _, ident = uid.partition("/") if "/" in uid else ("", "", uid)

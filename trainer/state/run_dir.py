@@ -122,7 +122,7 @@ class RunDir:
     @property
     def episodes(self) -> Path:
         """The episodes each step sampled (`run.keep_episodes` of them, whole groups) and every row's
-        reward and advantage, one JSON line per step (`pvpo.trainer.episode_log`), for `pvpo view`."""
+        reward and advantage, one JSON line per step (`pvpo.trainer.state.episode_log`), for `pvpo view`."""
         return self.root / "episodes.jsonl"
 
     @property

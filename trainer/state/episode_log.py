@@ -121,9 +121,9 @@ def log_step_episodes(
     """Append step `step`'s line to `path` (rank 0 only; nothing when `run.keep_episodes` is 0): every
     row of `trajs` with its advantage (`adv`, per row or per token under `loss_mask`) and the kept
     episodes, whose questions come from `examples` (the step's prompts) by uid."""
-    from pvpo.trainer.parallel import distributed as ddp
+    from pvpo.trainer.parallel.distributed import is_main
 
-    if run.keep_episodes <= 0 or not ddp.is_main():
+    if run.keep_episodes <= 0 or not is_main():
         return
     advantages = row_advantages(adv, loss_mask)
     by_uid = {ex.uid: ex for ex in examples}

@@ -24,8 +24,8 @@ from pvpo.owned import entries, recorded, replaceable
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import check_index_dir, load_data, retriever_session
-from pvpo.trainer.heldout_table import per_dataset_table
 from pvpo.trainer.loop import Trainer, TrainResult
+from pvpo.trainer.recipes.heldout_table import per_dataset_table
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
 from pvpo.trainer.state.run_dir import RUN_KIND, RunDir, foreign_entries
 
