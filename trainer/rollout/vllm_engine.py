@@ -110,6 +110,16 @@ def request_seed(seed: int | None, index: int) -> int | None:
 _LIVE_ENGINES: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()
 
 
+@register_engine(
+    "vllm",
+    own_weights=True,
+    loads_folder=True,
+    run_dtype=True,
+    launcher_options={"distributed_executor_backend": "external_launcher"},
+    partial_rollouts=True,
+    package="vllm",
+    install_hint=INSTALL_HINT,
+)
 class VLLMEngine(RolloutEngine):
     """Samples turns with a `vllm.LLM` that lives in the training process."""
 
@@ -484,19 +494,3 @@ def _completion(out: Any) -> Completion:
     else:  # EOS (stop_reason None) or a stop token id
         reason, stop = "eos", None
     return Completion(token_ids=ids, logprobs=lps, finish_reason=reason, stop_string=stop, text=out.text)
-
-
-@register_engine(
-    "vllm",
-    own_weights=True,
-    loads_folder=True,
-    run_dtype=True,
-    launcher_options={"distributed_executor_backend": "external_launcher"},
-    partial_rollouts=True,
-    package="vllm",
-    install_hint=INSTALL_HINT,
-)
-def _build_vllm(
-    model: PreTrainedModel | str | Path, tokenizer: PreTrainedTokenizerBase | None = None, **kwargs: Any
-) -> VLLMEngine:
-    return VLLMEngine(model, tokenizer, **kwargs)
