@@ -197,8 +197,14 @@ def test_config_imports_only_registries_and_pure_checks() -> None:
         "pvpo.trainer.reference.gt_registry",
     )
     # the pre-flight, which loading a config never imports, also reads the world outside the config:
-    # the retriever it asks, the folder rule of an index the run would build, the run files it names
-    preflight = ("pvpo.retriever.client", "pvpo.retriever.outdir", "pvpo.trainer.state.run_dir")
+    # the retriever it asks, the folder rule of an index the run would build, the run files it names,
+    # the model folders the run would load
+    preflight = (
+        "pvpo.retriever.client",
+        "pvpo.retriever.outdir",
+        "pvpo.trainer.state.run_dir",
+        "pvpo.trainer.model.policy",
+    )
     bad = _violations("trainer/config", allowed)
     assert [v for v in bad if not (v.startswith("pvpo.trainer.config.preflight ") and v.endswith(preflight))] == []
 

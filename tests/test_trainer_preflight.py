@@ -56,6 +56,7 @@ REFUSED = {
         "algorithm.anchor.reuse_from=",
     ),
     "a GPU the machine does not have": (["model.device=cuda:7"], "model.device="),
+    "an empty model folder": (["model.path={tmp}"], "is empty: give a Hugging Face model folder"),
     "an unreachable retriever.url": (["retriever.url=http://127.0.0.1:{port}"], "retriever.url=http://127.0.0.1:"),
 }
 

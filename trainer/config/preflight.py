@@ -29,14 +29,15 @@ _INDEX_DIR = "retriever.index_dir"
 
 def preflight(cfg: TrainConfig, *, world_size: int | None = None, resume: bool = False, retriever: bool = True) -> None:
     """Refuse, with one line naming the key and the fix, a run of `cfg` that cannot run here:
-    `check_estimator`, `check_device`, `check_reuse_from` (a fresh run only: a resume restores its
-    own anchor), `check_index_dir`, `check_retriever`. `world_size`: the processes the run will have
+    `check_estimator`, `check_device`, `check_model_folders` and `check_reuse_from` (a fresh run's),
+    `check_index_dir`, `check_retriever`. `world_size`: the processes the run will have
     (`pvpo train --nproc`); None = torchrun's `WORLD_SIZE` in a process it launched, else 1.
     `retriever=False`: the caller brings its own searcher (the configured retriever is not used)."""
     world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
     check_estimator(cfg, world)
     check_device(cfg, world)
-    if not resume:
+    if not resume:  # a resume reloads its own initial policy and restores its own anchor
+        check_model_folders(cfg)
         check_reuse_from(cfg)
     if retriever:
         check_index_dir(cfg)
@@ -92,6 +93,21 @@ def _no_gpu_device_files() -> bool:
     control device, ROCm's kfd, WSL's dxg): then no torch build sees a GPU."""
     gpu_files = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
     return sys.platform == "linux" and not any(os.path.exists(f) for f in gpu_files)
+
+
+def check_model_folders(cfg: TrainConfig) -> None:
+    """`model.path`, and `algorithm.gt.model.path` where Group Sampling's GT comes from it, when a
+    local folder, holds a config, weights and a tokenizer (`model.policy.check_model_folder`): the
+    run loads them after its corpus is written and its index built. Catalog names and hub ids are
+    resolved by the loader."""
+    from pvpo.model_catalog import is_catalog_model
+    from pvpo.trainer.model.policy import check_model_folder
+
+    alg = cfg.algorithm
+    gt_model = alg.gt.model.path if alg.group_sampling.enabled and alg.gt.source == "model" else None
+    for path in (cfg.model.path, gt_model):
+        if path and not is_catalog_model(path):
+            check_model_folder(path)
 
 
 def check_reuse_from(cfg: TrainConfig) -> None:
