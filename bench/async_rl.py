@@ -25,6 +25,12 @@ at eta = 0 and 1, RL steps only (no evaluation). Rollouts and model tokens per s
 after the first (the anchor's build, TRL's warm-up), model tokens per rollout (both sides should
 end turns alike) and the share of rows the update ran (ours skips a row whose loss is zero).
 
+`pairs` (bench/async_rl_pairs.py): the fair comparison, in interleaved, repeated pairs of runs from
+one shared start: eta 0 at `run.threads: 2` against eta 1 and 2 at one thread a phase, or
+(`--ablation`) the decoupled objective against naive PPO (`rollout.decoupled=false`) at one eta;
+per run samples and tokens per second, engine idle, the staleness histogram and EM after RL, per
+arm the pairs' speed ratios; OUT/record.json keeps every row.
+
 Each prints the machine, the command and one table; `--out` keeps the runs. `pipeline` trains each
 run in a process of its own and keeps its row in its folder (bench_row.json): a rerun keeps the runs
 that finished with the same settings and trains the rest.
@@ -35,6 +41,8 @@ that finished with the same settings and trains the rest.
         --out runs/bench-async-multihop 'data.source=[DATA/hotpotqa/..., ...]'
     python bench/async_rl.py pipeline --config RUN/config.yaml --from-run RUN --etas 0 1 2 --steps 8 \\
         --out runs/bench-async-multihop-speed   # the recipe's RL phase from a finished recipe run's start
+    python bench/async_rl.py pairs --config demo --etas 1 2 --repeats 3 --out runs/bench-async-pairs-demo
+    python bench/async_rl.py pairs --config demo --ablation --etas 2 --repeats 3 --out runs/bench-async-ablation
     python bench/async_rl.py trl --config demo --turns 1 --steps 8 --from-run runs/bench-async-demo/eta0
     python bench/async_rl.py trl --config demo --turns 3 --steps 8 --from-run runs/bench-async-demo/eta0
 """

@@ -179,3 +179,29 @@ def test_pairs_train_the_plan_from_one_start_write_the_record_and_keep_finished_
     async_rl_pairs.pairs(args, train)  # nothing left to train: the start and every run kept
     assert calls == []
     assert capsys.readouterr().out.count("finished earlier with the same settings, kept") == 12
+
+
+@pytest.mark.slow
+def test_pairs_train_from_a_start_built_without_an_rl_step(tmp_path, capsys, monkeypatch):
+    overrides = [
+        *TINY,
+        "data.max_train_examples=4",
+        "data.warm_start_examples=4",
+        "model.warm_start_steps=2",
+        "run.eval_every=0",
+    ]
+    monkeypatch.setattr(sys, "argv", ["bench/async_rl.py", "pairs"])
+    args = Namespace(
+        etas=[1], repeats=1, seeds=None, steps=2, base_threads=2, threads=1, ablation=False,
+        overrides=overrides, config="demo", out=str(tmp_path), from_run=None,
+    )  # fmt: skip
+    record = async_rl_pairs.pairs(args, async_rl.in_fresh_process)
+    start = tmp_path / "start"
+    assert (start / "initial_policy").is_dir() and (start / "anchor.json").is_file()
+    assert not (start / "metrics.jsonl").exists() or not (start / "metrics.jsonl").read_text().strip()  # no RL step
+    base, arm = sorted(record["rows"], key=lambda r: r["eta"])
+    assert (base["eta"], base["threads"], arm["eta"], arm["threads"]) == (0, 2, 1, 1)
+    assert base["lag"] == {"lag_0": 1.0} and set(arm["lag"]) == {"lag_0", "lag_1", "lag_over_eta"}
+    assert sum(arm["lag"].values()) == pytest.approx(1.0)
+    assert arm["samples_per_s"] > 0 and arm["tokens_per_s"] > arm["samples_per_s"]
+    assert "a smoke check, not a figure" in capsys.readouterr().out
