@@ -200,7 +200,15 @@ def test_demo_refuses_a_run_dir_holding_a_users_file_and_keeps_it(tmp_path):
     assert "Traceback" not in res.output and res.output.count("\n") <= 3
     # --overwrite with an input that cannot be read: refused before the folder is touched
     res = CliRunner().invoke(
-        app, ["demo", "--run-dir", str(run_dir), "--overwrite", f"data.source={tmp_path / 'missing.jsonl'}"]
+        app,
+        [
+            "demo",
+            "--run-dir",
+            str(run_dir),
+            "--overwrite",
+            f"data.source={tmp_path / 'missing.jsonl'}",
+            "algorithm.group_sampling.enabled=false",  # the demo's oracle GT needs its synthetic world
+        ],
     )
     assert res.exit_code == 2 and "missing.jsonl" in res.output, res.output
     assert [p.name for p in run_dir.iterdir()] == ["notes.txt"] and (run_dir / "notes.txt").read_text() == "my notes"

@@ -186,7 +186,7 @@ def demo_cmd(
     """End to end on CPU: synthetic world, MiniLM index served on loopback, tiny policy, warm start,
     PVPO training, held-out accuracy before/after, metrics + reward-curve plot + summary table."""
     cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
-    _preflight(cfg)  # before the run dir is touched
+    _preflight(cfg, resume=not fresh)  # before the run dir is touched
     from pvpo.trainer.recipes.demo import run_demo
 
     with _run_dir_session(run_dir, "pvpo demo"):

@@ -23,7 +23,6 @@ from pvpo.atomic import atomic_write_jsonl
 from pvpo.envs.data import QAExample
 from pvpo.retriever.types import Searcher
 from pvpo.secrets import has_masked_credentials
-from pvpo.trainer.config.preflight import check_index_dir  # noqa: F401 (the demo recipe's import)
 from pvpo.trainer.config.schema import QUESTIONS_CORPUS, TrainConfig
 from pvpo.trainer.rollout.agent_settings import AgentSettings
 from pvpo.trainer.state.run_dir import RunDir

@@ -22,8 +22,9 @@ from pvpo.atomic import atomic_write_json
 from pvpo.locks import folder_lock
 from pvpo.owned import entries, recorded, replaceable
 from pvpo.stats import paired_difference
+from pvpo.trainer.config.preflight import preflight
 from pvpo.trainer.config.schema import TrainConfig
-from pvpo.trainer.data import check_index_dir, load_data, retriever_session
+from pvpo.trainer.data import load_data, retriever_session
 from pvpo.trainer.loop import Trainer, TrainResult
 from pvpo.trainer.recipes.heldout_table import per_dataset_table
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
@@ -411,7 +412,7 @@ def run_demo(
     """Run the demo into `run_dir`; returns the summary table (also written to summary.md).
     `fresh` replaces an earlier demo run there; a folder holding a user's files needs `overwrite`."""
     run_dir = Path(run_dir)
-    check_index_dir(cfg)  # before the run dir is touched or a model built
+    preflight(cfg, resume=not fresh)  # before the run dir is touched or a model built
     with folder_lock(run_dir, "pvpo demo"), _replace_demo(run_dir, fresh=fresh, overwrite=overwrite, cfg=cfg):
         return _run_demo(cfg, run_dir, fresh=fresh, show_progress=show_progress)
 
