@@ -97,7 +97,8 @@ def _files_text(folder: Path) -> str:
 
 
 class SecretsInput(Probes):
-    """The probes of issue 77's items 10-12 and 16-19; each returns a table row."""
+    """The secrets and bad-input probes (credentials in URLs, odd replies and parameters, a lone
+    surrogate, the two URL forms); each returns a table row."""
 
     @contextmanager
     def _retriever(self) -> Iterator[str]:
