@@ -161,3 +161,11 @@ def test_what_the_policy_or_the_prompts_refuse_comes_before_the_base_evaluation_
     with pytest.raises(ValueError, match=named):
         train(cfg, run.root, searcher=OverlapSearcher(WORLD.passages), show_progress=False)
     assert not run.warm_start.exists() and not run.eval_before.exists() and not run.initial_policy.exists()
+
+
+def test_the_gt_models_engine_is_checked_when_the_config_loads_as_the_rollout_engine_is() -> None:
+    from pvpo.trainer.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algorithm.gt.model.engine: .*unknown rollout engine 'vlm'"):
+        load_config(None, ["algorithm.gt.model.engine=vlm"])
+    assert load_config(None, ["algorithm.gt.model.engine=hf"]).algorithm.gt.model.engine == "hf"

@@ -65,6 +65,13 @@ class GTModelConfig(Section):
     temperature: float = Field(0.7, ge=0, description="sampling temperature of GT attempts (0 = greedy)")
     timeout_s: float = Field(120.0, gt=0, description="seconds one endpoint request may take")
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        from pvpo.trainer.rollout.engine import check_engine
+
+        return check_engine(v)  # a known engine whose package is installed, as rollout.engine
+
     @model_validator(mode="after")
     def _one_target(self) -> GTModelConfig:
         if self.path is not None and self.base_url is not None:
