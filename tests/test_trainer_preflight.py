@@ -135,6 +135,10 @@ AFTER_LOADING = {
     "a LoRA target the model lacks": (["model.lora.enabled=true", "model.lora.target_modules=[qkv]"], "qkv"),
     "a chat template the tokenizer lacks": (["model.chat_template=true"], "model.chat_template"),
     "a reused anchor missing the RL prompts": (["algorithm.anchor.reuse_from={src}"], "lacks"),
+    "a GT model of another tokenizer": (
+        ["algorithm.group_sampling.enabled=true", "algorithm.gt.source=model", "algorithm.gt.model.path={gt}"],
+        "its tokenizer differs from the policy's",
+    ),
 }
 
 
@@ -143,7 +147,9 @@ def test_what_the_policy_or_the_prompts_refuse_comes_before_the_base_evaluation_
     tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pvpo.trainer import setup
+    from pvpo.trainer.config.policy import TinyModelConfig
     from pvpo.trainer.loop import train
+    from pvpo.trainer.model.policy import build_tiny_policy, save_policy
     from pvpo.trainer.state.run_dir import RunDir
 
     def work(*args: object, **kwargs: object) -> None:
@@ -154,9 +160,12 @@ def test_what_the_policy_or_the_prompts_refuse_comes_before_the_base_evaluation_
     src = RunDir(tmp_path / "sweep")
     src.root.mkdir()
     src.anchor.write_text('{"version": 1, "stats": {}}')
+    gt = tmp_path / "gt_model"  # a tiny model whose tokenizer learned other words
+    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    save_policy(build_tiny_policy(["other words entirely"] * 8, tiny, tags=[], seed=0), gt)
     overrides, named = AFTER_LOADING[case]
     base = [*TINY, "model.warm_start_steps=2", "run.eval_base=true", "run.steps=1"]
-    cfg = load_config(None, [*base, *(o.format(src=src.root) for o in overrides)])
+    cfg = load_config(None, [*base, *(o.format(src=src.root, gt=gt) for o in overrides)])
     run = RunDir(tmp_path / "run")
     with pytest.raises(ValueError, match=named):
         train(cfg, run.root, searcher=OverlapSearcher(WORLD.passages), show_progress=False)

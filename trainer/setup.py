@@ -77,7 +77,8 @@ def needs_reference_model(cfg: TrainConfig, spec: EstimatorSpec) -> bool:
 def check_policy(cfg: TrainConfig, policy: Policy) -> None:
     """What the config asks of the policy it names, refused (one line naming the key) before the
     base evaluation and the warm start run: a chat template its tokenizer has, LoRA's target modules
-    among its modules (checked by peft only after the warm start, where adapters are added)."""
+    among its modules (checked by peft only after the warm start, where adapters are added), the GT
+    model's tokenizer equal to its own (the GT source loads that model at the first anchor)."""
     from pvpo.trainer.model.lora import check_target_modules
 
     m = cfg.model
@@ -88,6 +89,12 @@ def check_policy(cfg: TrainConfig, policy: Policy) -> None:
         )
     if m.lora.enabled:
         check_target_modules(policy.model, m.lora.target_modules)
+    alg = cfg.algorithm
+    if alg.group_sampling.enabled and alg.gt.source == "model" and alg.gt.model.path:
+        from pvpo.trainer.reference.gt_sources import check_same_tokenizer, gt_model_tokenizer
+
+        path = alg.gt.model.path
+        check_same_tokenizer(path, gt_model_tokenizer(path), policy.tokenizer)
 
 
 @dataclass

@@ -47,6 +47,27 @@ class OracleSource:
         return None
 
 
+def check_same_tokenizer(path: str, tokenizer: Any, policy_tokenizer: Any) -> None:
+    """A ValueError naming `algorithm.gt.model.path` when the GT model's `tokenizer` is not the
+    policy's: its trajectories could not be replayed token-exact."""
+    if tokenizer.get_vocab() != policy_tokenizer.get_vocab():
+        raise ValueError(
+            f"algorithm.gt.model.path={path}: its tokenizer differs from the policy's, so its trajectories "
+            "cannot be replayed token-exact; use a model of the same family, or an endpoint "
+            "(gt.model.base_url) with gt.logprobs=reference"
+        )
+
+
+def gt_model_tokenizer(path: str) -> Any:
+    """The tokenizer of the GT model at `path` (a local folder, hub id, catalog name or *.gguf
+    file, resolved as `load_policy` resolves it), without its weights."""
+    from transformers import AutoTokenizer
+
+    from pvpo.model_catalog import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(path))
+
+
 class LocalModelSource:
     """A local HF causal LM running our agent loop (token-exact); its log-probs are pi_gt."""
 
@@ -58,12 +79,7 @@ class LocalModelSource:
 
         m = gt_config.model
         policy = load_policy(m.path)
-        if policy.tokenizer.get_vocab() != context.tokenizer.get_vocab():
-            raise ValueError(
-                f"gt.model.path={m.path}: its tokenizer differs from the policy's, so its trajectories "
-                "cannot be replayed token-exact; use a model of the same family, or an endpoint "
-                "(gt.model.base_url) with gt.logprobs=reference"
-            )
+        check_same_tokenizer(m.path, policy.tokenizer, context.tokenizer)
         self.ctx, self.temperature = context, m.temperature
         self.engine = build_engine(m.engine, model=policy.model, tokenizer=policy.tokenizer)
 
