@@ -178,3 +178,19 @@ def test_the_gt_models_engine_is_checked_when_the_config_loads_as_the_rollout_en
     with pytest.raises(ConfigError, match=r"algorithm.gt.model.engine: .*unknown rollout engine 'vlm'"):
         load_config(None, ["algorithm.gt.model.engine=vlm"])
     assert load_config(None, ["algorithm.gt.model.engine=hf"]).algorithm.gt.model.engine == "hf"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["algorithm.estimator=v05", "rollout.max_staleness=1"], "rollout.max_staleness=0"),
+        (["model.device=cuda:7"], "model.device="),
+    ],
+)
+def test_pvpo_train_nproc_refuses_in_its_own_process_before_torchrun_starts_any(
+    tmp_path: Path, overrides: list[str], named: str
+) -> None:
+    out, seconds = _refused(tmp_path, "train", ["--nproc", "2", *overrides])
+    assert out.returncode == 2 and named in out.stderr, out.stderr
+    assert "torchrun" not in out.stderr.lower() and "Traceback" not in out.stderr
+    assert sorted(os.listdir(tmp_path)) == [] and seconds < 10
