@@ -194,3 +194,21 @@ def test_pvpo_train_nproc_refuses_in_its_own_process_before_torchrun_starts_any(
     assert out.returncode == 2 and named in out.stderr, out.stderr
     assert "torchrun" not in out.stderr.lower() and "Traceback" not in out.stderr
     assert sorted(os.listdir(tmp_path)) == [] and seconds < 10
+
+
+def test_a_gpu_past_the_machines_and_more_ranks_than_gpus_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pvpo.trainer.config import preflight as pf
+
+    monkeypatch.setattr(pf, "_no_gpu_device_files", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"^model.device=cuda:2: this machine has 2 GPU\(s\), cuda:0 to cuda:1$"):
+        pf.check_device(load_config(None, ["model.device=cuda:2"]), 1)
+    pf.check_device(load_config(None, ["model.device=cuda:1"]), 1)
+    with pytest.raises(ValueError, match=r"^4 processes on this machine but 2 GPU\(s\): give --nproc 2 or fewer"):
+        pf.check_device(load_config(None, ["model.device=auto"]), 4)
+    pf.check_device(load_config(None, ["model.device=auto"]), 2)
+    pf.check_device(load_config(None, ["model.device=cpu"]), 4)  # CPU ranks need no GPU
