@@ -1,5 +1,5 @@
 """A user's files in the fourth round of the fault table (`bench/faults.py --rounds 4` runs it beside
-the round's secrets and bad-input probes): issue 77's items 1-9, each a way an output flag, a resume
+the round's secrets and bad-input probes): the ways an output flag, a resume
 or a default folder used to lose a user's data - `retriever build` into a user's folder holding a
 `meta.json` and `embeddings/`, onto its own corpus, over a finished index of another corpus; the
 trainer's `retriever.index_dir` naming a user's data folder; a user's `step_000002_good` copy at
