@@ -124,14 +124,14 @@ def train_cmd(
         import subprocess
         import sys
 
-        from pvpo.trainer.parallel.distributed import torchrun_command
-
         if resume:
             from pvpo.trainer.parallel.checkpoint import check_resume_world
 
             check_resume_world(run_dir or default_run_dir(config), nproc)
-        else:  # refused in this process, before torchrun starts any
+        else:  # refused in this process, before torchrun starts any (and before torch is imported)
             _preflight(_load(config, list(overrides or [])), world_size=nproc)
+        from pvpo.trainer.parallel.distributed import torchrun_command
+
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
     if resume and overwrite:
         raise ValueError("--resume and --overwrite contradict each other: pick one")

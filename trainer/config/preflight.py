@@ -29,13 +29,13 @@ _INDEX_DIR = "retriever.index_dir"
 
 def preflight(cfg: TrainConfig, *, world_size: int | None = None, resume: bool = False, retriever: bool = True) -> None:
     """Refuse, with one line naming the key and the fix, a run of `cfg` that cannot run here:
-    `check_estimator`, `check_device`, `check_model_folders` and `check_reuse_from` (a fresh run's),
+    `check_device`, `check_estimator`, `check_model_folders` and `check_reuse_from` (a fresh run's),
     `check_index_dir`, `check_retriever`. `world_size`: the processes the run will have
     (`pvpo train --nproc`); None = torchrun's `WORLD_SIZE` in a process it launched, else 1.
     `retriever=False`: the caller brings its own searcher (the configured retriever is not used)."""
     world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    check_estimator(cfg, world)
     check_device(cfg, world)
+    check_estimator(cfg, world)
     if not resume:  # a resume reloads its own initial policy and restores its own anchor
         check_model_folders(cfg)
         check_reuse_from(cfg)
@@ -67,9 +67,10 @@ def check_device(cfg: TrainConfig, world_size: int) -> None:
     name = cfg.model.device
     if not name.startswith("cuda") and not (name == "auto" and world_size > 1):
         return
-    if name.startswith("cuda") and _no_gpu_device_files():
-        # refused without importing torch: its import took 9.4 s of the refusal on a loaded 2-core machine
-        raise ValueError(f"model.device={name!r} but CUDA is not available here; use model.device=cpu or auto")
+    if _no_gpu_device_files():  # answered without importing torch: 9.4 s of the refusal on a loaded 2-core machine
+        if name.startswith("cuda"):
+            raise ValueError(f"model.device={name!r} but CUDA is not available here; use model.device=cpu or auto")
+        return  # auto: on CPU
     import torch
 
     cuda = torch.cuda.is_available()
