@@ -58,7 +58,7 @@ def threads_for(cpus: int, load: float, most: int) -> int:
     (the 1-minute load average): the CPUs left idle, rounded, at least 1 and at most `most`
     (torch's own choice, its physical cores). A pool wider than the idle CPUs waits on the other
     work at every step: SmolLM2-135M decoded 0.3 tokens/s greedy with torch's 2 threads on 2 cores
-    at load average 9.7, and 3.5-3.8 with 1 (`bench/eval_threads.py`)."""
+    at load average 9.7, and 3.5-3.8 with 1 (`bench/eval/eval_threads.py`)."""
     return max(1, min(most, cpus - round(load)))
 
 

@@ -243,7 +243,7 @@ class DynamicBatcher:
         # did: under a steady stream of small requests a large one would otherwise never be
         # served (256 small clients: 0 large requests done in 30 s). Counting time, not batches:
         # with batches of 5 long queries (275 ms) every third batch gave the large requests most
-        # of the worker and raised the small ones' p99 from 553 to 1543 ms (bench/load.py);
+        # of the worker and raised the small ones' p99 from 553 to 1543 ms (bench/retriever/load.py);
         # counting padded size missed the per-query cost of repeated small queries. A
         # per-request starvation bonus was tried and rejected: each of two large requests earned
         # its own turn, so long batches took 2 of every 3 and the small requests' p99 rose from
@@ -255,7 +255,7 @@ class DynamicBatcher:
             # (small ones not padded up to its width either): a small request waits behind one
             # no longer than behind a 4096-character batch (a full one of 5 long queries takes
             # 275 ms on one thread and raises the small requests' p99 from 553 to 855 ms under 2
-            # large clients; bench/load.py). Alone (a trainer's batch of
+            # large clients; bench/retriever/load.py). Alone (a trainer's batch of
             # rollouts), it gets full batches.
             n = len(job.queries)
             large = start > 0 or n > self.max_batch_size or n * query_cost(job.queries[start]) > self.max_batch_chars
@@ -316,7 +316,7 @@ class DynamicBatcher:
         queries at a time: the retriever encodes a repeated query once, so its repeats join the
         group of its first), in the order they are searched: the group of shortest queries first.
         Cutting by count instead split the repeats of a query over several searches (256 clients
-        sending 12 distinct questions: 1539 -> 1188 req/s, bench/load.py)."""
+        sending 12 distinct questions: 1539 -> 1188 req/s, bench/retriever/load.py)."""
         items = [(s.job, i) for s in batch for i in range(s.start, s.stop)]
         items.sort(key=lambda it: (-query_cost(it[0].queries[it[1]]), it[0].queries[it[1]]))
         size = self.pad_group

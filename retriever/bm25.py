@@ -22,7 +22,7 @@ def import_bm25s() -> Any:
     """`bm25s`, imported without letting JAX take the GPU: where JAX is installed, `import bm25s` runs
     a JAX op, and JAX's default is to preallocate 75% of the GPU's memory at its first op. Measured
     on an H200 (143,771 MiB) with the image's JAX: nvidia-smi read 108,197 MiB used as soon as
-    bench/rollout.py's eval loaded its BM25 index, and the policy on the same GPU ran out of memory.
+    bench/training/rollout.py's eval loaded its BM25 index, and the policy on the same GPU ran out of memory.
     A user's own XLA_PYTHON_CLIENT_PREALLOCATE wins; top-k selection runs in numpy
     (`backend_selection="numpy"` below), so JAX does no work after the import. Cached: searches
     call it and pay nothing."""

@@ -338,7 +338,7 @@ class Encoder:
         return self._encode(passages, self.prefixes.passage, batch_size)
 
 
-# The CPU default, decided by `python bench/encoder.py` (2026-11-22, 2 cores shared with other
+# The CPU default, decided by `python bench/retriever/encoder.py` (2026-11-22, 2 cores shared with other
 # jobs, load average 3.5-4.9, 1 encoder thread, arms interleaved; ratios to torch):
 #   backend     recall@5 musique / hotpotqa   passages/s   queries/s in-process b32   served q/s, 32 clients
 #   torch       0.603 / 0.785                 1.00x        1.00x                       1.00x (80 q/s)
@@ -350,12 +350,12 @@ class Encoder:
 # (torch already length-sorts small batches). Served q/s stays near 80 whatever the encoder:
 # on this box HTTP and the load generator, not encoding, bound it. So torch stays the default.
 # The served column was taken while batch formation and FastAPI's per-request time bounded serving;
-# torch now serves 0.9x its in-process ceiling at 8-64 clients (bench/retriever.py), so it wants a rerun.
+# torch now serves 0.9x its in-process ceiling at 8-64 clients (bench/retriever/retriever.py), so it wants a rerun.
 DEFAULT_BACKEND = "torch"
 # Queries of a loaded index on CPU (a server's): the fp32 ONNX Runtime export. Its vectors are
 # torch's (within 1e-5, tests/test_retriever_encoder.py), so are the top-k ids; on one thread it
 # spends 9.9 ms of CPU a MiniLM query at batch 1 against torch's 19.2, and 7.6 against 9.0 at
-# batch 32 (`python bench/encoder.py --backends torch,onnx --skip-served --rounds 2`, 2 loaded
+# batch 32 (`python bench/retriever/encoder.py --backends torch,onnx --skip-served --rounds 2`, 2 loaded
 # cores); and with the export cached a server imports neither torch nor sentence-transformers
 # (11 s of imports on 2 loaded cores). Passages stay with torch (DEFAULT_BACKEND): ONNX Runtime
 # encoded them at 0.50x torch's rate in the same run (longer texts, where torch's attention wins).

@@ -212,7 +212,7 @@ class ExportedEncoderModel:
             model = core.read_model(str(self.path))
             self._names = [p.get_any_name() for p in model.inputs]
             # One stream runs one call at a time: two search workers calling one single-stream
-            # model used 1.1 of 2 cores at 8-64 clients (bench/retriever.py, bf16); a stream
+            # model used 1.1 of 2 cores at 8-64 clients (bench/retriever/retriever.py, bf16); a stream
             # per worker, each with the worker's threads.
             stream_config = {"PERFORMANCE_HINT": "LATENCY"} if streams == 1 else {"NUM_STREAMS": streams}
             return core.compile_model(

@@ -83,7 +83,7 @@ def search_plan(
     thread count is chosen per call: a worker a core with one thread each unless told otherwise,
     and `solo_threads` (default every core) for a lone query, no solo lane when that is no more
     than a worker's. One thread spends 9.9 ms of CPU a MiniLM query at batch 1 and 7.6 ms at batch
-    32 (bench/encoder.py, 2 loaded cores): batching saves a quarter, and a worker a core puts every
+    32 (bench/retriever/encoder.py, 2 loaded cores): batching saves a quarter, and a worker a core puts every
     core to work where the small matrices of a query batch gain little from a second thread in one
     worker. Otherwise
     (torch, whose thread count is process-wide; BM25 and hybrid indexes, whose lexical search is
@@ -209,7 +209,7 @@ def create_app(
         """Answers a /retrieve body that validates without FastAPI's routing, dependency and
         exception layers (returns False for any other body, which FastAPI then answers with the
         same 422 as ever): they were most of the event loop's 0.3-0.45 ms a request, time the
-        encoder thread waited on the GIL at 64 clients (bench/retriever.py)."""
+        encoder thread waited on the GIL at 64 clients (bench/retriever/retriever.py)."""
         try:
             req = RetrieveRequest.model_validate_json(body)
         except ValidationError:

@@ -1,4 +1,4 @@
-"""bench/algorithms.py: its statistics, cost measures, learning-rate pick, Fig. 4 verdict
+"""bench/algorithms/algorithms.py: its statistics, cost measures, learning-rate pick, Fig. 4 verdict
 and question splits on made-up runs (fast), and one tiny benchmark end to end (slow)."""
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from typing import Any
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import their siblings by name
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import algorithms  # noqa: E402
-import algorithms_report as rep  # noqa: E402
-import algorithms_runs as runs  # noqa: E402
-
+from bench.algorithms import algorithms as algorithms  # noqa: E402
+from bench.algorithms import algorithms_report as rep  # noqa: E402
+from bench.algorithms import algorithms_runs as runs  # noqa: E402
 from pvpo.envs.data import QAExample  # noqa: E402
 
 WARM: dict[str, Any] = {
@@ -329,7 +328,8 @@ def test_the_readme_block_and_the_plot_are_recomputed_from_the_shipped_results_a
     """`--report-only` on the committed per-run JSON (no run folder) prints the benchmark page's block
     exactly, and draws the committed plot byte for byte (with the matplotlib it was drawn with)."""
     import matplotlib
-    from algorithms_results import REPO, read_bench
+
+    from bench.algorithms.algorithms_results import REPO, read_bench
 
     readme = (REPO / "docs" / "benchmarks" / "algorithms.md").read_text(encoding="utf-8")
     source = results.relative_to(REPO).as_posix()

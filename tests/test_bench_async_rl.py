@@ -1,4 +1,4 @@
-"""bench/async_rl.py pipeline: each eta trained in a process of its own, its row kept in its run
+"""bench/training/async_rl.py pipeline: each eta trained in a process of its own, its row kept in its run
 folder so that a rerun keeps finished runs (and reruns one of other settings), and a --from-run
 start that is one of the bench's own folders refused rather than deleted."""
 
@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.append(str(TESTS))
 
-import async_rl  # noqa: E402
 from trainer_support import TINY  # noqa: E402
+
+from bench.training import async_rl as async_rl  # noqa: E402
 
 
 def test_a_kept_row_is_used_only_for_the_same_config_and_overrides(tmp_path):
@@ -79,7 +80,7 @@ def test_each_eta_runs_in_its_own_process_and_a_rerun_keeps_the_finished_runs(tm
 
 
 # ---- pairs: eta 0 at 2 threads against eta > 0, interleaved and repeated; the ablation ----------
-import async_rl_pairs  # noqa: E402
+from bench.training import async_rl_pairs as async_rl_pairs  # noqa: E402
 
 
 def test_pairs_alternate_the_order_and_share_a_seed_within_a_pair():
@@ -154,7 +155,7 @@ def test_pairs_train_the_plan_from_one_start_write_the_record_and_keep_finished_
             return None
         return fake_row(*args)
 
-    monkeypatch.setattr(sys, "argv", ["bench/async_rl.py", "pairs", "--repeats", "3"])
+    monkeypatch.setattr(sys, "argv", ["bench/training/async_rl.py", "pairs", "--repeats", "3"])
     args = Namespace(
         etas=[1, 2], repeats=3, seeds=None, steps=4, base_threads=2, threads=1, ablation=False,
         overrides=["a=1"], config="demo", out=str(tmp_path), from_run=None,
@@ -165,7 +166,7 @@ def test_pairs_train_the_plan_from_one_start_write_the_record_and_keep_finished_
     assert all(f"algorithm.anchor.reuse_from={start}" in r["overrides"] for r in record["rows"])
     assert all((tmp_path / p["folder"] / "initial_policy").is_dir() for p in record["plan"])
     written = json.loads((tmp_path / async_rl_pairs.RECORD).read_text())
-    assert written["command"] == ["python", "bench/async_rl.py", "pairs", "--repeats", "3"]
+    assert written["command"] == ["python", "bench/training/async_rl.py", "pairs", "--repeats", "3"]
     assert written["machine_line"] and len(written["rows"]) == 12
     by_arm = {s["arm"]: s for s in written["summary"]}
     assert by_arm["eta 1, 1 thread"]["pairs"] == 3 and by_arm["eta 1, 1 thread"]["faster_in"] == 3
@@ -190,7 +191,7 @@ def test_pairs_train_from_a_start_built_without_an_rl_step(tmp_path, capsys, mon
         "model.warm_start_steps=2",
         "run.eval_every=0",
     ]
-    monkeypatch.setattr(sys, "argv", ["bench/async_rl.py", "pairs"])
+    monkeypatch.setattr(sys, "argv", ["bench/training/async_rl.py", "pairs"])
     args = Namespace(
         etas=[1], repeats=1, seeds=None, steps=2, base_threads=2, threads=1, ablation=False,
         overrides=overrides, config="demo", out=str(tmp_path), from_run=None,

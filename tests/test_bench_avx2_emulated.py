@@ -1,4 +1,4 @@
-"""bench/avx2_emulated.py: a command run through it sees the CPU as one without AVX-512 does:
+"""bench/recipe/avx2_emulated.py: a command run through it sees the CPU as one without AVX-512 does:
 torch's kernels, our bf16 probe and FAISS's SIMD level all at AVX2 (vLLM's kernel choice, which
 reads torch's probes, is checked where vLLM is installed)."""
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import their siblings by name
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import avx2_emulated  # noqa: E402
+from bench.recipe import avx2_emulated as avx2_emulated  # noqa: E402
 
 
 def _check(env: dict[str, str]) -> str:
     out = subprocess.run(
-        [sys.executable, str(BENCH / "avx2_emulated.py"), "--check"],
+        [sys.executable, str(BENCH / "recipe" / "avx2_emulated.py"), "--check"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,7 +49,9 @@ def test_the_caps_are_added_to_the_environment_and_nothing_else_changes() -> Non
 
 
 def test_without_a_command_it_prints_its_use_and_fails() -> None:
-    out = subprocess.run([sys.executable, str(BENCH / "avx2_emulated.py")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "recipe" / "avx2_emulated.py")], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "ATEN_CPU_CAPABILITY" in out.stdout
 
 

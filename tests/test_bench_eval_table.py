@@ -1,4 +1,4 @@
-"""bench/eval_table.py: the recipe's held-out table recomputed from `pvpo eval` folders, questions
+"""bench/recipe/eval_table.py: the recipe's held-out table recomputed from `pvpo eval` folders, questions
 matched by id across folders written in different orders, per dataset and overall, with the
 paired EM differences."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import eval_table  # noqa: E402
+from bench.recipe import eval_table as eval_table  # noqa: E402
 
 
 def _write(folder: Path, rows: dict[str, float]) -> None:

@@ -1,5 +1,5 @@
-"""bench/faults.py's table: a probe that cannot run here is "not run", never a pass, and the total
-counts the probes that ran; the round modules import each other in one direction only."""
+"""bench/faults/run.py's table: a probe that cannot run here is "not run", never a pass, and the total
+counts the probes that ran; the probe groups import each other in one direction only."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-from fault_probes import Row, not_run  # noqa: E402
-from faults import table, total  # noqa: E402
+from bench.faults.probes import Row, not_run  # noqa: E402
+from bench.faults.run import table, total  # noqa: E402
 
 
 def test_a_probe_that_could_not_run_is_not_a_pass_and_the_total_says_how_many_ran(tmp_path: Path) -> None:
@@ -28,24 +28,17 @@ def test_a_probe_that_could_not_run_is_not_a_pass_and_the_total_says_how_many_ra
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="as root the tmpfs mounts and the probe runs")
 def test_the_full_disk_probe_without_root_reports_not_run(tmp_path: Path) -> None:
-    from faults_round2 import Round2
+    from bench.faults.concurrency_disk import ConcurrencyDisk
 
-    row = Round2(tmp_path).full_disk()
+    row = ConcurrencyDisk(tmp_path).full_disk()
     assert row.ok is None and row.verdict == "not run"
 
 
-def test_the_fault_rounds_import_the_shared_probes_and_never_the_runner_or_each_other() -> None:
-    rounds = [
-        "faults_round1",
-        "faults_round2",
-        "faults_round3",
-        "faults_secrets_input",
-        "faults_ownership",
-        "faults_viewer",
-        "fault_probes",
-    ]
-    for name in rounds:
-        tree = ast.parse((BENCH / f"{name}.py").read_text())
+def test_the_fault_groups_import_the_shared_probes_and_never_the_runner_or_each_other() -> None:
+    groups = ["stops_outages", "concurrency_disk", "hostile_user", "secrets_input", "ownership", "viewer", "probes"]
+    for name in groups:
+        tree = ast.parse((BENCH / "faults" / f"{name}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-        assert not imported & ({"faults", *rounds} - {name, "fault_probes"}), (name, imported)
+        forbidden = {f"bench.faults.{g}" for g in ["run", *groups]} - {f"bench.faults.{name}", "bench.faults.probes"}
+        assert not imported & forbidden, (name, imported)

@@ -1,4 +1,4 @@
-"""bench/http_load.py: the whole machine's busy, elapsed and stolen CPU time read from /proc/stat's
+"""bench/retriever/http_load.py: the whole machine's busy, elapsed and stolen CPU time read from /proc/stat's
 first line, as the retriever bench reports them beside its ratios."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import http_load  # noqa: E402
+from bench.retriever import http_load as http_load  # noqa: E402
 
 
 def test_busy_elapsed_and_stolen_time_come_from_the_first_line_of_proc_stat(tmp_path):

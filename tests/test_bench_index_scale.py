@@ -1,4 +1,4 @@
-"""bench/index_scale.py: the 21M host-store figures it prints are computed from the vectors'
+"""bench/retriever/index_scale.py: the 21M host-store figures it prints are computed from the vectors'
 dimension, not written for 768-d."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import their siblings by name
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import index_scale  # noqa: E402
+from bench.retriever import index_scale as index_scale  # noqa: E402
 
 
 def test_the_hnsw_rows_state_the_fp16_store_of_the_vectors_dimension(tmp_path: Path) -> None:

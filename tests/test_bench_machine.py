@@ -1,4 +1,4 @@
-"""bench/machine.py: the one machine record every bench prints beside its figures."""
+"""bench/common/machine.py: the one machine record every bench prints beside its figures."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import their siblings by name
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import machine  # noqa: E402
+from bench.common import machine as machine  # noqa: E402
 
 
 def test_the_cpu_model_and_the_vector_flags_that_matter_are_read_from_cpuinfo(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""bench/real_algorithms.py: arms parsed and refused by name, each arm's recipe overrides (RL only
+"""bench/algorithms/real_algorithms.py: arms parsed and refused by name, each arm's recipe overrides (RL only
 from the given start), and the report's paired comparison of finished runs on the same questions."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import real_algorithms as ra  # noqa: E402
+from bench.algorithms import real_algorithms as ra  # noqa: E402
 
 
 def test_arms_are_parsed_and_a_bad_name_or_size_is_refused_with_the_options():

@@ -1,4 +1,4 @@
-"""bench/recipe_record.py: the record's peak is the larger of the run's and the sampled one, each
+"""bench/recipe/recipe_record.py: the record's peak is the larger of the run's and the sampled one, each
 phase's range over the steps, verdicts against the bars (AVX2's are longer), a non-empty run dir
 refused, and a real (smoke) run recorded end to end and re-rendered from its files."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import recipe_record as rr  # noqa: E402
+from bench.recipe import recipe_record as rr  # noqa: E402
 
 MACHINE = {"cpu": "Test CPU", "cores": 2, "flags": ["avx2"], "memory_gib": 8.0, "gpu": None, "python": "3.11"}
 MACHINE |= {"commit": "abc", "load": 0.1}
@@ -102,7 +102,7 @@ def test_a_smoke_run_is_recorded_and_rendered_again_from_its_files(tmp_path: Pat
     out = subprocess.run(
         [
             sys.executable,
-            str(BENCH / "recipe_record.py"),
+            str(BENCH / "recipe" / "recipe_record.py"),
             "--config",
             "smoke",
             "--run-dir",
@@ -121,7 +121,7 @@ def test_a_smoke_run_is_recorded_and_rendered_again_from_its_files(tmp_path: Pat
     assert rec["evaluation"]["em_before"] is not None and rec["evaluation"]["em_after"] is not None
     first = (run / "record.md").read_text()
     again = subprocess.run(
-        [sys.executable, str(BENCH / "recipe_record.py"), "--run-dir", str(run), "--report-only"],
+        [sys.executable, str(BENCH / "recipe" / "recipe_record.py"), "--run-dir", str(run), "--report-only"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,4 +1,4 @@
-"""bench/retriever.py: our server's mean batch size per measured round, read from its /info
+"""bench/retriever/retriever.py: our server's mean batch size per measured round, read from its /info
 counters (how batches form after a level change is what the 8 -> 32 clients rule turns on);
 none for a server without them."""
 
@@ -13,11 +13,11 @@ import httpx
 from pvpo.retriever.testing import build_tiny_index, free_port, start_server, stop_server
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import their siblings by name
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
 # by its path: the name `retriever` is also the source folder of pvpo.retriever at the repository root
-_spec = importlib.util.spec_from_file_location("bench_retriever", BENCH / "retriever.py")
+_spec = importlib.util.spec_from_file_location("bench_retriever", BENCH / "retriever" / "retriever.py")
 assert _spec is not None and _spec.loader is not None
 retriever_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(retriever_bench)
@@ -68,7 +68,7 @@ def test_a_level_with_other_processes_beside_it_is_named_not_quiet() -> None:
 
 
 def test_cores_beside_takes_the_stolen_the_servers_and_the_generators_cores_from_the_machines() -> None:
-    from http_load import cores_beside
+    from bench.retriever.http_load import cores_beside
 
     # run 2's 1-client level (2026-12-03): a unit-test run beside ours
     run = {"machine_cores": 1.9983, "stolen": 0.0255, "server_cores": 1.4653, "gen_cores": 0.0088}

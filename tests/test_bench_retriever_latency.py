@@ -1,4 +1,4 @@
-"""bench/retriever_latency.py: each part of a lone query's search is timed on a real index, in
+"""bench/retriever/retriever_latency.py: each part of a lone query's search is timed on a real index, in
 process and over HTTP from a served process, once per request."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 from pvpo.retriever.testing import build_tiny_index
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:  # the bench scripts import their siblings by name
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import retriever_latency  # noqa: E402
+from bench.retriever import retriever_latency as retriever_latency  # noqa: E402
 
 
 def test_every_part_of_a_lone_query_is_timed_once_per_request_in_process_and_served(tmp_path: Path) -> None:

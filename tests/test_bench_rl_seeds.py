@@ -1,4 +1,4 @@
-"""bench/rl_seeds.py and pvpo.stats.seeds_difference / seeds_contrast: the seeds' RL phase from the
+"""bench/recipe/rl_seeds.py and pvpo.stats.seeds_difference / seeds_contrast: the seeds' RL phase from the
 recipe run's warm start with only run.seed changed, and the mean over seeds with an s.e. that counts
 their spread."""
 
@@ -15,10 +15,10 @@ import yaml
 from pvpo.stats import paired_difference, seeds_contrast, seeds_difference
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import rl_seeds  # noqa: E402
+from bench.recipe import rl_seeds as rl_seeds  # noqa: E402
 
 
 def test_seeds_difference_adds_the_seeds_spread_to_the_questions_paired_error():

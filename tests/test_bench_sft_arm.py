@@ -1,4 +1,4 @@
-"""bench/sft_arm.py and the warm start's data order: the compute-matched SFT arm continues the
+"""bench/recipe/sft_arm.py and the warm start's data order: the compute-matched SFT arm continues the
 recipe's warm start for as many steps as the RL phase's measured wall time buys, first on the GT
 trajectories the warm start never drew, in its own data-order seed, and is compared with the RL
 seeds with the seeds' spread in the s.e."""
@@ -18,10 +18,10 @@ import yaml
 from pvpo.trainer.model.warmstart import continued_batches, sft_batches
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.append(str(BENCH))
+if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
+    sys.path.insert(0, str(BENCH.parent))
 
-import sft_arm  # noqa: E402
+from bench.recipe import sft_arm as sft_arm  # noqa: E402
 
 
 def _inline_order(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
@@ -156,7 +156,7 @@ def test_each_seed_trains_in_a_child_process_with_the_planned_steps_and_a_finish
     (done / "sft.json").write_text("{}")
     sft_arm.run_seeds(tmp_path / "recipe", [0, 2], 26, out)
     assert len(ran) == 1 and ran[0][1:] == [
-        str(BENCH / "sft_arm.py"),
+        str(BENCH / "recipe" / "sft_arm.py"),
         "--recipe-run",
         str(tmp_path / "recipe"),
         "--out",
@@ -252,7 +252,7 @@ def test_the_held_out_comparison_needs_the_rl_seeds_kept_held_out_evaluations(tm
     out, rl_out = tmp_path / "out", tmp_path / "rl_seeds"
     _sft_seed(out, 0)
     p = sft_arm.plan(recipe, [recipe])
-    with pytest.raises(ValueError, match="run bench/rl_seeds.py --held-out first"):
+    with pytest.raises(ValueError, match="run bench/recipe/rl_seeds.py --held-out first"):
         sft_arm.held_out_report(recipe, rl_out, [0], out, p)
     for label, ems in (("warm", [0, 0]), ("seed_0", [1, 0]), ("seed_1", [1, 1])):
         d = rl_out / "held_out" / label / "held_out"

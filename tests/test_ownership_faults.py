@@ -1,7 +1,7 @@
 """A user's files under the writers' flags: nothing a user owns is touched by an output flag, a
 resume or a default folder. A folder or file is pvpo's only by the manifest it wrote naming it
 (`pvpo.owned`); every refusal is one line, exit status 2, before anything is written. The same
-faults, through the CLI as a user runs them, are rows of the fault table (`bench/faults_ownership.py`)."""
+faults, through the CLI as a user runs them, are rows of the fault table (`bench/faults/ownership.py`)."""
 
 from __future__ import annotations
 

@@ -52,10 +52,10 @@ def test_tiny_qwen2_trains_in_bf16_with_colocated_vllm(tmp_path):
 
 
 def test_qwen2_5_3b_shaped_model_runs_one_pvpo_step_with_vllm_colocated(tmp_path):
-    sys.path.insert(0, str(REPO / "bench"))
-    from train_step import SHAPES
+    sys.path.insert(0, str(REPO))
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from bench.training.train_step import SHAPES
     from pvpo.envs.synthetic import SyntheticWorld
     from pvpo.trainer.model.policy import train_tokenizer
 

@@ -1,0 +1,1 @@
+"""The algorithm benchmarks: advantage estimators on the synthetic world and on the real model."""

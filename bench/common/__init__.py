@@ -1,0 +1,1 @@
+"""Shared by every bench: the machine record printed beside each figure."""

@@ -1,0 +1,1 @@
+"""Training and rollouts: the update step, its memory, rollout engines, rollouts beside the update."""

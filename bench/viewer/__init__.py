@@ -1,0 +1,1 @@
+"""The viewer: how long `pvpo view` takes to make and open a page for a large evaluation."""
