@@ -1,4 +1,4 @@
-"""What every round of the fault table shares (`bench/faults/run.py` runs them): the `pvpo` CLI run as
+"""What every group of probes of the fault table shares (`bench/faults/run.py` runs them): the `pvpo` CLI run as
 a user runs it, the table's row (a probe that could not run is "not run", never a pass), the
 checks of a refusal (exit status, a message of one to three lines, no traceback), and `Probes`,
 the scratch folder with the smoke run's checkpoints, policy and index and the loopback retriever

@@ -1,6 +1,8 @@
 """The fault table: bad input and faults tried as a user would, through the `pvpo` CLI, each
 checked for its outcome (rc 2 and a one-line message naming the file, the key or the PID, or the
-warning) and for the user's files it must not lose. One module per round, this runner for all:
+warning) and for the user's files it must not lose. One module per group of probes, named by what
+it probes, and this runner for all; `--rounds` selects groups by the number of the table's round
+that added them (the page's tables keep those titles):
 
 - round 1 (`stops_outages.py`): stops, retriever outages, hostile clients, bad keys, bad data,
   configs and checkpoints;
