@@ -249,17 +249,17 @@ def test_a_prompt_the_reference_solves_every_time_by_the_reward_is_dropped_even_
 
 
 def test_never_solved_prompts_whose_gt_failed_leave_the_pool_are_counted_and_logged(tmp_path, monkeypatch, caplog):
-    from pvpo.trainer.reference import pipeline
+    from pvpo.trainer.reference import machinery
     from pvpo.trainer.state.run_dir import RunDir
 
     cfg = load_config(None, ["algorithm.group_sampling.enabled=true", "algorithm.gt.attempts=2"])
     exs = WORLD.questions("train")[:4]
     a, b, c, d = (ex.uid for ex in exs)
-    ref = pipeline.Reference(cfg, tmp_path, uses_anchor=True)
+    ref = machinery.Reference(cfg, tmp_path, uses_anchor=True)
     assert ref.anchor is not None
     for uid, acc in zip((a, b, c, d), (1.0, 0.5, 0.0, 0.0), strict=True):
         ref.anchor.update(uid, [acc] * 4, [acc] * 4)
-    monkeypatch.setattr(pipeline, "build_gt_source", lambda *args, **kw: ScriptedSource([{c}, set()]))
+    monkeypatch.setattr(machinery, "build_gt_source", lambda *args, **kw: ScriptedSource([{c}, set()]))
     with caplog.at_level("WARNING"):
         ref.ensure_group_sampling(exs, None, on_generated=lambda ts: None, reference_logprobs=None)  # type: ignore[arg-type]
     assert ref.partition is not None and ref.partition.gt == [c, d] and ref.partition.unavailable == [d]
