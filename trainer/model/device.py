@@ -79,7 +79,7 @@ def native_bf16(device: torch.device) -> bool:
 def resolve_dtype(name: str, device: torch.device) -> str:
     """`model.dtype` as a dtype name: `auto` is bfloat16 where `native_bf16(device)`, else float32.
     Measured on a 2-core AVX512-BF16 CPU (docs/guides/gpus.md, "Precision"): one SmolLM2-135M update 1.9x
-    faster under bf16 autocast than in float32 (`bench/train_step.py --dtype`)."""
+    faster under bf16 autocast than in float32 (`bench/training/train_step.py --dtype`)."""
     if name != "auto":
         compute_dtype(name)
         return name

@@ -100,7 +100,7 @@ def step_fixed_bytes(model: torch.nn.Module, device: torch.device) -> int:
     trainable parameter's gradient (freed between steps, `zero_grad(set_to_none=True)`) and, under
     16-bit autocast on `device` (the caller's context), the 16-bit copies of the float32 weights
     that autocast keeps for the step. Without them a short micro-batch on a large tied vocabulary
-    was estimated at a third of what it took (`bench/step_memory.py`, 262,144-token vocabulary,
+    was estimated at a third of what it took (`bench/training/step_memory.py`, 262,144-token vocabulary,
     one row of 237 tokens: 1.63 GiB measured, 0.62 estimated; 2.06 with these bytes). AdamW's
     parameter-sized temporary is not added: it lives after the backward has freed the activations."""
 
@@ -237,7 +237,7 @@ def limit_heap_retention(threshold_bytes: int = CPU_MMAP_THRESHOLD_BYTES) -> boo
 def release_freed_heap() -> bool:
     """Give the heap memory this process has freed back to the kernel (glibc's `malloc_trim(0)`);
     False where the C library has no such call. A CPU update's activations are freed into glibc's
-    heap, which keeps them resident: `bench/heap_retention.py` measured 9.41 of 11.31 GiB resident as
+    heap, which keeps them resident: `bench/training/heap_retention.py` measured 9.41 of 11.31 GiB resident as
     free heap after a SmolLM2 update (8 rows x 1,024 tokens), 1.91 GiB after the trim (0.8 s), so
     without it every later phase stacked on the update's high-water mark."""
     trim = _libc_function("malloc_trim")

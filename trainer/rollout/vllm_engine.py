@@ -14,7 +14,7 @@ disk round-trip, then resets the prefix cache (its KV blocks belong to the old w
 supports vLLM's sleep mode. On CPU, which has none, `sleep` shuts the engine down (its weights and
 KV cache go back to the OS) and `wake_up` builds it again from the same folder and loads the
 weights last synced, which every sync there also saves to a file in the engine's dtype
-(`torch.save`, tied tensors stored once). `bench/vllm_release.py` measures a cycle: for SmolLM2 on
+(`torch.save`, tied tensors stored once). `bench/training/vllm_release.py` measures a cycle: for SmolLM2 on
 2 cores ~1.5 s to shut, ~1.5 s to rebuild, the same greedy samples after as before.
 
 vLLM is imported only when an engine is built, so this module imports without it.
