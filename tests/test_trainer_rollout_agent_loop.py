@@ -482,3 +482,31 @@ def test_ctrl_c_while_the_episode_loop_is_built_stops_cleanly_with_no_half_built
     monkeypatch.undo()
     gc.collect()
     assert not unraisable, [getattr(u, "exc_value", u) for u in unraisable]
+
+
+def test_a_stop_raised_in_a_task_being_cancelled_propagates_once_without_an_unretrieved_task_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SIGTERM's `Stopped` (a KeyboardInterrupt) that reaches a task while run_fresh cancels the
+    loop's tasks leaves the loop before gather reads it; asyncio then logged "Task exception was
+    never retrieved" with a traceback after the command's one-line stop, unless run_fresh reads it."""
+    import gc
+
+    from pvpo.signals import Stopped
+    from pvpo.trainer.rollout.agent_loop import run_fresh
+
+    async def stops_when_cancelled() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            raise Stopped() from None
+
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(stops_when_cancelled())
+        await asyncio.sleep(0)
+        raise Stopped()
+
+    with caplog.at_level("ERROR", logger="asyncio"), pytest.raises(Stopped):
+        run_fresh(main)
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

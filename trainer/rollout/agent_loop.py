@@ -362,8 +362,17 @@ def run_fresh(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
             tasks = asyncio.all_tasks(event_loop)
             for task in tasks:
                 task.cancel()
-            if tasks:
-                event_loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            try:
+                if tasks:
+                    event_loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            finally:
+                # A KeyboardInterrupt (Ctrl-C, SIGTERM's `Stopped`) raised in a task while it is
+                # cancelled leaves the loop before gather reads it: read here, it propagates once,
+                # instead of asyncio also logging "Task exception was never retrieved" with its
+                # traceback after the command's one-line stop (1 SIGTERM in 6, bench/faults/run.py).
+                for task in tasks:
+                    if task.done() and not task.cancelled():
+                        task.exception()
             event_loop.run_until_complete(event_loop.shutdown_asyncgens())
             event_loop.run_until_complete(event_loop.shutdown_default_executor())
         finally:
