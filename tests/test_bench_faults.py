@@ -26,6 +26,12 @@ def test_a_probe_that_could_not_run_is_not_a_pass_and_the_total_says_how_many_ra
     assert "| c | not run: mounting a tmpfs needs root | not run |" in shown and "| b | broken | **NO** |" in shown
 
 
+def test_a_quoted_reply_with_brackets_is_no_markdown_link_but_code_spans_stay_as_written(tmp_path: Path) -> None:
+    """`result[0][0]` in a row's result read as a reference link, which mkdocs --strict refuses."""
+    shown = table("t", [Row("a", "malformed reply: result[0][0] is str; try `q[1]`", True)], tmp_path)
+    assert "| a | malformed reply: result\\[0\\]\\[0\\] is str; try `q[1]` | yes |" in shown
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="as root the tmpfs mounts and the probe runs")
 def test_the_full_disk_probe_without_root_reports_not_run(tmp_path: Path) -> None:
     from bench.faults.concurrency_disk import ConcurrencyDisk

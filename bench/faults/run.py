@@ -76,11 +76,20 @@ def _serve(index: Path, port: int) -> subprocess.Popen:
     return server
 
 
+def cell(text: str) -> str:
+    """`text` as a table cell: brackets outside code spans escaped, so a quoted reply such as
+    `result[0][0]` is not read as a markdown reference link (mkdocs --strict refuses the page)."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # the even parts lie outside code spans
+        parts[i] = parts[i].replace("[", "\\[").replace("]", "\\]")
+    return "`".join(parts)
+
+
 def table(title: str, rows: list[Row], work: Path) -> str:
     """One round's markdown table (the scratch folder shown as $W)."""
     out = [f"{title}\n", "| fault | result | ok |", "|---|---|---|"]
     for r in rows:
-        result = r.result.replace(str(work), "$W").replace("|", "/").replace("\n", " ")
+        result = cell(r.result.replace(str(work), "$W").replace("|", "/").replace("\n", " "))
         out.append(f"| {r.fault} | {result} | {r.verdict} |")
     return "\n".join(out) + "\n"
 
