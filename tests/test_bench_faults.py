@@ -14,8 +14,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
     sys.path.insert(0, str(BENCH.parent))
 
-from bench.faults.probes import Row, not_run  # noqa: E402
-from bench.faults.run import table, total  # noqa: E402
+from bench.faults.probes import Row, not_run, table, total  # noqa: E402
 
 
 def test_a_probe_that_could_not_run_is_not_a_pass_and_the_total_says_how_many_ran(tmp_path: Path) -> None:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
@@ -34,10 +32,11 @@ from bench.faults.probes import (
     free_port,
     jsonl,
     one_line,
-    popen,
+    print_alone,
     pvpo,
     python,
     run_probes,
+    serve_index,
     snapshot,
     stop,
 )
@@ -273,21 +272,6 @@ class Ownership(Probes):
         )
 
 
-def _serve(index: Path, port: int) -> subprocess.Popen:
-    """`pvpo retriever serve` over `index` on `port`, once /health answers (what `bench/faults/run.py`
-    serves; this module imports no other round nor the runner)."""
-    import httpx
-
-    server = popen("retriever", "serve", "--index", str(index), "--port", str(port))
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    return server
-
-
 def main() -> None:
     """These probes alone: the smoke run trained and its index served first; exit 1 if one fails."""
     work = Path(tempfile.mkdtemp(prefix="pvpo-faults-ownership-"))
@@ -295,17 +279,14 @@ def main() -> None:
     smoke = pvpo("train", "--config", SMOKE, "--run-dir", str(probes.base))
     setup = Row("`configs/smoke.yaml`, the run the probes copy", f"rc {smoke.rc}, {smoke.seconds:.0f} s", smoke.rc == 0)
     port = free_port()
-    server = _serve(probes.base / "index", port)
+    server = serve_index(probes.base / "index", port)
     probes.url = f"http://127.0.0.1:{port}"
     try:
         rows = [setup, *probes.rows()]
     finally:
         stop(server)
         shutil.rmtree(work, ignore_errors=True)
-    print("| fault | result | ok |\n|---|---|---|")
-    for r in rows:
-        print(f"| {r.fault} | {r.result.replace(str(work), '$W').replace('|', '/')} | {r.verdict} |")
-    sys.exit(0 if all(r.ok is not False for r in rows) else 1)
+    print_alone(rows, work)
 
 
 if __name__ == "__main__":

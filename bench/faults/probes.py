@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
@@ -236,3 +237,55 @@ def run_probes(probes: list[Callable[[], Row]]) -> list[Row]:
             name = getattr(probe, "__name__", "probe")
             rows.append(Row(name, f"the fault injection itself failed: {e!r}"[:200], False))
     return rows
+
+
+def serve_index(index: Path, port: int) -> subprocess.Popen:
+    """`pvpo retriever serve` over `index` on `port`, once /health answers (its output discarded: a
+    pipe nobody reads would stall a long-lived server)."""
+    import httpx
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--port", str(port)],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(600):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return server
+
+
+def cell(text: str) -> str:
+    """`text` as a table cell: brackets outside code spans escaped, so a quoted reply such as
+    `result[0][0]` is not read as a markdown reference link (mkdocs --strict refuses the page)."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # the even parts lie outside code spans
+        parts[i] = parts[i].replace("[", "\\[").replace("]", "\\]")
+    return "`".join(parts)
+
+
+def table(title: str, rows: list[Row], work: Path) -> str:
+    """One round's markdown table (the scratch folder shown as $W)."""
+    out = [f"{title}\n", "| fault | result | ok |", "|---|---|---|"]
+    for r in rows:
+        result = cell(r.result.replace(str(work), "$W").replace("|", "/").replace("\n", " "))
+        out.append(f"| {r.fault} | {result} | {r.verdict} |")
+    return "\n".join(out) + "\n"
+
+
+def total(rows: list[Row]) -> str:
+    """`N/M as due` over the probes that ran, and how many did not run."""
+    ran = [r for r in rows if r.ok is not None]
+    skipped = len(rows) - len(ran)
+    return f"{sum(bool(r.ok) for r in ran)}/{len(ran)} as due" + (f", {skipped} not run" if skipped else "")
+
+
+def print_alone(rows: list[Row], work: Path) -> NoReturn:
+    """A probe module run by itself: its rows as the runner's table, then exit 1 if one fails."""
+    print(table("", rows, work).lstrip("\n"))
+    sys.exit(0 if all(r.ok is not False for r in rows) else 1)

@@ -36,7 +36,6 @@ import argparse
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,57 +47,12 @@ from bench.common.machine import machine_line
 from bench.faults.concurrency_disk import ConcurrencyDisk
 from bench.faults.hostile_user import HostileUser
 from bench.faults.ownership import Ownership
-from bench.faults.probes import ENV, REPO, Row, free_port
+from bench.faults.probes import Row, free_port, serve_index, table, total
 from bench.faults.secrets_input import SecretsInput
 from bench.faults.stops_outages import StopsOutages
 from bench.faults.viewer import ViewerInput
 
 MARKER = "<!-- bench/faults/run.py --docs writes everything below this line -->"
-
-
-def _serve(index: Path, port: int) -> subprocess.Popen:
-    """`pvpo retriever serve` over `index` on `port`, once /health answers."""
-    import httpx
-
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pvpo.cli", "retriever", "serve", "--index", str(index), "--port", str(port)],
-        cwd=REPO,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    return server
-
-
-def cell(text: str) -> str:
-    """`text` as a table cell: brackets outside code spans escaped, so a quoted reply such as
-    `result[0][0]` is not read as a markdown reference link (mkdocs --strict refuses the page)."""
-    parts = text.split("`")
-    for i in range(0, len(parts), 2):  # the even parts lie outside code spans
-        parts[i] = parts[i].replace("[", "\\[").replace("]", "\\]")
-    return "`".join(parts)
-
-
-def table(title: str, rows: list[Row], work: Path) -> str:
-    """One round's markdown table (the scratch folder shown as $W)."""
-    out = [f"{title}\n", "| fault | result | ok |", "|---|---|---|"]
-    for r in rows:
-        result = cell(r.result.replace(str(work), "$W").replace("|", "/").replace("\n", " "))
-        out.append(f"| {r.fault} | {result} | {r.verdict} |")
-    return "\n".join(out) + "\n"
-
-
-def total(rows: list[Row]) -> str:
-    """`N/M as due` over the probes that ran, and how many did not run."""
-    ran = [r for r in rows if r.ok is not None]
-    skipped = len(rows) - len(ran)
-    return f"{sum(bool(r.ok) for r in ran)}/{len(ran)} as due" + (f", {skipped} not run" if skipped else "")
 
 
 def write_docs(path: Path, body: str) -> None:
@@ -124,7 +78,7 @@ def main() -> None:
     one = StopsOutages(work)
     setup = one.smoke_run()
     port = free_port()
-    server = _serve(one.base / "index", port)
+    server = serve_index(one.base / "index", port)
     url = f"http://127.0.0.1:{port}"
     one.url = url
     tables: list[tuple[str, list[Row]]] = []

@@ -26,7 +26,7 @@ from typing import Any
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.faults.probes import SMOKE, Probes, Row, first_error, one_line, pvpo, python, run_probes
+from bench.faults.probes import SMOKE, Probes, Row, first_error, one_line, print_alone, pvpo, python, run_probes
 
 # a reply that is JSON but no /retrieve reply (a list of strings where passages belong)
 WRONG_SHAPE = {"result": [["x"]]}
@@ -324,10 +324,7 @@ def main() -> None:
         rows = SecretsInput(work).rows()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("| fault | result | ok |\n|---|---|---|")
-    for r in rows:
-        print(f"| {r.fault} | {r.result.replace(str(work), '$W').replace('|', '/')} | {r.verdict} |")
-    sys.exit(0 if all(r.ok is not False for r in rows) else 1)
+    print_alone(rows, work)
 
 
 if __name__ == "__main__":

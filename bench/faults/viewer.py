@@ -20,7 +20,19 @@ from pathlib import Path
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.faults.probes import Probes, Row, first_error, free_port, jsonl, one_line, popen, pvpo, run_probes, stop
+from bench.faults.probes import (
+    Probes,
+    Row,
+    first_error,
+    free_port,
+    jsonl,
+    one_line,
+    popen,
+    print_alone,
+    pvpo,
+    run_probes,
+    stop,
+)
 
 LOOPING = "<think> search again </think>\n<search> the same query </search>\n" * 103_000  # 6.6 MB
 
@@ -181,10 +193,7 @@ def main() -> None:
         rows = ViewerInput(work).rows()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("| fault | result | ok |\n|---|---|---|")
-    for r in rows:
-        print(f"| {r.fault} | {r.result.replace(str(work), '$W').replace('|', '/')} | {r.verdict} |")
-    sys.exit(0 if all(r.ok is not False for r in rows) else 1)
+    print_alone(rows, work)
 
 
 if __name__ == "__main__":
