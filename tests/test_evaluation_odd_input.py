@@ -4,15 +4,14 @@ one line instead of a traceback."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from http_support import json_server
 from typer.testing import CliRunner
 
 from pvpo.cli import app
@@ -25,46 +24,20 @@ def _endpoint_and_retriever() -> Iterator[tuple[str, list[list[str]]]]:
     and a stand-in retriever, on one loopback server; yields its base URL and the queries searched."""
     searched: list[list[str]] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            reply: dict[str, Any]
-            if self.path == "/retrieve":
-                searched.append(body["queries"])
-                reply = {
-                    "result": [
-                        [{"document": {"id": "1", "contents": '"T"\nParis.'}, "score": 1.0}] for _ in body["queries"]
-                    ]
-                }
-            else:
-                text = "<answer> Paris </answer>" if "Doc 1" in json.dumps(body) else "<search> who \ud800 is </search>"
-                reply = {
-                    "choices": [
-                        {
-                            "index": 0,
-                            "text": text,
-                            "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop",
-                        }
-                    ]
-                }
-            data = json.dumps(reply).encode()  # ASCII JSON: the surrogate travels as the escape \ud800
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(path: str, body: Any) -> tuple[int, Any]:
+        if path == "/retrieve":
+            searched.append(body["queries"])
+            return 200, {
+                "result": [
+                    [{"document": {"id": "1", "contents": '"T"\nParis.'}, "score": 1.0}] for _ in body["queries"]
+                ]
+            }
+        text = "<answer> Paris </answer>" if "Doc 1" in json.dumps(body) else "<search> who \ud800 is </search>"
+        message = {"role": "assistant", "content": text}
+        return 200, {"choices": [{"index": 0, "text": text, "message": message, "finish_reason": "stop"}]}
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", searched
-    finally:
-        server.shutdown()
-        server.server_close()
+    with json_server(answer) as url:
+        yield url, searched
 
 
 def test_a_model_written_lone_surrogate_still_saves_every_answer(tmp_path: Path) -> None:

@@ -5,14 +5,12 @@ a reply of the wrong shape into one line naming the server and what was wrong.""
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from http_support import json_server
 from typer.testing import CliRunner
 
 from pvpo.cli import app
@@ -25,35 +23,15 @@ def _retriever(reply: Any = None) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     passage per query; yields its base URL and the bodies it received."""
     received: list[dict[str, Any]] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.path != "/retrieve":
-                self.send_error(404)
-                return
-            received.append(body)
-            answer = reply or {
-                "result": [
-                    [{"document": {"id": "7", "contents": '"T"\nabout ' + q}, "score": 0.5}] for q in body["queries"]
-                ]
-            }
-            data = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(path: str, body: Any) -> tuple[int, Any]:
+        if path != "/retrieve":
+            return 404, None
+        received.append(body)
+        passages = [[{"document": {"id": "7", "contents": '"T"\nabout ' + q}, "score": 0.5}] for q in body["queries"]]
+        return 200, reply or {"result": passages}
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with json_server(answer) as url:
+        yield url, received
 
 
 def test_a_full_retrieve_url_reaches_the_server_as_its_base_does() -> None:

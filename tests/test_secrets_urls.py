@@ -5,18 +5,15 @@ not a traceback quoting its first part; and `pvpo --debug` prints no password in
 
 from __future__ import annotations
 
-import http.server
-import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
 import pytest
+from http_support import json_server
 from typer.testing import CliRunner
 
 from pvpo.cli import app
@@ -26,32 +23,9 @@ from pvpo.user_errors import add_note
 REPO = Path(__file__).resolve().parents[1]
 
 
-@contextmanager
-def _server(status: int, reply: dict) -> Iterator[str]:
+def _server(status: int, reply: dict) -> AbstractContextManager[str]:
     """A loopback HTTP server answering every request with `status` and `reply`; yields its base URL."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            data = json.dumps(reply).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = _answer
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return json_server(lambda path, body: (status, reply))
 
 
 @pytest.mark.parametrize(
