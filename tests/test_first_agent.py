@@ -8,15 +8,13 @@ under `runs/`."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clone_support import free_port, fresh_clone, outside_runs, run_block
 from test_envs_data_get import local_copy
-from test_readme_quickstart import _free_port, _outside_runs, _stop_group, commands
+from test_readme_quickstart import commands
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "quickstart.md"
@@ -62,33 +60,11 @@ def test_the_first_agent_block_warm_starts_evaluates_and_views_under_runs() -> N
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_first_agent_block_runs_as_written_shortened_in_a_fresh_clone(tmp_path: Path) -> None:
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", "--shared", str(REPO), str(clone)], check=True)
+    clone = fresh_clone(tmp_path / "clone")
     local_copy(tmp_path / "copy", "hotpotqa/train.jsonl")
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    body = shortened(first_agent_block(), tmp_path / "copy", _free_port()) + "\nkill %1\nwait || true\n"
-    log = tmp_path / "first_agent.log"
-    with log.open("w") as sink:  # a file, not a pipe: a server left running must not hold the output open
-        proc = subprocess.Popen(
-            ["bash", "-e", "-c", body],
-            cwd=clone,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=560)
-        finally:
-            _stop_group(proc.pid)
-    out = log.read_text()
-    assert proc.returncode == 0, out[-4000:]
+    body = shortened(first_agent_block(), tmp_path / "copy", free_port()) + "\nkill %1\nwait || true\n"
+    rc, out = run_block(body, clone, tmp_path / "first_agent.log", timeout=560)
+    assert rc == 0, out[-4000:]
     run = clone / "runs" / "first-agent"
     assert "done: the warm start alone (run.steps=0)" in out
     assert (run / "initial_policy").is_dir() and not (run / "checkpoints").exists()  # no RL step ran
@@ -98,7 +74,7 @@ def test_the_first_agent_block_runs_as_written_shortened_in_a_fresh_clone(tmp_pa
     assert {"format_ok", "searches", "em"} <= set(metrics)
     assert (clone / "runs" / "first-agent.html").stat().st_size > 0
     assert "Traceback" not in out
-    assert _outside_runs(clone) == [], "the first-agent block wrote outside runs/"
+    assert outside_runs(clone) == [], "the first-agent block wrote outside runs/"
 
 
 def test_run_steps_0_without_a_warm_start_is_refused_in_one_line() -> None:

@@ -8,16 +8,11 @@ outside `runs/` (git status, ignored files included). The one substitution is th
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from clone_support import free_port, fresh_clone, outside_runs, run_block
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -45,28 +40,6 @@ def commands(script: str) -> list[str]:
     ]
 
 
-def _stop_group(pgid: int) -> None:
-    """SIGTERM to every process of a group, SIGKILL to what is left of it 15 s later."""
-    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_quick_start_waits_for_the_server_writes_under_runs_and_its_limit_fits_its_data() -> None:
     script = snippet("quickstart")
     lines = commands(script)
@@ -81,51 +54,17 @@ def test_the_quick_start_waits_for_the_server_writes_under_runs_and_its_limit_fi
     assert limit <= len(json.loads((REPO / questions).read_text(encoding="utf-8")))
 
 
-def _outside_runs(clone: Path) -> list[str]:
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
-        cwd=clone,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
-    return [line for line in status if not line[3:].startswith("runs/")]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_quick_start_runs_as_written_in_a_fresh_clone_and_writes_only_under_runs(tmp_path: Path) -> None:
     script = snippet("quickstart")
     assert "8000" in script
-    port = str(_free_port())
-    clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", "--shared", str(REPO), str(clone)], check=True)
-    assert _outside_runs(clone) == []
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "PVPO_PROGRESS_EVERY_S": "5",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
+    port = str(free_port())
+    clone = fresh_clone(tmp_path / "clone")
+    assert outside_runs(clone) == []
     body = script.replace("8000", port) + "\nkill %1\nwait || true\n"
-    log = tmp_path / "quickstart.log"
-    with log.open("w") as sink:  # a file, not a pipe: a server left running must not hold the output open
-        proc = subprocess.Popen(
-            ["bash", "-e", "-c", body],
-            cwd=clone,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=360)
-        finally:
-            _stop_group(proc.pid)  # the background server, where the script stopped before its kill
-    out = log.read_text()
-    assert proc.returncode == 0, out[-4000:]
+    rc, out = run_block(body, clone, tmp_path / "quickstart.log", timeout=360, env={"PVPO_PROGRESS_EVERY_S": "5"})
+    assert rc == 0, out[-4000:]
     runs = list((clone / "runs" / "quickstart" / "eval").glob("*/metrics.json"))
     assert len(runs) == 1, out[-4000:]
     metrics = json.loads(runs[0].read_text())
@@ -133,4 +72,4 @@ def test_the_quick_start_runs_as_written_in_a_fresh_clone_and_writes_only_under_
     assert (clone / "runs" / "quickstart" / "episodes.html").stat().st_size > 0
     assert re.search(r"torch: \d+ CPU thread", out)  # chosen for the machine, and said so
     assert "ModuleNotFoundError" not in out and "Traceback" not in out
-    assert _outside_runs(clone) == [], "the quick start wrote outside runs/"
+    assert outside_runs(clone) == [], "the quick start wrote outside runs/"
