@@ -153,7 +153,7 @@ def train_cmd(
             cfg = _preflight(resume_config(run_dir, list(overrides or []), config), resume=True)
         from pvpo.trainer.loop import train
 
-        result = train(cfg, run_dir, resume=resume, overwrite=overwrite)
+        result = train(cfg, run_dir, resume=resume, overwrite=overwrite, preflighted=True)
     if not cfg.run.steps:
         typer.echo(f"done: the warm start alone (run.steps=0); its policy is {run_dir / 'initial_policy'}")
         return
@@ -190,7 +190,7 @@ def demo_cmd(
     from pvpo.trainer.recipes.demo import run_demo
 
     with _run_dir_session(run_dir, "pvpo demo"):
-        summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite)
+        summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite, preflighted=True)
     typer.echo(summary)
 
 

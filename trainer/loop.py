@@ -456,13 +456,16 @@ def train(
     overwrite: bool = False,
     searcher: Searcher | None = None,
     show_progress: bool = True,
+    preflighted: bool = False,
 ) -> TrainResult:
     """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
     A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
     differs from the run's own config.yaml, or its checkpoint's, outside `resume.SAFE_ON_RESUME`
     (RunDirError); a run dir another process writes is refused (`pvpo.locks.FolderInUse`); a run that
-    cannot run here is refused before any of it (`config.preflight`)."""
-    preflight(cfg, resume=resume, retriever=searcher is None)
+    cannot run here is refused before any of it (`config.preflight`; `preflighted`: the caller, `pvpo
+    train`, ran it already, before taking the run dir's lock)."""
+    if not preflighted:
+        preflight(cfg, resume=resume, retriever=searcher is None)
     run_dir = Path(run_dir)
     device = resolve_device(cfg.model.device)
     ddp.init_from_env(device)  # under torchrun: join the process group

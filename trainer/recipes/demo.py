@@ -408,11 +408,14 @@ def run_demo(
     fresh: bool = True,
     overwrite: bool = False,
     show_progress: bool = True,
+    preflighted: bool = False,
 ) -> str:
     """Run the demo into `run_dir`; returns the summary table (also written to summary.md).
-    `fresh` replaces an earlier demo run there; a folder holding a user's files needs `overwrite`."""
+    `fresh` replaces an earlier demo run there; a folder holding a user's files needs `overwrite`.
+    `preflighted`: the caller (`pvpo demo`) ran `config.preflight` already, before its lock."""
     run_dir = Path(run_dir)
-    preflight(cfg, resume=not fresh)  # before the run dir is touched or a model built
+    if not preflighted:
+        preflight(cfg, resume=not fresh)  # before the run dir is touched or a model built
     with folder_lock(run_dir, "pvpo demo"), _replace_demo(run_dir, fresh=fresh, overwrite=overwrite, cfg=cfg):
         return _run_demo(cfg, run_dir, fresh=fresh, show_progress=show_progress)
 
