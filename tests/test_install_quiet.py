@@ -5,6 +5,7 @@ of a package that `packages` lists)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,10 +19,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def dry_install(tmp_path: Path, *extra: str) -> list[str]:
-    """The commands `make install` would run for a venv not yet made (make -n, nothing executed)."""
+    """The commands `make install` would run for a venv not yet made (make -n, nothing executed).
+
+    Run as a user runs it, not as a sub-make of `make test`: under CI's make the inherited MAKELEVEL /
+    MAKEFLAGS add "make[1]: Entering/Leaving directory" lines (a CI run failed on that)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
     out = subprocess.run(
-        ["make", "-n", "-W", "pyproject.toml", "install", f"VENV={tmp_path / 'venv'}", *extra],
+        ["make", "--no-print-directory", "-n", "-W", "pyproject.toml", "install", f"VENV={tmp_path / 'venv'}", *extra],
         cwd=REPO,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
