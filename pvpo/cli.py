@@ -75,6 +75,7 @@ _COMPONENT_CLIS = (
     "pvpo.retriever.cli",
     "pvpo.envs.cli",
     "pvpo.trainer.cli",
+    "pvpo.recipes.cli",
     "pvpo.trainer.config.cli",
     "pvpo.evaluation.cli",
     "pvpo.viewer.cli",
@@ -93,14 +94,6 @@ def _components(argv: list[str]) -> tuple[str, ...]:
 for _name in _components(sys.argv):
     if importlib.util.find_spec(_name) is not None:
         importlib.import_module(_name).register(app)
-
-if not any(c.name == "demo" for c in app.registered_commands):
-
-    @app.command()
-    def demo() -> None:
-        """End-to-end PVPO on the synthetic world (not built yet in this version)."""
-        typer.echo("pvpo demo is not available yet: the trainer component has not landed.", err=True)
-        raise typer.Exit(code=2)
 
 
 def main() -> None:

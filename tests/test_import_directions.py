@@ -100,6 +100,20 @@ def test_the_trainer_never_imports_evaluation() -> None:
     assert bad == []
 
 
+def test_nothing_below_the_recipes_imports_them() -> None:
+    # pvpo.recipes wraps a Trainer into results people read (torchtune's split): it may use every
+    # component; none of them, nor the viewer, reaches back into it
+    components = ("reward", "retriever", "envs", "trainer", "evaluation", "viewer", "integrations")
+    bad = [
+        f"{_module_name(path)} imports {v}"
+        for component in components
+        for path in _sources(component)
+        for v in _imports(path)
+        if v.startswith("pvpo.recipes")
+    ]
+    assert bad == []
+
+
 def test_evaluation_reaches_the_trainer_through_rollout_and_the_model_loader_only() -> None:
     allowed = (
         "pvpo.evaluation",
@@ -157,7 +171,6 @@ ROOMS: dict[str, tuple[str, ...]] = {
         "pvpo.trainer.rollout",
         "pvpo.trainer.state.result",
     ),
-    "recipes": ("pvpo.trainer",),  # around a run: the demo, its tables and plots
     # the step modes: a step's plan and rollouts over the run's data, engine and reference machinery
     "steps": (
         *OUTSIDE,

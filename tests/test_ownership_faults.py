@@ -202,7 +202,8 @@ def test_a_demo_into_a_training_runs_folder_is_refused_in_one_line_and_the_run_k
 def test_pvpo_train_and_pvpo_demo_default_to_different_folders() -> None:
     import inspect
 
-    from pvpo.trainer.cli import default_run_dir, demo_cmd
+    from pvpo.recipes.cli import demo_cmd
+    from pvpo.trainer.cli import default_run_dir
 
     demo_default = inspect.signature(demo_cmd).parameters["run_dir"].default
     assert {default_run_dir(Path("demo")), default_run_dir(Path("configs/demo.yaml"))} == {Path("runs/train-demo")}

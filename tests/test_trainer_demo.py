@@ -236,8 +236,8 @@ def test_only_what_a_runs_manifest_names_counts_as_an_earlier_run_a_fresh_demo_m
 
 
 def test_a_run_with_a_base_evaluation_reports_three_points_and_both_paired_gains(tmp_path):
+    from pvpo.recipes.demo import paired_gain, summary_table
     from pvpo.trainer.loop import TrainResult
-    from pvpo.trainer.recipes.demo import paired_gain, summary_table
 
     def ev(em: list[float]) -> dict[str, float]:
         return {"eval/accuracy": sum(em) / len(em), "eval/accuracy_se": 0.1, "eval/format_ok": 1.0, "eval/n": len(em)}
@@ -259,8 +259,8 @@ def test_a_run_with_a_base_evaluation_reports_three_points_and_both_paired_gains
 
 
 def test_a_run_evaluating_its_validation_split_labels_its_summary_validation_not_held_out(tmp_path):
+    from pvpo.recipes.demo import summary_table
     from pvpo.trainer.loop import TrainResult
-    from pvpo.trainer.recipes.demo import summary_table
 
     ev = {"eval/accuracy": 0.5, "eval/accuracy_se": 0.1, "eval/format_ok": 1.0, "eval/n": 4}
     result = TrainResult(tmp_path, 2, eval_before=ev, eval_after=ev, eval_base=ev)
@@ -281,8 +281,8 @@ def test_a_run_evaluating_its_validation_split_labels_its_summary_validation_not
 
 
 def test_a_run_without_a_warm_start_says_rl_starts_from_the_given_model(tmp_path):
+    from pvpo.recipes.demo import summary_table
     from pvpo.trainer.loop import TrainResult
-    from pvpo.trainer.recipes.demo import summary_table
 
     ev = {"eval/accuracy": 0.1, "eval/accuracy_se": 0.05, "eval/n": 10}
     result = TrainResult(tmp_path, 2, eval_before=ev, eval_after=ev)
@@ -298,7 +298,7 @@ def test_a_fresh_demo_over_a_checkpointed_run_says_it_starts_over_and_how_to_con
     import logging
 
     from pvpo.owned import claim
-    from pvpo.trainer.recipes.demo import _replace_demo
+    from pvpo.recipes.demo import _replace_demo
     from pvpo.trainer.state.run_dir import RUN_KIND
 
     run_dir = tmp_path / "demo"
@@ -306,13 +306,13 @@ def test_a_fresh_demo_over_a_checkpointed_run_says_it_starts_over_and_how_to_con
     (run_dir / "checkpoints").mkdir(parents=True)
     cfg = config_from_dict({})
     dump_config(cfg, run_dir / "config.yaml")
-    with caplog.at_level(logging.WARNING, logger="pvpo.trainer.recipes.demo"):
+    with caplog.at_level(logging.WARNING, logger="pvpo.recipes.demo"):
         with _replace_demo(run_dir, fresh=True, overwrite=False, cfg=cfg):
             pass
     assert not caplog.records  # no checkpoint: nothing to lose, nothing said
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run_dir / "checkpoints" / "latest").write_text("step_000012\n")
-    with caplog.at_level(logging.WARNING, logger="pvpo.trainer.recipes.demo"):
+    with caplog.at_level(logging.WARNING, logger="pvpo.recipes.demo"):
         with _replace_demo(run_dir, fresh=True, overwrite=False, cfg=cfg):
             pass
     (msg,) = [r.getMessage() for r in caplog.records]
@@ -345,7 +345,7 @@ def test_a_resumed_demo_keeps_the_evaluation_before_rl_and_says_its_wall_time_is
 def test_the_cost_axis_ticks_stay_inside_the_costs_the_run_reached():
     """The recipe's curves.png drew "75" and "100" on top of each other at step 1: costs below the
     first step's map onto it."""
-    from pvpo.trainer.recipes.demo import cost_ticks
+    from pvpo.recipes.demo import cost_ticks
 
     cost = [95.0, 111, 127, 143, 160, 176, 192, 208, 224, 240, 256, 266, 270, 274, 278, 282]
     ticks = cost_ticks(cost)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pvpo.recipes.heldout_table import dataset_groups, per_dataset_table
 from pvpo.stats import paired_difference
-from pvpo.trainer.recipes.heldout_table import dataset_groups, per_dataset_table
 
 
 def _scores(ems: list[float]) -> list[dict[str, float]]:

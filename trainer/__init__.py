@@ -4,11 +4,11 @@ Sub-packages by job: `config` (typed config, presets), `rollout` (engines, the a
 trajectories), `algorithms` (estimators, losses), `model` (policy, update, LoRA, warm start),
 `parallel` (torchrun, FSDP2), `reference` (anchor, Group Sampling, GT), `state` (run dir,
 checkpoints, metrics, episode log, cost, the run's result), `steps` (the step modes: synchronous
-or pipelined, one step plan), `heldout` (the run's held-out evaluation), `recipes` (`pvpo demo`,
-held-out tables); `loop.py` is the Trainer and its update, `data.py` and `setup.py` what a run
+or pipelined, one step plan), `heldout` (the run's held-out evaluation); `loop.py` is the Trainer and its update, `data.py` and `setup.py` what a run
 builds before its first step (its data, episode rules and loop limits; its policy, engine and
 reference), `policy_engine.py` the rollout engine over the policy. Evaluation of a checkpoint is
-its own component, `pvpo.evaluation`.
+its own component, `pvpo.evaluation`; `pvpo demo` and the held-out tables are recipes around a
+Trainer, `pvpo.recipes`.
 
 Exports load on first use: `import pvpo.trainer.config` stays free of torch.
 """
@@ -22,11 +22,10 @@ _EXPORTS = {
     "load_config": "config.schema",
     "dump_config": "config.written",
     "config_from_dict": "config.schema",
-    # training and the demo
+    # training
     "Trainer": "loop",
     "TrainResult": "state.result",
     "train": "loop",
-    "run_demo": "recipes.demo",
     # advantage estimators by name
     "register_estimator": "algorithms.spec",
     "get_estimator": "algorithms.spec",

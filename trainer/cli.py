@@ -1,4 +1,4 @@
-"""`pvpo train` and `pvpo demo`. Heavy imports stay inside the commands so `pvpo --help` is fast."""
+"""`pvpo train`, and the config, pre-flight and run-dir steps every command that runs a Trainer shares. Heavy imports stay inside the commands so `pvpo --help` is fast."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _preset_names() -> list[str]:
     )
 
 
-def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
+def load_cli_config(config: Path | None, overrides: list[str]) -> TrainConfig:
     """The config: a file or a shipped preset's name (`demo`, `smoke`), or the defaults (None).
     A bad file, key or value raises (ConfigError / FileNotFoundError): `pvpo`'s one-line error."""
     from pvpo.trainer.config.presets import resolve_config
@@ -33,7 +33,7 @@ def _load(config: Path | None, overrides: list[str]) -> TrainConfig:
     return load_config(None if config is None else resolve_config(config), overrides)
 
 
-def _preflight(cfg: TrainConfig, *, world_size: int | None = None, resume: bool = False) -> TrainConfig:
+def preflight_config(cfg: TrainConfig, *, world_size: int | None = None, resume: bool = False) -> TrainConfig:
     """`cfg` once it passed every "can this run" check (`config.preflight`), made before the run
     dir's lock, any file, any model: one line and exit status 2 otherwise."""
     from pvpo.trainer.config.preflight import preflight
@@ -50,7 +50,7 @@ def default_run_dir(config: Path | None) -> Path:
 
 
 @contextlib.contextmanager
-def _run_dir_session(run_dir: Path, command: str) -> Iterator[None]:
+def run_dir_session(run_dir: Path, command: str) -> Iterator[None]:
     """The run dir's lock held (`pvpo.locks`; under torchrun by rank 0 alone, for all ranks) before
     anything in it is read, so a second writer is refused before it reads a half-written run;
     an `--overwrite` a kill cut short undone (`resume.recover_run_dir`); SIGTERM ends the block as
@@ -129,7 +129,7 @@ def train_cmd(
 
             check_resume_world(run_dir or default_run_dir(config), nproc)
         else:  # refused in this process, before torchrun starts any (and before torch is imported)
-            _preflight(_load(config, list(overrides or [])), world_size=nproc)
+            preflight_config(load_cli_config(config, list(overrides or [])), world_size=nproc)
         from pvpo.trainer.parallel.distributed import torchrun_command
 
         raise typer.Exit(code=subprocess.call(torchrun_command(nproc, sys.argv[1:])))
@@ -143,14 +143,16 @@ def train_cmd(
             "A preset: --config demo (or smoke)",
             err=True,
         )
-    cfg = None if resume else _preflight(_load(config, list(overrides or [])))  # before the run dir is touched
-    with _run_dir_session(run_dir, "pvpo train"):
+    cfg = (
+        None if resume else preflight_config(load_cli_config(config, list(overrides or [])))
+    )  # before the run dir is touched
+    with run_dir_session(run_dir, "pvpo train"):
         if cfg is None:  # a resume's config is the run's own, read under the run dir's lock
             from pvpo.trainer.parallel.checkpoint import check_resume_world
             from pvpo.trainer.state.resume import resume_config
 
             check_resume_world(run_dir, int(os.environ.get("WORLD_SIZE", "1")))
-            cfg = _preflight(resume_config(run_dir, list(overrides or []), config), resume=True)
+            cfg = preflight_config(resume_config(run_dir, list(overrides or []), config), resume=True)
         from pvpo.trainer.loop import train
 
         result = train(cfg, run_dir, resume=resume, overwrite=overwrite, preflighted=True)
@@ -163,38 +165,6 @@ def train_cmd(
     )
 
 
-def demo_cmd(
-    overrides: Annotated[list[str] | None, typer.Argument(help="key.sub=value overrides of the demo config")] = None,
-    config: Annotated[
-        Path,
-        typer.Option(
-            "--config",
-            "-c",
-            help="YAML config file or shipped preset name (default: the demo preset shipped with the package)",
-        ),
-    ] = Path("demo"),
-    run_dir: Annotated[Path, typer.Option("--run-dir", help="output folder")] = Path("runs/demo"),
-    fresh: Annotated[bool, typer.Option("--fresh/--resume", help="start over, or continue a previous demo run")] = True,
-    overwrite: Annotated[
-        bool,
-        typer.Option(
-            "--overwrite",
-            help="run in a --run-dir that holds files a run does not write (they are kept)",
-        ),
-    ] = False,
-) -> None:
-    """End to end on CPU: synthetic world, MiniLM index served on loopback, tiny policy, warm start,
-    PVPO training, held-out accuracy before/after, metrics + reward-curve plot + summary table."""
-    cfg = _load(config, list(overrides or []))  # a missing file or preset is an error, never the built-in defaults
-    _preflight(cfg, resume=not fresh)  # before the run dir is touched
-    from pvpo.trainer.recipes.demo import run_demo
-
-    with _run_dir_session(run_dir, "pvpo demo"):
-        summary = run_demo(cfg, run_dir, fresh=fresh, overwrite=overwrite, preflighted=True)
-    typer.echo(summary)
-
-
 def register(app: typer.Typer) -> None:
-    """Add `train` and `demo` to the `pvpo` CLI."""
+    """Add `train` to the `pvpo` CLI (`pvpo demo` is a recipe: pvpo.recipes.cli)."""
     app.command("train")(train_cmd)
-    app.command("demo")(demo_cmd)

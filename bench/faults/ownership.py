@@ -162,7 +162,7 @@ class Ownership(Probes):
         res = pvpo("demo", "--config", "smoke", "--run-dir", str(run))
         kept = snapshot(run) == before
         defaults = python(
-            "import inspect; from pathlib import Path; from pvpo.trainer.cli import default_run_dir, demo_cmd; "
+            "import inspect; from pathlib import Path; from pvpo.recipes.cli import demo_cmd; from pvpo.trainer.cli import default_run_dir; "
             "print(default_run_dir(Path('demo')), inspect.signature(demo_cmd).parameters['run_dir'].default)"
         )
         train_default, demo_default = (defaults.out.split() + ["?", "?"])[:2]

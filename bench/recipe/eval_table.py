@@ -31,11 +31,11 @@ from pathlib import Path
 
 from pvpo.envs.data import QAExample
 from pvpo.envs.loaders import iter_examples
+from pvpo.recipes.heldout_table import STAGES, per_dataset_table
 from pvpo.reward.metrics import as_golds
 from pvpo.reward.normalize import normalize_answer
 from pvpo.reward.protocol import TagProtocol, get_protocol
 from pvpo.stats import mean, seeds_contrast, seeds_difference
-from pvpo.trainer.recipes.heldout_table import STAGES, per_dataset_table
 
 Scores = dict[str, dict[str, float]]  # a `pvpo eval` folder's scores by question id (`read_scores`)
 

@@ -21,12 +21,12 @@ from typing import Any
 from pvpo.atomic import atomic_write_json
 from pvpo.locks import folder_lock
 from pvpo.owned import entries, recorded, replaceable
+from pvpo.recipes.heldout_table import per_dataset_table
 from pvpo.stats import paired_difference
 from pvpo.trainer.config.preflight import preflight
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import load_data, retriever_session
 from pvpo.trainer.loop import Trainer, TrainResult
-from pvpo.trainer.recipes.heldout_table import per_dataset_table
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
 from pvpo.trainer.state.run_dir import RUN_KIND, RunDir, foreign_entries
 
