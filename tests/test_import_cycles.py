@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-COMPONENTS = ("reward", "retriever", "envs", "trainer", "evaluation", "configs", "integrations", "viewer")
+COMPONENTS = ("reward", "retriever", "envs", "trainer", "evaluation", "configs", "integrations", "viewer", "recipes")
 
 
 def _module_name(path: Path) -> str:

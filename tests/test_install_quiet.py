@@ -111,7 +111,8 @@ def test_building_the_package_prints_no_setuptools_warning_and_ships_the_viewer_
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    for folder in ("pvpo", "reward", "retriever", "envs", "trainer", "evaluation", "viewer", "integrations", "configs"):
+    components = [link.name for link in (REPO / "pvpo").iterdir() if link.is_symlink()]  # each one pvpo/ links
+    for folder in ("pvpo", *components):
         shutil.copytree(REPO / folder, src / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     wheels = tmp_path / "wheels"
     build = subprocess.run(

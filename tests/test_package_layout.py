@@ -10,7 +10,7 @@ from pathlib import Path
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-COMPONENTS = ("reward", "retriever", "envs", "trainer", "evaluation", "configs", "integrations", "viewer")
+COMPONENTS = ("reward", "retriever", "envs", "trainer", "evaluation", "configs", "integrations", "viewer", "recipes")
 
 
 def test_each_component_folder_is_linked_into_the_pvpo_package_by_a_relative_symlink() -> None:
