@@ -42,7 +42,8 @@ def _prose_lines(path: Path) -> list[tuple[int, str]]:
 
 
 def anchors(path: Path) -> set[str]:
-    """The anchors of a markdown file's headings (a repeated heading gets `_1`, `_2`, ... as in toc)."""
+    """The anchors of a markdown file's headings (a repeated heading gets `_1`, `_2`, ... as in toc)
+    and of its HTML anchors."""
     seen: set[str] = set()
     for _, line in _prose_lines(path):
         match = _HEADING.match(line)
@@ -53,6 +54,7 @@ def anchors(path: Path) -> set[str]:
                 count += 1
                 slug = f"{base}_{count}"
             seen.add(slug)
+        seen.update(re.findall(r'<a id="([\w-]+)"></a>', line))  # a record's anchor (scripts/records.py)
     return seen
 
 

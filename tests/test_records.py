@@ -53,8 +53,9 @@ def test_every_benchmark_page_regenerates_byte_for_byte_from_its_records() -> No
     result = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     rec = script()
-    for page in rec.load_all():
-        assert (BENCHMARKS / page["page"]).read_text(encoding="utf-8") == rec.render(page), page["page"]
+    pages = rec.load_all()
+    for page in pages:
+        assert (BENCHMARKS / page["page"]).read_text(encoding="utf-8") == rec.render(page, pages), page["page"]
 
 
 def test_every_benchmark_page_but_the_headline_page_has_a_records_file() -> None:
@@ -121,25 +122,31 @@ def test_a_table_row_superseded_by_a_row_that_does_not_exist_is_refused(tmp_path
         script().load_all(folder)
 
 
-def test_a_changed_figure_changes_its_page_and_check_fails_until_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, Path, Path]:
+    """The script working on copies of the records and the pages (the headline job left out)."""
     rec = script()
     folder = copy_of_records(tmp_path)
     pages = tmp_path / "pages"
     pages.mkdir()
     for p in BENCHMARKS.glob("*.md"):
         (pages / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(rec, "RECORDS", folder)
+    monkeypatch.setattr(rec, "PAGES", pages)
+    monkeypatch.setattr(rec, "ROOT", tmp_path)
+    monkeypatch.setattr(rec, "headline_script", lambda: type("H", (), {"main": staticmethod(lambda argv: 0)}))
+    return rec, folder, pages
+
+
+def test_a_changed_figure_changes_its_page_and_check_fails_until_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rec, folder, pages = sandbox(tmp_path, monkeypatch)
 
     def change_a_cell(data: dict[str, Any]) -> None:
         table = next(b["table"] for b in data["records"][0]["body"] if "table" in b)
         table["rows"][0][1] = "EM 0.999"
 
     edit(folder, "demo.json", change_a_cell)
-    monkeypatch.setattr(rec, "RECORDS", folder)
-    monkeypatch.setattr(rec, "PAGES", pages)
-    monkeypatch.setattr(rec, "ROOT", tmp_path)
-    monkeypatch.setattr(rec, "headline_script", lambda: type("H", (), {"main": staticmethod(lambda argv: 0)}))
     assert rec.main(["--check"]) == 1
     assert "demo.md differs from its records" in capsys.readouterr().out
     assert rec.main([]) == 0
@@ -150,3 +157,60 @@ def test_a_changed_figure_changes_its_page_and_check_fails_until_written(
 def test_a_table_renders_back_to_the_markdown_it_was_read_from() -> None:
     table = {"header": ["a", "b"], "align": ["---", "---:"], "rows": [["1", ""], ["`x | y`", "2"]]}
     assert script().table_lines(copy.deepcopy(table)) == ["| a | b |", "|---|---:|", "| 1 | |", "| `x | y` | 2 |"]
+
+
+def test_a_block_a_bench_wrote_into_its_page_is_taken_into_the_records_not_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rec, folder, pages = sandbox(tmp_path, monkeypatch)
+    page = pages / "algorithms.md"
+    old = "- results: bench/results/algorithms (40 sweep + 80 final runs)"
+    page.write_text(
+        page.read_text(encoding="utf-8").replace(old, old.replace("40 sweep", "41 sweep")), encoding="utf-8"
+    )
+    assert rec.main(["--check"]) == 1
+    assert rec.main([]) == 0
+    assert "(41 sweep + 80 final runs)" in page.read_text(encoding="utf-8")
+    assert "(41 sweep + 80 final runs)" in (folder / "algorithms.json").read_text(encoding="utf-8")
+    assert rec.main(["--check"]) == 0
+
+
+def test_a_superseded_record_is_marked_on_its_page_with_a_link_to_its_successor() -> None:
+    rec = script()
+    pages = rec.load_all()
+    where = rec.places(pages)
+    by_id = {r["id"]: r for page in pages for r in page["records"]}
+    for page in pages:
+        text = (BENCHMARKS / page["page"]).read_text(encoding="utf-8")
+        for r in page["records"]:
+            if r["status"] == "superseded":
+                target, anchor = where[r["superseded_by"]]
+                link = (target if target != page["page"] else "") + f"#{anchor}"
+                assert f"*Superseded by [{by_id[r['superseded_by']]['title']}]({link})" in text, r["id"]
+
+
+def test_a_summary_tables_superseded_rows_leave_it_for_a_table_of_replaced_rows() -> None:
+    rec = script()
+    page = next(p for p in rec.load_all() if p["page"] == "real-recipe.md")
+    table = next(b["table"] for b in page["records"][0]["body"] if "table" in b)
+    text = (BENCHMARKS / "real-recipe.md").read_text(encoding="utf-8")
+    current, _, replaced = text.partition("Rows a later row replaced")
+    for row, successor in table["superseded_rows"]:
+        line = rec.table_lines({**table, "rows": [table["rows"][row]]})[-1]
+        assert line not in current and line[:-1] + f"| {table['rows'][successor][-1]} |" in replaced
+
+
+def test_a_record_without_a_heading_has_an_anchor_a_page_can_link() -> None:
+    rec = script()
+    for page in rec.load_all():
+        text = (BENCHMARKS / page["page"]).read_text(encoding="utf-8")
+        for r in page["records"][1:]:
+            if not r["heading"]:
+                assert f'<a id="record-{r["id"].rpartition("/")[2]}"></a>' in text, r["id"]
+
+
+def test_a_records_file_writes_the_page_of_its_name(tmp_path: Path) -> None:
+    folder = copy_of_records(tmp_path)
+    (folder / "demo.json").rename(folder / "demos.json")
+    with pytest.raises(ValueError, match="demos.json writes demo.md, not demos.md"):
+        script().load_all(folder)
