@@ -76,6 +76,7 @@ _COMPONENT_CLIS = (
     "pvpo.envs.cli",
     "pvpo.trainer.cli",
     "pvpo.recipes.cli",
+    "pvpo.recipes.multihop.cli",
     "pvpo.trainer.config.cli",
     "pvpo.evaluation.cli",
     "pvpo.viewer.cli",

@@ -1,20 +1,22 @@
-"""bench/recipe/eval_table.py: the recipe's held-out table recomputed from `pvpo eval` folders, questions
+"""`pvpo recipe table` (pvpo.recipes.multihop.table, by_type): the recipe's held-out table recomputed from `pvpo eval` folders, questions
 matched by id across folders written in different orders, per dataset and overall, with the
 paired EM differences."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-import pytest
+from typer.testing import CliRunner
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
-    sys.path.insert(0, str(BENCH.parent))
+from pvpo.cli import app
+from pvpo.recipes.multihop.table import answer_in_reach
 
-from bench.recipe import eval_table as eval_table  # noqa: E402
+
+def _table(argv: list[str]) -> tuple[int, str]:
+    """`pvpo recipe table ARGV`: its exit status and what it printed."""
+    got = CliRunner().invoke(app, ["recipe", "table", *argv])
+    return got.exit_code, got.output
 
 
 def _write(folder: Path, rows: dict[str, float]) -> None:
@@ -26,13 +28,14 @@ def _write(folder: Path, rows: dict[str, float]) -> None:
             f.write(json.dumps({"id": uid, "output": out}) + "\n")
 
 
-def test_the_table_pairs_questions_by_id_per_dataset_and_overall(tmp_path, capsys):
+def test_the_table_pairs_questions_by_id_per_dataset_and_overall(tmp_path):
     warm = {"a/1": 0.0, "a/2": 1.0, "b/1": 0.0, "b/2": 0.0}
     rl = {"b/2": 1.0, "b/1": 1.0, "a/2": 1.0, "a/1": 0.0}  # another order: matched by id
     _write(tmp_path / "warm", warm)
     _write(tmp_path / "rl", rl)
-    assert eval_table.main(["--warm", str(tmp_path / "warm"), "--rl", str(tmp_path / "rl")]) == 0
-    text = capsys.readouterr().out
+    code, text = _table(["--warm", str(tmp_path / "warm"), "--rl", str(tmp_path / "rl")])
+    assert code == 0, text
+    assert text.startswith(f"command: pvpo recipe table --warm {tmp_path / 'warm'} --rl {tmp_path / 'rl'}\n")
     assert "| b | 2 | after warm start | 0.000 (0.000) |" in text
     assert "| b | 2 | after RL | 1.000 (0.000) |" in text
     assert "| all | 4 | after RL | 0.750 (0.250) |" in text
@@ -42,14 +45,16 @@ def test_the_table_pairs_questions_by_id_per_dataset_and_overall(tmp_path, capsy
 
 def test_an_answer_is_in_reach_only_when_a_retrieved_passage_holds_it_as_a_whole_phrase():
     response = "<search>q</search>\n\n<information>Doc 1(Title: X) The Sparta club, founded 1888.</information>"
-    assert eval_table.answer_in_reach(response, ["sparta"]) and eval_table.answer_in_reach(response, ["The 1888"])
-    assert not eval_table.answer_in_reach(response, ["Spar"])  # a word's part is not the answer
-    assert not eval_table.answer_in_reach("<answer>Sparta</answer>", ["Sparta"])  # the answer itself is no passage
+    assert answer_in_reach(response, ["sparta"]) and answer_in_reach(response, ["The 1888"])
+    assert not answer_in_reach(response, ["Spar"])  # a word's part is not the answer
+    assert not answer_in_reach("<answer>Sparta</answer>", ["Sparta"])  # the answer itself is no passage
 
 
-def test_a_folder_without_predictions_is_refused_naming_it(tmp_path):
-    with pytest.raises(SystemExit, match="holds no <dataset>/predictions.jsonl"):
-        eval_table.main(["--rl", str(tmp_path)])
+def test_a_folder_without_predictions_is_refused_naming_it_in_one_line(tmp_path):
+    code, text = _table(["--rl", str(tmp_path)])
+    assert code == 2 and f"error: {tmp_path} holds no <dataset>/predictions.jsonl" in text and "Traceback" not in text
+    code, text = _table([])
+    assert code == 2 and "give at least one of --base, --warm, --rl" in text
 
 
 def _questions(root: Path) -> list[Path]:
@@ -111,7 +116,7 @@ def _predictions(folder: Path, em: dict[str, float], reach: set[str], fmt: float
             f.write(json.dumps({"id": uid, "golden_answers": [gold], "output": out}) + "\n")
 
 
-def test_the_by_type_table_joins_predictions_with_each_datasets_types_and_counts_the_seeds_spread(tmp_path, capsys):
+def test_the_by_type_table_joins_predictions_with_each_datasets_types_and_counts_the_seeds_spread(tmp_path):
     from pvpo.stats import seeds_contrast, seeds_difference
 
     questions = _questions(tmp_path / "data")
@@ -121,17 +126,11 @@ def test_the_by_type_table_joins_predictions_with_each_datasets_types_and_counts
     _predictions(tmp_path / "rl1", {c1: 1, k1: 1}, reach={k1, "musique_dev/2hop__1_2"})
     _predictions(tmp_path / "sft0", {}, reach=set())
     _predictions(tmp_path / "sft1", {c1: 1}, reach={k1})
-    argv = ["--by-type", "--questions", *map(str, questions), "--warm", str(tmp_path / "warm")]
-    argv += [
-        "--rl",
-        str(tmp_path / "rl0"),
-        str(tmp_path / "rl1"),
-        "--sft",
-        str(tmp_path / "sft0"),
-        str(tmp_path / "sft1"),
-    ]
-    assert eval_table.main(argv) == 0
-    text = capsys.readouterr().out
+    argv = ["--by-type", *(w for q in questions for w in ("--questions", str(q))), "--warm", str(tmp_path / "warm")]
+    argv += ["--rl", str(tmp_path / "rl0"), "--rl", str(tmp_path / "rl1")]
+    argv += ["--sft", str(tmp_path / "sft0"), "--sft", str(tmp_path / "sft1")]
+    code, text = _table(argv)
+    assert code == 0, text
     # levels: the mean over seeds; EM where in reach summed over the seeds' in-reach questions
     assert "| 2wikimultihopqa | comparison | 2 | warm start | 0.500 | 0.000 | n/a (0/0) | 0.000 |" in text
     assert "| 2wikimultihopqa | comparison | 2 | RL (2 seeds) | 0.750 | 0.000 | n/a (0/0) | 1.000 |" in text
@@ -153,7 +152,7 @@ def test_the_by_type_table_joins_predictions_with_each_datasets_types_and_counts
     assert "RL - warm start: EM | RL - warm start: answer in reach | SFT - warm start: EM" in text
 
 
-def test_the_by_type_table_names_a_question_no_question_file_holds(tmp_path, capsys):
+def test_the_by_type_table_names_a_question_no_question_file_holds(tmp_path):
     questions = _questions(tmp_path / "data")
     _predictions(tmp_path / "warm", {}, reach=set())
     with (tmp_path / "warm" / "musique_dev" / "predictions.jsonl").open("a") as f:
@@ -167,12 +166,9 @@ def test_the_by_type_table_names_a_question_no_question_file_holds(tmp_path, cap
             )
             + "\n"
         )
-    with pytest.raises(SystemExit) as e:
-        eval_table.main(["--by-type", "--questions", str(questions[0]), "--warm", str(tmp_path / "warm")])
-    assert (
-        e.value.code == 2
-        and "'musique_dev/2hop__1_2' (and 2 more) is in none of the --questions files" in capsys.readouterr().err
-    )
-    with pytest.raises(SystemExit) as e:
-        eval_table.main(["--rl", str(tmp_path / "warm"), str(tmp_path / "warm")])
-    assert e.value.code == 2 and "read by --by-type" in capsys.readouterr().err
+    code, text = _table(["--by-type", "--questions", str(questions[0]), "--warm", str(tmp_path / "warm")])
+    assert code == 2 and "'musique_dev/2hop__1_2' (and 2 more) is in none of the --questions files" in text
+    code, text = _table(["--rl", str(tmp_path / "warm"), "--rl", str(tmp_path / "warm")])
+    assert code == 2 and "read by --by-type" in text
+    code, text = _table(["--by-type", "--warm", str(tmp_path / "warm")])
+    assert code == 2 and "--by-type needs --questions" in text

@@ -1,24 +1,22 @@
-"""bench/recipe/rl_seeds.py and pvpo.stats.seeds_difference / seeds_contrast: the seeds' RL phase from the
-recipe run's warm start with only run.seed changed, and the mean over seeds with an s.e. that counts
-their spread."""
+"""`pvpo recipe seeds` (pvpo.recipes.multihop.seeds) and pvpo.stats.seeds_difference / seeds_contrast:
+the seeds' RL phase from the recipe run's warm start with only run.seed changed, and the mean over
+seeds with an s.e. that counts their spread."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
+import types
 from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from pvpo.cli import app
+from pvpo.recipes.multihop import evaluate, seeds, seeds_report
+from pvpo.recipes.multihop import runs as recipe_runs
 from pvpo.stats import paired_difference, seeds_contrast, seeds_difference
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
-    sys.path.insert(0, str(BENCH.parent))
-
-from bench.recipe import rl_seeds as rl_seeds  # noqa: E402
 
 
 def test_seeds_difference_adds_the_seeds_spread_to_the_questions_paired_error():
@@ -73,7 +71,7 @@ def _run(root: Path, name: str, before, after, qs, base=None, fmt=1.0) -> Path:
 
 
 def test_a_seed_reruns_the_recipes_rl_from_its_warm_start_with_only_the_seed_changed(tmp_path):
-    over = rl_seeds.seed_overrides(tmp_path / "recipe", 2)
+    over = seeds.seed_overrides(tmp_path / "recipe", 2)
     assert over == [
         f"model.path={tmp_path / 'recipe' / 'initial_policy'}",
         "model.warm_start_steps=0",
@@ -87,11 +85,11 @@ def test_the_report_gives_each_seed_the_mean_with_the_seeds_spread_and_each_data
     qs = ["hotpotqa/1", "hotpotqa/2", "musique/1", "musique/2"]
     warm = [0, 0, 1, 1]
     runs = [
-        rl_seeds.load_seed(_run(tmp_path, "s0", warm, [1, 0, 1, 1], qs, base=[0, 0, 0, 0])),
-        rl_seeds.load_seed(_run(tmp_path, "s1", warm, [0, 0, 1, 1], qs, fmt=0.5)),
-        rl_seeds.load_seed(_run(tmp_path, "s2", [0, 1, 1, 1], [1, 1, 1, 1], qs)),
+        recipe_runs.load_seed(_run(tmp_path, "s0", warm, [1, 0, 1, 1], qs, base=[0, 0, 0, 0])),
+        recipe_runs.load_seed(_run(tmp_path, "s1", warm, [0, 0, 1, 1], qs, fmt=0.5)),
+        recipe_runs.load_seed(_run(tmp_path, "s2", [0, 1, 1, 1], [1, 1, 1, 1], qs)),
     ]
-    text = rl_seeds.report([0, 1, 2], runs, command="c", machine="m")
+    text = seeds_report.report([0, 1, 2], runs, command="c", machine="m")
     assert "| 0 | 0.500 | 0.750 | +0.250 (0.250) | +1.0 | 1.000 | 0.500 |" in text
     agg = seeds_difference(warm, [r["em"]["after"] for r in runs])
     assert f"RL - warm start: {agg['mean']:+.3f} (s.e. {agg['se']:.3f}" in text
@@ -99,9 +97,9 @@ def test_the_report_gives_each_seed_the_mean_with_the_seeds_spread_and_each_data
     # seed 2's own warm-start answers differ on one question from seed 0's run: counted, not hidden
     assert "per seed: [0, 0, 1]" in text
     assert "| hotpotqa | 2 | 0.000 |" in text and "| musique | 2 | 1.000 |" in text
-    other = rl_seeds.load_seed(_run(tmp_path, "s3", warm, warm, ["x/1", "x/2", "x/3", "x/4"]))
+    other = recipe_runs.load_seed(_run(tmp_path, "s3", warm, warm, ["x/1", "x/2", "x/3", "x/4"]))
     with pytest.raises(ValueError, match="seed 3 was evaluated on other held-out questions"):
-        rl_seeds.report([0, 3], [runs[0], other], command="c", machine="m")
+        seeds_report.report([0, 3], [runs[0], other], command="c", machine="m")
 
 
 def test_a_validation_recipe_run_is_taken_and_reported_as_validation_an_unknown_split_or_unfinished_refused(
@@ -111,15 +109,15 @@ def test_a_validation_recipe_run_is_taken_and_reported_as_validation_an_unknown_
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     cfg["data"]["evaluate_on"] = "validation"
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
-    assert rl_seeds.split_of(rl_seeds.recipe_config(run)) == "validation"
-    text = rl_seeds.report([0], [rl_seeds.load_seed(run)], command="c", machine="m", split="validation")
+    assert recipe_runs.split_of(recipe_runs.recipe_config(run)) == "validation"
+    text = seeds_report.report([0], [recipe_runs.load_seed(run)], command="c", machine="m", split="validation")
     assert "one warm start, validation (2 questions)" in text and "held-out" not in text
     cfg["data"]["evaluate_on"] = "train"
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match="evaluated on 'train'; known: held_out, validation"):
-        rl_seeds.recipe_config(run)
+        recipe_runs.recipe_config(run)
     with pytest.raises(ValueError, match="no finished demo run"):
-        rl_seeds.recipe_config(tmp_path / "nothing")
+        recipe_runs.recipe_config(tmp_path / "nothing")
 
 
 def test_pvpo_eval_gets_the_recipes_agent_settings():
@@ -135,7 +133,7 @@ def test_pvpo_eval_gets_the_recipes_agent_settings():
         "retriever": {"topk": 2},
         "model": {"dtype": "bfloat16"},
     }
-    cmd = rl_seeds.eval_command(cfg, Path("m"), Path("q.jsonl"), "http://127.0.0.1:1", Path("o"))
+    cmd = evaluate.eval_command(cfg, Path("m"), Path("q.jsonl"), "http://127.0.0.1:1", Path("o"))
     joined = " ".join(cmd)
     for flag in (
         "--template default",
@@ -170,7 +168,6 @@ def test_the_held_out_table_evaluates_base_warm_start_and_each_seed_once_and_lat
     tmp_path, monkeypatch
 ):
     import contextlib
-    import types
 
     import pvpo.retriever.server as server
 
@@ -189,30 +186,29 @@ def test_the_held_out_table_evaluates_base_warm_start_and_each_seed_once_and_lat
         ]
         (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         ran.append(model)
+        return types.SimpleNamespace(returncode=0)
 
-    monkeypatch.setattr(rl_seeds.subprocess, "run", fake_eval)
+    monkeypatch.setattr(evaluate.subprocess, "run", fake_eval)
     monkeypatch.setattr(server, "BackgroundServer", lambda d: contextlib.nullcontext(types.SimpleNamespace(url="u")))
-    monkeypatch.setattr(rl_seeds, "final_policy", lambda d: Path(f"p{d.name[-1]}"))
+    monkeypatch.setattr(seeds, "final_policy", lambda d: Path(f"p{d.name[-1]}"))
     recipe = _validation_run(tmp_path, qs)
     dirs = [recipe.parent / "seed_1", recipe.parent / "seed_2"]
-    records = rl_seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out")
+    records = seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out")
     assert ran == ["base-model", "initial_policy", "p1", "p2"]
     assert records[0]["em"] == {"before": [0, 0, 1, 0], "after": [1, 0, 1, 1], "base": [0, 0, 0, 0]}
-    text = rl_seeds.report([1, 2], records, command="c", machine="m", split="held-out")
+    text = seeds_report.report([1, 2], records, command="c", machine="m", split="held-out")
     assert "| 1 | 0.250 | 0.750 | +0.500 (0.289) |" in text and "Base model -> RL, mean over seeds: +0.750" in text
     # evaluated once: a second call reads what the first wrote and runs nothing
-    again = rl_seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out")
+    again = seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out")
     assert ran == ["base-model", "initial_policy", "p1", "p2"] and again == records
     cfg = yaml.safe_load((recipe / "config.yaml").read_text())
     cfg["data"]["evaluate_on"] = "held_out"
     (recipe / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(ValueError, match="held-out-mode run; its own table is the held-out one"):
-        rl_seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out2")
+        seeds.held_out_once(recipe, [1, 2], dirs, tmp_path / "out2")
 
 
-def test_seeds_start_from_a_recipe_run_past_its_warm_start_and_the_report_waits_for_its_end(
-    tmp_path, monkeypatch, capsys
-):
+def test_seeds_start_from_a_recipe_run_past_its_warm_start_and_the_report_waits_for_its_end(tmp_path, monkeypatch):
     run = _run(tmp_path, "recipe", [0, 1], [1, 1], ["a/1", "a/2"])
     (run / "summary.md").unlink()  # its RL phase still going: warm start, config and index in place
     started: list[int] = []
@@ -221,18 +217,35 @@ def test_seeds_start_from_a_recipe_run_past_its_warm_start_and_the_report_waits_
         started.append(seed)
         return _run(out, f"seed_{seed}", [0, 1], [1, 0], ["a/1", "a/2"])
 
-    monkeypatch.setattr(rl_seeds, "run_seed", fake_seed)
-    monkeypatch.setattr(rl_seeds, "machine_line", lambda *a: "m")
-    assert rl_seeds.main(["--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out")]) == 0
-    assert started == [1] and "still running: --report-only once it ends" in capsys.readouterr().out
+    monkeypatch.setattr(seeds, "run_seed", fake_seed)
+    monkeypatch.setattr(seeds, "machine_line", lambda *a: "m")
+    argv = ["recipe", "seeds", "--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out")]
+    got = CliRunner().invoke(app, argv)
+    assert got.exit_code == 0 and started == [1] and "still running: --report-only once it ends" in got.output
     assert not (tmp_path / "out" / "results.md").exists()
-    with pytest.raises(SystemExit):  # the report needs the recipe run's own result
-        rl_seeds.main(["--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out"), "--report-only"])
+    # the report needs the recipe run's own result: one line, exit status 2
+    got = CliRunner().invoke(app, [*argv, "--report-only"])
+    assert got.exit_code == 2 and "no finished demo run there" in got.output and "Traceback" not in got.output
     (run / "summary.md").write_text("done\n")
-    assert (
-        rl_seeds.main(["--recipe-run", str(run), "--seeds", "1", "--out", str(tmp_path / "out"), "--report-only"]) == 0
-    )
-    assert "2 RL seeds from one warm start" in (tmp_path / "out" / "results.md").read_text()
+    got = CliRunner().invoke(app, [*argv, "--report-only"])
+    assert got.exit_code == 0, got.output
+    text = (tmp_path / "out" / "results.md").read_text()
+    assert "2 RL seeds from one warm start" in text
+    assert f"command: `pvpo recipe seeds --recipe-run {run} --seeds 1 --out {tmp_path / 'out'} --report-only`" in text
+
+
+def test_the_seeds_refuse_a_seed_given_twice_or_the_recipe_runs_own_and_held_out_on_a_held_out_run_before_any_run(
+    tmp_path, monkeypatch
+):
+    run = _run(tmp_path, "recipe", [0, 1], [1, 1], ["a/1", "a/2"])
+    monkeypatch.setattr(seeds, "run_seed", lambda *a: pytest.fail("a seed ran"))
+    for given, said in (("1,1", "give each seed once"), ("0,1", "none equal to the recipe run's own seed 0")):
+        got = CliRunner().invoke(app, ["recipe", "seeds", "--recipe-run", str(run), "--seeds", given])
+        assert got.exit_code == 2 and said in got.output
+    got = CliRunner().invoke(app, ["recipe", "seeds", "--recipe-run", str(run), "--seeds", "x"])
+    assert got.exit_code == 2 and "give whole numbers" in got.output
+    got = CliRunner().invoke(app, ["recipe", "seeds", "--recipe-run", str(run), "--held-out"])
+    assert got.exit_code == 2 and "held-out-mode run; its own table is the held-out one" in got.output
 
 
 def _curve(run: Path, qs: list[str], by_step: dict[int, list[float]]) -> None:
@@ -250,15 +263,15 @@ def test_the_validation_curve_table_gives_each_seed_by_step_and_the_mean_gain_wi
     r0, r1 = tmp_path / "r0", tmp_path / "r1"
     _curve(r0, qs, {0: [0, 0, 1, 0], 8: [1, 0, 1, 0], 16: [1, 1, 1, 0]})
     _curve(r1, qs, {0: [0, 0, 1, 1], 8: [0, 0, 1, 1], 16: [1, 0, 1, 1]})  # no step 24 in either: not shown
-    lines = rl_seeds.curve_table([0, 1], [rl_seeds.load_curve(r0), rl_seeds.load_curve(r1)])
+    lines = seeds_report.curve_table([0, 1], [recipe_runs.load_curve(r0), recipe_runs.load_curve(r1)])
     assert lines[1] == "| validation EM by RL step | 0 | 8 | 16 |"
     assert "| seed 0 | 0.250 | 0.500 | 0.750 |" in lines and "| seed 1 | 0.500 | 0.500 | 0.750 |" in lines
     d16 = seeds_difference([0, 0, 1, 0], [[1, 1, 1, 0], [1, 0, 1, 1]])  # against seed 0's step-0 answers
     assert lines[-1].endswith(f"| {d16['mean']:+.3f} ({d16['se']:.3f}) |") and d16["mean"] == 0.5
-    assert rl_seeds.load_curve(tmp_path / "none") is None
+    assert recipe_runs.load_curve(tmp_path / "none") is None
     _curve(r1, ["b/1", "b/2", "b/3", "b/4"], {0: [0, 0, 0, 0]})
     with pytest.raises(ValueError, match="seed 1's validation curve is over other questions"):
-        rl_seeds.curve_table([0, 1], [rl_seeds.load_curve(r0), rl_seeds.load_curve(r1)])
+        seeds_report.curve_table([0, 1], [recipe_runs.load_curve(r0), recipe_runs.load_curve(r1)])
 
 
 def test_the_held_out_base_is_the_model_under_a_warm_start_taken_from_another_run(tmp_path):
@@ -269,13 +282,13 @@ def test_the_held_out_base_is_the_model_under_a_warm_start_taken_from_another_ru
     (first / "initial_policy" / "config.json").write_text("{}")
     (first / "config.yaml").write_text(yaml.safe_dump({"model": {"path": "smollm2-135m-instruct"}}))
     arm = {"model": {"path": str(first / "initial_policy")}}
-    assert rl_seeds.base_model(arm) == Path("smollm2-135m-instruct")
+    assert recipe_runs.base_model(arm) == Path("smollm2-135m-instruct")
     ckpt = first / "checkpoints" / "step_000016" / "policy"
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text("{}")
-    assert rl_seeds.base_model({"model": {"path": str(ckpt)}}) == Path("smollm2-135m-instruct")
+    assert recipe_runs.base_model({"model": {"path": str(ckpt)}}) == Path("smollm2-135m-instruct")
     # a model folder of its own (no run around it) is its own base
     alone = tmp_path / "weights"
     alone.mkdir()
     (alone / "config.json").write_text("{}")
-    assert rl_seeds.base_model({"model": {"path": str(alone)}}) == alone
+    assert recipe_runs.base_model({"model": {"path": str(alone)}}) == alone

@@ -1,4 +1,4 @@
-"""bench/recipe/sft_arm.py and the warm start's data order: the compute-matched SFT arm continues the
+"""`pvpo recipe sft-arm` (pvpo.recipes.multihop.sft_*) and the warm start's data order: the compute-matched SFT arm continues the
 recipe's warm start for as many steps as the RL phase's measured wall time buys, first on the GT
 trajectories the warm start never drew, in its own data-order seed, and is compared with the RL
 seeds with the seeds' spread in the s.e."""
@@ -14,14 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from pvpo.cli import app
+from pvpo.recipes.multihop import evaluate, sft_plan, sft_report, sft_train
 from pvpo.trainer.model.warmstart import continued_batches, sft_batches
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
-    sys.path.insert(0, str(BENCH.parent))
-
-from bench.recipe import sft_arm as sft_arm  # noqa: E402
 
 
 def _inline_order(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
@@ -113,20 +110,20 @@ def test_the_steps_are_the_rl_phases_measured_wall_time_over_one_warm_start_step
     # RL phase of each run: its steps' rollouts + updates + the anchor before them; evaluations left out
     recipe = _recipe(tmp_path, step_s=[100, 120], anchor_s=30)  # 250 s
     seed1 = _finished_run(tmp_path, "seed_1", start=str(recipe / "initial_policy"), step_s=[110, 110], anchor_s=40)
-    assert sft_arm.rl_phase_seconds(recipe) == pytest.approx(250) and sft_arm.rl_phase_seconds(seed1) == 260
-    p = sft_arm.plan(recipe, [recipe, seed1])
+    assert sft_plan.rl_phase_seconds(recipe) == pytest.approx(250) and sft_plan.rl_phase_seconds(seed1) == 260
+    p = sft_plan.plan(recipe, [recipe, seed1])
     # one SFT step: 40 s of SFT over the warm start's 4 steps = 10 s; mean RL phase 255 s -> 26 steps (rounded)
     assert p["sft_step_s"] == 10.0 and p["rl_phase_mean_s"] == 255 and p["steps"] == 26
     assert p["warm_start"] == {"steps": 4, "seed": 0, "batch_size": 8, "lr": 1e-4}
     # other runs, another count: refused for an OUT planned with the first
-    assert sft_arm.fixed_plan(tmp_path / "out", p)["steps"] == 26
+    assert sft_plan.fixed_plan(tmp_path / "out", p)["steps"] == 26
     slow = _finished_run(tmp_path, "slow", start=str(recipe / "initial_policy"), step_s=[400, 400])
     with pytest.raises(ValueError, match="planned 26 SFT steps"):
-        sft_arm.fixed_plan(tmp_path / "out", sft_arm.plan(recipe, [slow]))
+        sft_plan.fixed_plan(tmp_path / "out", sft_plan.plan(recipe, [slow]))
     # a run from another start is no RL arm of this warm start
     other = _finished_run(tmp_path, "other", start="smollm2-135m-instruct", step_s=[100])
     with pytest.raises(ValueError, match="not from .*initial_policy"):
-        sft_arm.plan(recipe, [other])
+        sft_plan.plan(recipe, [other])
 
 
 def test_a_run_without_the_sft_seconds_record_takes_the_summarys_warm_start_wall_time(tmp_path):
@@ -134,11 +131,11 @@ def test_a_run_without_the_sft_seconds_record_takes_the_summarys_warm_start_wall
     (recipe / "summary.md").write_text(
         "| run | value |\n|---|---|\n| wall time (s): total / index+serve / warm start / RL+eval | 500 / 20 / 80 / 400 |\n"
     )
-    step_s, source = sft_arm.sft_step_seconds(recipe)
+    step_s, source = sft_plan.sft_step_seconds(recipe)
     assert step_s == 20.0 and "GT trajectories written included" in source
     (recipe / "summary.md").write_text("done\n")
     with pytest.raises(ValueError, match="neither warm_start.json's sft_seconds nor"):
-        sft_arm.sft_step_seconds(recipe)
+        sft_plan.sft_step_seconds(recipe)
 
 
 def test_each_seed_trains_in_a_child_process_with_the_planned_steps_and_a_finished_one_is_kept(tmp_path, monkeypatch):
@@ -148,44 +145,54 @@ def test_each_seed_trains_in_a_child_process_with_the_planned_steps_and_a_finish
         ran.append(cmd)
         return types.SimpleNamespace(returncode=0)
 
-    monkeypatch.setattr(sft_arm.subprocess, "run", child)
+    monkeypatch.setattr(evaluate.subprocess, "run", child)
     out = tmp_path / "out"
-    done = sft_arm.seed_dir(out, 0)
+    done = sft_train.seed_dir(out, 0)
     (done / "policy").mkdir(parents=True)
     (done / "policy" / "config.json").write_text("{}")
     (done / "sft.json").write_text("{}")
-    sft_arm.run_seeds(tmp_path / "recipe", [0, 2], 26, out)
-    assert len(ran) == 1 and ran[0][1:] == [
-        str(BENCH / "recipe" / "sft_arm.py"),
-        "--recipe-run",
-        str(tmp_path / "recipe"),
-        "--out",
-        str(out),
-        "--train-seed",
-        "2",
-        "--steps",
-        "26",
+    sft_train.run_seeds(tmp_path / "recipe", [0, 2], 26, out)
+    assert len(ran) == 1 and ran[0] == [
+        sys.executable,
+        *("-m", "pvpo.cli", "recipe", "sft-seed"),
+        *("--recipe-run", str(tmp_path / "recipe"), "--out", str(out), "--seed", "2", "--steps", "26"),
     ]
     # a seed folder holding a user's file is refused before anything runs
-    (sft_arm.seed_dir(out, 3)).mkdir()
-    (sft_arm.seed_dir(out, 3) / "notes.txt").write_text("mine")
+    (sft_train.seed_dir(out, 3)).mkdir()
+    (sft_train.seed_dir(out, 3) / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="holds files this arm does not write"):
-        sft_arm.run_seeds(tmp_path / "recipe", [3], 26, out)
+        sft_train.run_seeds(tmp_path / "recipe", [3], 26, out)
     assert len(ran) == 1
     # a seed whose child process fails is one line, naming the seed
-    monkeypatch.setattr(sft_arm.subprocess, "run", lambda cmd, check, env: types.SimpleNamespace(returncode=2))
+    monkeypatch.setattr(evaluate.subprocess, "run", lambda cmd, check, env: types.SimpleNamespace(returncode=2))
     with pytest.raises(ValueError, match="SFT seed 4 failed"):
-        sft_arm.run_seeds(tmp_path / "recipe", [4], 26, out)
+        sft_train.run_seeds(tmp_path / "recipe", [4], 26, out)
 
 
-def test_the_child_process_of_a_seed_refuses_a_folder_that_is_no_recipe_run_in_one_line(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        sft_arm.main(["--recipe-run", str(tmp_path), "--out", str(tmp_path / "o"), "--train-seed", "0", "--steps", "1"])
-    assert e.value.code == 2 and "no demo run there (config.yaml)" in capsys.readouterr().err
+def test_the_child_process_of_a_seed_refuses_a_folder_that_is_no_recipe_run_in_one_line(tmp_path):
+    argv = ["recipe", "sft-seed", "--recipe-run", str(tmp_path), "--out", str(tmp_path / "o"), "--seed", "0"]
+    got = CliRunner().invoke(app, [*argv, "--steps", "1"])
+    assert got.exit_code == 2 and "no demo run there (config.yaml)" in got.output and "Traceback" not in got.output
+
+
+def test_the_arm_refuses_bad_input_in_one_line_before_it_plans_or_trains(tmp_path, monkeypatch):
+    recipe = _recipe(tmp_path, step_s=[100])
+    monkeypatch.setattr(sft_train, "run_child", lambda *a: pytest.fail("a seed trained"))
+    base = ["recipe", "sft-arm", "--recipe-run", str(recipe), "--out", str(tmp_path / "out")]
+    cases = (
+        ([], "--match-wall-of: name the RL arm's finished seed runs"),
+        (["--match-wall-of", str(recipe), "--held-out"], "--held-out needs --rl-seeds-out"),
+        (["--match-wall-of", str(recipe), "--seeds", "1,1"], "give each data-order seed once"),
+        (["--match-wall-of", str(tmp_path / "none")], "no finished demo run there"),
+    )
+    for extra, said in cases:
+        got = CliRunner().invoke(app, [*base, *extra])
+        assert got.exit_code == 2 and said in got.output, got.output
+    assert not (tmp_path / "out" / "plan.json").exists()
 
 
 def _sft_seed(out: Path, seed: int, steps: int = 26) -> None:
-    folder = sft_arm.seed_dir(out, seed)
+    folder = sft_train.seed_dir(out, seed)
     (folder / "policy").mkdir(parents=True)
     (folder / "policy" / "config.json").write_text("{}")
     rec = {"steps": steps, "sft_seconds": 250.0 + seed, "new_trajectories": 200, "trajectories": 517, "epochs": 0.4}
@@ -203,6 +210,7 @@ def _fake_eval(answers: dict[str, list[int]], qs: list[str], ran: list[str]):
         ]
         (out / "validation" / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         ran.append(f"{model}:{out.name}")
+        return types.SimpleNamespace(returncode=0)
 
     return run
 
@@ -224,10 +232,10 @@ def test_the_report_gives_each_arm_over_the_warm_start_and_rl_minus_sft_with_the
         _sft_seed(out, s)
     sft = {"seed_0": [0, 1, 0, 1], "seed_1": [0, 0, 0, 0]}
     ran: list[str] = []
-    monkeypatch.setattr(sft_arm.subprocess, "run", _fake_eval(sft, qs, ran))
+    monkeypatch.setattr(evaluate.subprocess, "run", _fake_eval(sft, qs, ran))
     monkeypatch.setattr(server, "BackgroundServer", lambda d: contextlib.nullcontext(types.SimpleNamespace(url="u")))
-    p = sft_arm.plan(recipe, [recipe, seed1])
-    text = "\n".join(sft_arm.split_report(recipe, [recipe, seed1], [0, 1], out, p))
+    p = sft_plan.plan(recipe, [recipe, seed1])
+    text = "\n".join(sft_report.split_report(recipe, [recipe, seed1], [0, 1], out, p))
     assert ran == ["seed_0:eval", "seed_1:eval"]
     # RL seeds 0.5 and 0.75 over a warm start of 0.25; SFT seeds 0.5 and 0.0
     assert "| warm start | | 0.250 |" in text
@@ -238,7 +246,7 @@ def test_the_report_gives_each_arm_over_the_warm_start_and_rl_minus_sft_with_the
     # the step count's derivation and what each arm spent
     assert "mean 255 s" in text and "= **26 steps**" in text and "250, 251 s (mean 250, 0.98x the RL phase)" in text
     # evaluated once: a second report reads the kept answers
-    sft_arm.split_report(recipe, [recipe, seed1], [0, 1], out, p)
+    sft_report.split_report(recipe, [recipe, seed1], [0, 1], out, p)
     assert ran == ["seed_0:eval", "seed_1:eval"]
 
 
@@ -251,9 +259,9 @@ def test_the_held_out_comparison_needs_the_rl_seeds_kept_held_out_evaluations(tm
     _agent_settings(recipe)
     out, rl_out = tmp_path / "out", tmp_path / "rl_seeds"
     _sft_seed(out, 0)
-    p = sft_arm.plan(recipe, [recipe])
-    with pytest.raises(ValueError, match="run bench/recipe/rl_seeds.py --held-out first"):
-        sft_arm.held_out_report(recipe, rl_out, [0], out, p)
+    p = sft_plan.plan(recipe, [recipe])
+    with pytest.raises(ValueError, match="run pvpo recipe seeds --held-out first"):
+        sft_report.held_out_report(recipe, rl_out, [0], out, p)
     for label, ems in (("warm", [0, 0]), ("seed_0", [1, 0]), ("seed_1", [1, 1])):
         d = rl_out / "held_out" / label / "held_out"
         d.mkdir(parents=True)
@@ -261,9 +269,9 @@ def test_the_held_out_comparison_needs_the_rl_seeds_kept_held_out_evaluations(tm
         (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (d.parent / "done").write_text("x\n")
     ran: list[str] = []
-    monkeypatch.setattr(sft_arm.subprocess, "run", _fake_eval({"seed_0": [0, 1]}, qs, ran))
+    monkeypatch.setattr(evaluate.subprocess, "run", _fake_eval({"seed_0": [0, 1]}, qs, ran))
     monkeypatch.setattr(server, "BackgroundServer", lambda d: contextlib.nullcontext(types.SimpleNamespace(url="u")))
-    text = "\n".join(sft_arm.held_out_report(recipe, rl_out, [0], out, p))
+    text = "\n".join(sft_report.held_out_report(recipe, rl_out, [0], out, p))
     assert ran == ["seed_0:seed_0"]  # OUT/held_out/seed_0, once
     assert "held-out (2 questions), evaluated once" in text
     assert "| 2 | 0.750 (0.500, 1.000) | +0.750 (" in text and "| 1 | 0.500 (0.500) | +0.500 (" in text
@@ -300,7 +308,7 @@ def test_the_arm_continues_a_runs_warm_start_on_its_rebuilt_trajectories_and_sav
     train(load_config(None, over), run, searcher=searcher, show_progress=False)
     ws = json.loads((run / "warm_start.json").read_text())
     assert len(ws["losses"]) == 2 and ws["sft_seconds"] > 0  # the arm's step time is read from here
-    rec = sft_arm.train_seed(run, 1, 3, tmp_path / "arm" / "seed_1", searcher=searcher, show_progress=False)
+    rec = sft_train.train_seed(run, 1, 3, tmp_path / "arm" / "seed_1", searcher=searcher, show_progress=False)
     # 5 trajectories; the warm start drew 4, so the first continued step holds the fifth
     assert rec["steps"] == 3 and len(rec["losses"]) == 3 and rec["trajectories"] == 5
     assert rec["new_trajectories"] == 1 and rec["sft_seconds"] > 0 and rec["peak_rss_gib"] > 0
@@ -311,4 +319,4 @@ def test_the_arm_continues_a_runs_warm_start_on_its_rebuilt_trajectories_and_sav
     ws["questions"] = ws["questions"][:-1]
     (run / "warm_start.json").write_text(json.dumps(ws))
     with pytest.raises(ValueError, match="were not rebuilt as its warm_start.json lists them"):
-        sft_arm.train_seed(run, 2, 1, tmp_path / "arm" / "seed_2", searcher=searcher, show_progress=False)
+        sft_train.train_seed(run, 2, 1, tmp_path / "arm" / "seed_2", searcher=searcher, show_progress=False)
