@@ -406,7 +406,7 @@ def report_cmd(
         list[Path],
         typer.Argument(help="Run folders (OUT of pvpo eval, or one dataset's folder); one table row per method"),
     ],
-    metric: Annotated[str, typer.Option(help="em | f1 | acc | lasj | format_ok | searches")] = "em",
+    metric: Annotated[str, typer.Option(help="em | f1 | cem (FlashRAG's acc) | lasj | format_ok | searches")] = "em",
     csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the table as CSV")] = None,
     md_path: Annotated[Path | None, typer.Option("--md", help="Also write the markdown table to a file")] = None,
     overwrite: Annotated[

@@ -19,9 +19,12 @@ from typing import Any
 
 from pvpo.envs.datasets import BENCHMARKS, benchmark
 from pvpo.evaluation.run import METRICS, read_items, summarize_items, without_corrections
-from pvpo.reward import TagProtocol, answer_metrics
+from pvpo.reward import TagProtocol
+from pvpo.reward.scoring import ALIASES, canonical, flashrag_metric_score, score_answer
 
-METRIC_KEYS = {"em": "em", "f1": "f1", "acc": "acc", "lasj": "lasj", "format_ok": "format_ok", "searches": "searches"}
+# the figures a report can tabulate, under `pvpo.reward.scoring`'s names (and FlashRAG's `acc` for
+# `cem`, as metrics.json spells it), and `lasj`, the judge's (`judge.py`)
+METRICS_REPORTED = ("em", "f1", "cem", "acc", "lasj", "format_ok", "searches")
 
 
 # ---- rescore ---------------------------------------------------------------------------------------
@@ -49,8 +52,7 @@ def rescore_items(items: Sequence[Mapping[str, Any]], *, extract: TagProtocol | 
             new = extract.extract_answer(without_corrections(str(o.get("final_response", "")), extract)) or ""
             changed_preds += new != (pred or "")
             pred = o["pred"] = new
-        m = answer_metrics(pred if pred is not None else None, list(item.get("golden_answers", [])))
-        score = {"em": m["em"], "f1": m["f1"], "acc": m["cem"]}
+        score = flashrag_metric_score(score_answer(pred, list(item.get("golden_answers", []))))
         before = o.get("metric_score") or {}
         if any(k not in before or float(before[k]) != v for k, v in score.items()):
             changed_scores += 1
@@ -81,9 +83,9 @@ class RunResult:
 def find_runs(dirs: Sequence[str | Path], metric: str = "em") -> list[RunResult]:
     """One result per `metrics.json`: a DIR that is one run, or holds one run per sub-folder
     (`<DIR>/<dataset>/metrics.json`). The method is the metrics' `label`, else DIR's name."""
-    if metric not in METRIC_KEYS:
-        raise ValueError(f"unknown metric {metric!r}; known: {sorted(METRIC_KEYS)}")
-    key = METRIC_KEYS[metric]
+    if metric not in METRICS_REPORTED:
+        raise ValueError(f"unknown metric {metric!r}; known: {sorted(METRICS_REPORTED)}")
+    key = ALIASES.get(metric, metric)
     out = []
     for d in dirs:
         d = Path(d)
@@ -91,7 +93,7 @@ def find_runs(dirs: Sequence[str | Path], metric: str = "em") -> list[RunResult]
         if not files:
             raise FileNotFoundError(f"{d}: no {METRICS} in it or in its sub-folders")
         for f in files:
-            m = _read_metrics(f)
+            m = canonical(_read_metrics(f))
             value = m.get(key)
             if value is None:
                 continue

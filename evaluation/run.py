@@ -53,8 +53,9 @@ from pvpo.owned import (
     shown,
 )
 from pvpo.retriever.types import Searcher
-from pvpo.reward import TagProtocol, answer_metrics
-from pvpo.stats import mean, standard_error
+from pvpo.reward import TagProtocol
+from pvpo.reward.scoring import aggregate, flashrag_metric_score, flashrag_summary, item_score, score_answer
+from pvpo.stats import mean
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ def item_id(example: QAExample) -> str:
 def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
     """One FlashRAG-layout item (see the module docstring)."""
     golds = list(example.golden_answers)
-    m = answer_metrics(outcome.prediction, golds)
+    score = score_answer(outcome.prediction, golds)
     return {
         "id": item_id(example),
         "question": example.question,
@@ -132,7 +133,7 @@ def prediction_item(example: QAExample, outcome: Outcome) -> dict[str, Any]:
             "query": outcome.prompt,
             "final_response": outcome.response,
             "pred": outcome.prediction if outcome.prediction is not None else "",
-            "metric_score": {"em": m["em"], "f1": m["f1"], "acc": m["cem"]},
+            "metric_score": flashrag_metric_score(score),
             "num_searches": outcome.num_searches,
             "num_queries_cut": outcome.num_queries_cut,
             "queries": outcome.queries,
@@ -213,25 +214,12 @@ def write_json(path: Path, data: Any) -> None:
 
 # ---- metrics -------------------------------------------------------------------------------------
 def summarize_items(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Means over items of FlashRAG metric_score (em, f1, acc), EM's standard error and, where the
-    items carry them, format rate, searches, turns and tokens per question."""
-    n = len(items)
+    """The figures of FlashRAG-layout items: `pvpo.reward.scoring`'s aggregate of their stored scores
+    (means of em, f1, acc = cover-EM, EM's standard error and, where the items carry them, format
+    rate and searches) under metrics.json's names, then turns and tokens per question where recorded."""
     outs = [it.get("output", {}) for it in items]
-    scores = [o.get("metric_score", {}) for o in outs]
-    ems = [float(s.get("em", 0.0)) for s in scores]
-    out: dict[str, Any] = {
-        "n": n,
-        "em": mean(ems),
-        "f1": mean([float(s.get("f1", 0.0)) for s in scores]),
-        "acc": mean([float(s.get("acc", 0.0)) for s in scores]),
-        "em_se": standard_error(ems),
-    }
-    for key, name in (
-        ("format_ok", "format_ok"),
-        ("num_searches", "searches"),
-        ("num_turns", "turns"),
-        ("completion_tokens", "completion_tokens"),
-    ):
+    out = flashrag_summary(aggregate([item_score(it) for it in items]))
+    for key, name in (("num_turns", "turns"), ("completion_tokens", "completion_tokens")):
         vals = [float(o[key]) for o in outs if key in o]
         if vals:
             out[name] = mean(vals)

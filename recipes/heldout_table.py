@@ -1,12 +1,14 @@
 """The held-out table of a run, per dataset and overall: EM (with its standard error), F1, CEM,
 format rate and searches of each evaluated policy (the base model, after the warm start, after RL),
-and the paired differences between them on the same questions (`pvpo.stats`)."""
+aggregated by the one scoring layer (`pvpo.reward.scoring`) from each question's stored scores, and
+the paired differences between them on the same questions (`pvpo.stats`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pvpo.stats import mean, paired_difference, standard_error
+from pvpo.reward.scoring import aggregate, read_score
+from pvpo.stats import paired_difference
 
 Scores = Sequence[Mapping[str, float]]
 STAGES = (("base", "base model"), ("before", "after warm start"), ("after", "after RL"))
@@ -27,8 +29,8 @@ def dataset_groups(uids: Sequence[str]) -> dict[str, list[int]]:
     return groups
 
 
-def _col(scores: Scores, idx: Sequence[int], key: str) -> list[float]:
-    return [float(scores[i].get(key, 0.0)) for i in idx]
+def _ems(scores: Scores, idx: Sequence[int]) -> list[float]:
+    return [read_score(scores[i]).em for i in idx]
 
 
 def per_dataset_table(uids: Sequence[str], scores: Mapping[str, Scores]) -> str:
@@ -46,12 +48,10 @@ def per_dataset_table(uids: Sequence[str], scores: Mapping[str, Scores]) -> str:
     ]
     for ds, idx in groups.items():
         for tag, name in stages:
-            s = scores[tag]
-            em = _col(s, idx, "em")
+            f = aggregate([read_score(scores[tag][i]) for i in idx])
             lines.append(
-                f"| {ds} | {len(idx)} | {name} | {mean(em):.3f} ({standard_error(em):.3f}) | "
-                f"{mean(_col(s, idx, 'f1')):.3f} | {mean(_col(s, idx, 'cem')):.3f} | "
-                f"{mean(_col(s, idx, 'format_ok')):.3f} | {mean(_col(s, idx, 'searches')):.2f} |"
+                f"| {ds} | {len(idx)} | {name} | {f['em']:.3f} ({f['em_se']:.3f}) | {f['f1']:.3f} | {f['cem']:.3f} | "
+                f"{f.get('format_ok', 0.0):.3f} | {f.get('searches', 0.0):.2f} |"
             )
     have = {tag for tag, _ in stages}
     pairs = [(a, b, name) for a, b, name in COMPARISONS if a in have and b in have]
@@ -61,7 +61,7 @@ def per_dataset_table(uids: Sequence[str], scores: Mapping[str, Scores]) -> str:
         for ds, idx in groups.items():
             cells = []
             for a, b, _ in pairs:
-                d, se = paired_difference(_col(scores[a], idx, "em"), _col(scores[b], idx, "em"))
+                d, se = paired_difference(_ems(scores[a], idx), _ems(scores[b], idx))
                 z = f", {d / se:+.1f} s.e." if se > 0 else ""
                 cells.append(f"{d:+.3f} ({se:.3f}{z})")
             lines.append(f"| {ds} | {len(idx)} | " + " | ".join(cells) + " |")

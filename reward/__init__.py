@@ -1,4 +1,6 @@
-"""pvpo.reward: answer normalisation, EM / F1 / cover-EM, tag protocols and trajectory rewards.
+"""pvpo.reward: answer normalisation, EM / F1 / cover-EM, tag protocols, trajectory rewards, and the
+one scoring layer of every evaluation (`scoring`: a question's scores and their aggregate, one set of
+metric names).
 
 Pure functions with no dependency outside the standard library; importing it is cheap.
 """
@@ -29,6 +31,7 @@ from pvpo.reward.protocol import (
     register_protocol,
 )
 from pvpo.reward.rewards import RewardFn, RewardResult, available_rewards, get_reward, register_reward
+from pvpo.reward.scoring import QuestionScore, aggregate, answer_in_reach, score_answer
 
 __all__ = [
     "Action",
@@ -38,9 +41,12 @@ __all__ = [
     "RewardFn",
     "RewardResult",
     "SEARCH_R1",
+    "QuestionScore",
     "Segment",
     "TagProtocol",
     "TokenScores",
+    "aggregate",
+    "answer_in_reach",
     "answer_metrics",
     "answer_tokens",
     "as_golds",
@@ -57,5 +63,6 @@ __all__ = [
     "recall_score",
     "register_protocol",
     "register_reward",
+    "score_answer",
     "token_scores",
 ]

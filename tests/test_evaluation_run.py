@@ -278,6 +278,14 @@ def test_report_has_datasets_in_paper_order_avg_last_and_n(tmp_path: Path) -> No
         find_runs([tmp_path / "ours"], "bleu")
 
 
+def test_report_tabulates_cover_em_as_cem_or_flashrags_acc_from_the_acc_metrics_json_holds(tmp_path: Path) -> None:
+    d = tmp_path / "ours" / "nq"
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps({"dataset": "nq", "em": 0.25, "acc": 0.5, "n": 4}))
+    assert [r.value for r in find_runs([tmp_path / "ours"], "cem")] == [0.5]
+    assert [r.value for r in find_runs([tmp_path / "ours"], "acc")] == [0.5]
+
+
 def test_eval_cli_errors_are_one_line_naming_the_problem(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", "--dataset", "nq", "--out", str(tmp_path)], env=ENV)
     assert result.exit_code == 2 and "missing --retriever-url, --model" in result.output

@@ -1,5 +1,6 @@
-"""Held-out evaluation: one rollout per question (greedy by default): EM, F1, reward, format rate,
-searches, the standard error of EM, and EM per hop count when the questions carry one;
+"""Held-out evaluation: one rollout per question (greedy by default), scored by the one scoring
+layer `pvpo.reward.scoring` (EM, F1, CEM, reward, format rate, searches, the standard error of EM,
+and EM per hop count when the questions carry one) under a run's `eval/*` names;
 `evaluate_policy` runs it with a run's settings (before the warm start, and every `eval_every`
 steps; a run's own points are `points.py`'s)."""
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import zlib
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -18,59 +18,43 @@ from pvpo.envs.data import QAExample
 from pvpo.envs.episode import EpisodeConfig
 from pvpo.progress import Progress
 from pvpo.retriever.types import Searcher
-from pvpo.reward import answer_metrics
-from pvpo.stats import standard_error
+from pvpo.reward.scoring import QuestionScore, aggregate, on_disk, score_answer
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import agent_settings
 from pvpo.trainer.model.device import Placement
 from pvpo.trainer.rollout.agent_loop import LoopConfig, run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
-from pvpo.trainer.rollout.trajectory import Trajectory, summarize
+from pvpo.trainer.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
 
+def trajectory_scores(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> list[QuestionScore]:
+    """Each trajectory's scores (`pvpo.reward.scoring.score_answer`: its answer against its
+    example's golden answers, the env's format verdict, its searches and reward), in order."""
+    return [
+        score_answer(
+            t.prediction, list(ex.golden_answers), format_ok=t.format_ok, searches=t.num_tool_calls, reward=t.reward
+        )
+        for t, ex in zip(trajs, examples, strict=True)
+    ]
+
+
 def eval_metrics(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> dict[str, float]:
-    """`eval/*` metrics of one trajectory per example (in the same order)."""
-    s = summarize(trajs)
-    n = len(trajs)
-    scored = [answer_metrics(t.prediction, list(ex.golden_answers)) for t, ex in zip(trajs, examples, strict=True)]
-    out = {
-        "eval/accuracy": s["accuracy"],
-        "eval/accuracy_se": standard_error([t.accuracy for t in trajs]),
-        "eval/f1": sum(m["f1"] for m in scored) / max(1, n),
-        "eval/cem": sum(m["cem"] for m in scored) / max(1, n),
-        "eval/reward": s["reward/mean"],
-        "eval/format_ok": s["format_ok"],
-        "eval/searches_per_traj": s["searches_per_traj"],
-        "eval/n": float(n),
-    }
-    by_hops: dict[int, list[float]] = defaultdict(list)
-    for t, ex in zip(trajs, examples, strict=True):
-        if "hops" in ex.metadata:
-            by_hops[int(ex.metadata["hops"])].append(t.accuracy)
-    for h, accs in sorted(by_hops.items()):
-        out[f"eval/accuracy_{h}hop"] = sum(accs) / len(accs)
-    return out
+    """`eval/*` metrics of one trajectory per example (in the same order): `pvpo.reward.scoring`'s
+    aggregate (EM per hop count where the examples carry one) under a run's names (`on_disk`)."""
+    return _figures(trajectory_scores(trajs, examples), examples)
+
+
+def _figures(scored: Sequence[QuestionScore], examples: Sequence[QAExample]) -> dict[str, float]:
+    hops = [int(ex.metadata["hops"]) if "hops" in ex.metadata else None for ex in examples]
+    return on_disk(aggregate(scored, hops))
 
 
 def question_scores(trajs: Sequence[Trajectory], examples: Sequence[QAExample]) -> list[dict[str, float]]:
     """Each question's scores (`em`, `f1`, `cem`, `format_ok`, `searches`, `reward`), in order:
     what a per-dataset table and a paired comparison of two evaluations are computed from."""
-    out = []
-    for t, ex in zip(trajs, examples, strict=True):
-        m = answer_metrics(t.prediction, list(ex.golden_answers))
-        out.append(
-            {
-                "em": float(t.accuracy),
-                "f1": m["f1"],
-                "cem": m["cem"],
-                "format_ok": float(t.reward_components.get("format", 0.0)),
-                "searches": float(t.num_tool_calls),
-                "reward": float(t.reward),
-            }
-        )
-    return out
+    return [s.as_dict() for s in trajectory_scores(trajs, examples)]
 
 
 def eval_seed(tag: str) -> int:
@@ -113,11 +97,12 @@ def evaluate(
                 seed=seed + start,
                 on_done=lambda i, t: meter.update(1),
             )
+    scored = trajectory_scores(trajs, examples)
     if per_question is not None:  # each question's EM, in order: paired comparisons of two evaluations
-        per_question[:] = [t.accuracy for t in trajs]
+        per_question[:] = [s.em for s in scored]
     if scores is not None:
-        scores[:] = question_scores(trajs, examples)
-    return eval_metrics(trajs, examples)
+        scores[:] = [s.as_dict() for s in scored]
+    return _figures(scored, examples)
 
 
 def evaluate_policy(
