@@ -31,6 +31,7 @@ def engine_for(
     dtype: str,
     options: Mapping[str, Any],
     own_copy: bool = False,
+    copy_dtype: str | None = None,
 ) -> RolloutEngine:
     """A rollout engine over `model`: `build(model=..., **options)` in a single process; under
     torchrun, over whole weights behind `gathered_weights_engine`: an engine with its own weights
@@ -38,11 +39,15 @@ def engine_for(
     that samples from its module is given an unsharded copy. The run decides `dtype: auto` where
     the engine's spec asks (`EngineSpec.options`). `own_copy`: never sample from `model` itself
     (rollouts beside the update, which writes it), in a single process through the spec's
-    `copy_options`."""
+    `copy_options`, and an engine that copies (its `copy_options` not empty) is given the copy's
+    dtype as `copy_dtype` (`rollout.copy_dtype`, resolved; None: the model's own)."""
     distributed = ddp.is_distributed()
     opts = spec.options(options, dtype=dtype, distributed=distributed)
     if not distributed:
-        return build(model=model, **opts, **(spec.copy_options if own_copy else {}))
+        copying = dict(spec.copy_options) if own_copy else {}
+        if copying and copy_dtype is not None:
+            copying["copy_dtype"] = copy_dtype
+        return build(model=model, **opts, **copying)
     if spec.own_weights and not ddp.is_sharded(model):
         return gathered_weights_engine(build(model=model, **opts))
     return gathered_weights_engine(build(model=unsharded_copy(model), **opts))
@@ -51,8 +56,10 @@ def engine_for(
 def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Module], RolloutEngine]:
     """`make(model)`: the configured rollout engine over `model`, with its `rollout.<engine>`
     options (under torchrun: over this rank's whole copy of the weights, `engine_for`), over its
-    own copy of the weights when rollouts run beside the update (`rollout.max_staleness > 0`)."""
+    own copy of the weights when rollouts run beside the update (`rollout.max_staleness > 0`), in
+    `rollout.copy_dtype` (auto: the update's compute dtype, `model.dtype` as the run resolved it)."""
     r = cfg.rollout
+    copy_dtype = cfg.model.dtype if r.copy_dtype == "auto" else r.copy_dtype
 
     def make(model: torch.nn.Module) -> RolloutEngine:
         return engine_for(
@@ -62,6 +69,7 @@ def engine_factory(cfg: TrainConfig, tokenizer: Any) -> Callable[[torch.nn.Modul
             dtype=cfg.model.dtype,
             options=r.engine_options(),
             own_copy=r.max_staleness > 0,
+            copy_dtype=copy_dtype,
         )
 
     return make

@@ -97,6 +97,12 @@ class RolloutConfig(Section):
         "the clamped behaviour weight pi_prox / pi_behav: importance_correction forced on); false = naive PPO for the "
         "ablation (the ratio pi_theta / pi_behav against the stale sampler's log-probs, importance_correction as set)",
     )
+    copy_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="with max_staleness > 0 and the hf engine: the dtype of the engine's own copy of the weights (and "
+        "so of its KV cache); auto = the update's compute dtype (model.dtype: bfloat16 where the device computes it "
+        "natively), float32 = the master weights' (the numbers eta 0 samples and evaluates with)",
+    )
     wait_timeout_s: float = Field(
         3600.0,
         gt=0,
