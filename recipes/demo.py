@@ -27,6 +27,7 @@ from pvpo.trainer.config.preflight import preflight
 from pvpo.trainer.config.schema import TrainConfig
 from pvpo.trainer.data import load_data, retriever_session
 from pvpo.trainer.loop import Trainer, TrainResult
+from pvpo.trainer.setup import prepare_run
 from pvpo.trainer.state.resume import RunDirError, fresh_run_dir, run_inputs
 from pvpo.trainer.state.run_dir import RUN_KIND, RunDir, foreign_entries
 
@@ -427,8 +428,11 @@ def _run_demo(cfg: TrainConfig, run_dir: Path, *, fresh: bool, show_progress: bo
     data = load_data(cfg, run_dir)
     with retriever_session(cfg, run_dir, data.corpus_path) as searcher:
         timings["setup"] = time.perf_counter() - t0
-        with Trainer(cfg, run_dir, data, searcher, resume=not fresh, show_progress=show_progress) as trainer:
-            timings["warm_start"] = trainer.result.warm_start_seconds
+        # the recipe's stages before the Trainer: the policy at step 0, on a fresh run evaluated
+        # (run.eval_base) and warm-started on oracle trajectories, then saved as initial_policy
+        start = prepare_run(cfg, run_dir, data, searcher, resume=not fresh, show_progress=show_progress)
+        timings["warm_start"] = start.warm_start_seconds
+        with Trainer(cfg, run_dir, data, searcher, start, show_progress=show_progress) as trainer:
             result = trainer.run()
     timings["total"] = time.perf_counter() - t0
     timings["train"] = timings["total"] - timings["setup"] - timings["warm_start"]

@@ -28,7 +28,9 @@ def _pipelined_at_eta_0(cfg, run_dir, searcher):
             self.steps = PipelinedSteps(self)
 
     run_dir.mkdir(parents=True)
-    with Pipelined(cfg, run_dir, loop.load_data(cfg, run_dir), searcher, show_progress=False) as trainer:
+    data = loop.load_data(cfg, run_dir)
+    start = loop.prepare_run(cfg, run_dir, data, searcher, show_progress=False)
+    with Pipelined(cfg, run_dir, data, searcher, start, show_progress=False) as trainer:
         return trainer.run()
 
 

@@ -343,10 +343,9 @@ def test_the_warm_start_computes_in_the_runs_compute_dtype_like_the_update(tmp_p
     from trainer_support import TINY
 
     import pvpo.trainer.model.warmstart as warmstart
-    from pvpo.trainer.algorithms.spec import get_spec
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.data import load_data
-    from pvpo.trainer.setup import build_model
+    from pvpo.trainer.setup import prepare_run
 
     seen: list[tuple[bool, torch.dtype]] = []
     real = warmstart.warm_start
@@ -378,7 +377,7 @@ def test_the_warm_start_computes_in_the_runs_compute_dtype_like_the_update(tmp_p
         )
         run = tmp_path / f"run_{dtype}"
         run.mkdir()
-        build_model(cfg, load_data(cfg, run), run, searcher, get_spec("grpo"), show_progress=False)
+        prepare_run(cfg, run, load_data(cfg, run), searcher, show_progress=False)
     assert seen == [(True, torch.bfloat16), (False, torch.get_autocast_dtype("cpu"))]
 
 
@@ -530,7 +529,6 @@ def test_an_engine_with_its_own_weights_is_shut_during_the_warm_start_and_rebuil
 
     import pvpo.trainer.model.warmstart as warmstart
     import pvpo.trainer.setup as setup
-    from pvpo.trainer.algorithms.spec import get_spec
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.data import load_data
     from pvpo.trainer.rollout.hf_engine import HFEngine
@@ -579,7 +577,7 @@ def test_an_engine_with_its_own_weights_is_shut_during_the_warm_start_and_rebuil
     run = tmp_path / "run"
     run.mkdir()
     searcher = OverlapSearcher(_passages(P_JOURNAL, P_APA, P_OTHER))
-    out = setup.build_model(cfg, load_data(cfg, run), run, searcher, get_spec("grpo"), show_progress=False)
+    out = setup.prepare_run(cfg, run, load_data(cfg, run), searcher, show_progress=False)
     assert engines_during_sft == [(1, 1)]  # the first engine was shut before the SFT ran
     assert len(built) == 2 and out.engine is built[1] and closed == [built[0]]
     trained, first = out.model.state_dict(), built[0].model.state_dict()

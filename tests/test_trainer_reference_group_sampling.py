@@ -447,9 +447,11 @@ def _never_solved_accuracy(tmp_path, group_sampling: bool) -> tuple[float, float
     )
     run_dir = tmp_path / f"run_{group_sampling}"
     run_dir.mkdir()
-    trainer = _recording_trainer(
-        cfg, run_dir, Data(two, [], None, texts, WORLD, one), OverlapSearcher(WORLD.passages), show_progress=False
-    )
+    from pvpo.trainer.setup import prepare_run
+
+    data, searcher = Data(two, [], None, texts, WORLD, one), OverlapSearcher(WORLD.passages)
+    start = prepare_run(cfg, run_dir, data, searcher, show_progress=False)  # the 1-hop warm start
+    trainer = _recording_trainer(cfg, run_dir, data, searcher, start, show_progress=False)
     trainer.run()
     anchor = json.loads((run_dir / "anchor.json").read_text())["stats"]
     never = {u for u, s in anchor.items() if s["accuracy"] == 0.0}

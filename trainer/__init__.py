@@ -6,7 +6,9 @@ trajectories), `algorithms` (estimators, losses), `model` (policy, update, LoRA,
 checkpoints, metrics, episode log, cost, the run's result), `steps` (the step modes: synchronous
 or pipelined, one step plan), `heldout` (the run's held-out evaluation); `loop.py` is the Trainer and its update, `data.py` and `setup.py` what a run
 builds before its first step (its data, episode rules and loop limits; its policy, engine and
-reference), `policy_engine.py` the rollout engine over the policy. Evaluation of a checkpoint is
+reference), `policy_engine.py` the rollout engine over the policy. The Trainer trains the policy it
+is given: the base evaluation and the warm start run before it (`prepare_run`, which `train()`,
+`pvpo train` and `pvpo demo` call). Evaluation of a checkpoint is
 its own component, `pvpo.evaluation`; `pvpo demo` and the held-out tables are recipes around a
 Trainer, `pvpo.recipes`.
 
@@ -22,7 +24,9 @@ _EXPORTS = {
     "load_config": "config.schema",
     "dump_config": "config.written",
     "config_from_dict": "config.schema",
-    # training
+    # training: the stages before a Trainer (base evaluation, warm start), the Trainer, both in order
+    "prepare_run": "setup",
+    "RunStart": "setup",
     "Trainer": "loop",
     "TrainResult": "state.result",
     "train": "loop",

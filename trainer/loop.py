@@ -2,13 +2,15 @@
 log -> checkpoint (`Trainer.train_step`, `Trainer.run`).
 
 What the run builds before its first step is `data.py`'s and `setup.py`'s (the episode rules and
-loop limits are made once there and kept here); how a step gets its trajectories is its step
-mode's (`steps/`: rolled out then trained on, or sampled beside the update); PVPO's anchor, Group
-Sampling and GT trajectories are `reference/machinery.py`'s; what an estimator needs beyond
-rewards and groups is its own state (`algorithms/estimator_state.py`). Everything random is a
-pure function of `(run.seed, step)` (data order, sampling, mini-batch order: `steps/plan.py`), and
-the optimizer / RNG / anchor store are checkpointed, so `resume=True` continues exactly where the
-last checkpoint left off: no step lost or repeated in `metrics.jsonl`.
+loop limits are made once there and kept here); the Trainer is given the policy it trains, built or
+reloaded, and on a fresh run evaluated and warm-started, before it (`setup.prepare_run`); how a
+step gets its trajectories is its step mode's (`steps/`: rolled out then trained on, or sampled
+beside the update); PVPO's anchor, Group Sampling and GT trajectories are
+`reference/machinery.py`'s; what an estimator needs beyond rewards and groups is its own state
+(`algorithms/estimator_state.py`). Everything random is a pure function of `(run.seed, step)` (data
+order, sampling, mini-batch order: `steps/plan.py`), and the optimizer / RNG / anchor store are
+checkpointed, so `resume=True` continues exactly where the last checkpoint left off: no step lost
+or repeated in `metrics.jsonl`.
 """
 
 from __future__ import annotations
@@ -45,23 +47,20 @@ from pvpo.trainer.heldout.points import (
 from pvpo.trainer.model.device import resolve_device, with_resolved_dtype
 from pvpo.trainer.model.lora import checkpoint_view
 from pvpo.trainer.model.memory import process_peak_rss_gib
-from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk, remove_stale_spill
+from pvpo.trainer.model.optimizer_spill import optimizer_state_on_disk
 from pvpo.trainer.model.update import importance_for, policy_update, reference_logprobs
 from pvpo.trainer.parallel import distributed as ddp
 from pvpo.trainer.parallel.checkpoint import load_run_checkpoint, save_run_checkpoint
 from pvpo.trainer.reference.gt_registry import GTContext
 from pvpo.trainer.reference.machinery import Reference
-from pvpo.trainer.reference.reuse import reuse_if_asked
 from pvpo.trainer.rollout.agent_loop import run_agent_loop
 from pvpo.trainer.rollout.engine import RolloutEngine
 from pvpo.trainer.rollout.trajectory import Trajectory, collate, summarize
-from pvpo.trainer.setup import build_model, estimator_state, uses_anchor
+from pvpo.trainer.setup import RunStart, build_model, estimator_state, prepare_run, uses_anchor
 from pvpo.trainer.state.best import ValidationCurve
 from pvpo.trainer.state.checkpoint import (
     KEPT_CHECKPOINTS,
-    latest_checkpoint,
     prune_checkpoints,
-    restore_state_files,
     step_name,
 )
 from pvpo.trainer.state.cost import CostCounter
@@ -69,7 +68,6 @@ from pvpo.trainer.state.episode_log import log_step_episodes
 from pvpo.trainer.state.metrics_log import MetricsLogger
 from pvpo.trainer.state.result import TrainResult
 from pvpo.trainer.state.resume import (
-    check_checkpoint_config,
     check_resume_config,
     config_record,
     fresh_run_dir,
@@ -83,8 +81,8 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Holds the run's policy, engine, optimizer, estimator state and reference machinery;
-    `run()` trains to `run.steps`."""
+    """Trains the policy it is given (`setup.RunStart`): holds it, its engine, optimizer, estimator
+    state and reference machinery; `run()` trains to `run.steps`."""
 
     def __init__(
         self,
@@ -92,10 +90,13 @@ class Trainer:
         run_dir: Path,
         data: Data,
         searcher: Searcher,
+        start: RunStart,
         *,
-        resume: bool = False,
         show_progress: bool = True,
     ) -> None:
+        """A Trainer of the policy `start` holds (`setup.prepare_run`: built or reloaded, and on a
+        fresh run evaluated and warm-started as the config asks, before this); a resume's
+        checkpoint (`start.checkpoint`) is loaded here."""
         cfg = with_resolved_dtype(cfg, resolve_device(cfg.model.device))
         self.cfg, self.run_dir, self.files, self.data, self.searcher = (
             cfg,
@@ -108,42 +109,28 @@ class Trainer:
         agent = agent_settings(cfg)  # the run's episode rules and loop limits, made once
         self.epcfg, self.loop = agent.episode(), agent.loop()
         self.spec = get_spec(cfg.algorithm.estimator)
-        # the run's files before its model: a refusal here (a hand-edited config, an anchor that misses
-        # an RL prompt) comes before the base evaluation and the warm start
-        if resume:  # a killed run's optimizer state, older than the checkpoint loaded below
-            remove_stale_spill(self.files.optimizer_spill)
-        ckpt = latest_checkpoint(self.run_dir) if resume else None
-        if ckpt is not None:  # a hand-edited config.yaml would continue another run from these weights
-            check_checkpoint_config(ckpt, cfg)
-        if ckpt is not None and ddp.is_main():  # the anchor, partition and GT cache as they were at the checkpoint
-            restore_state_files(ckpt, self.files.state_files())
-        elif ckpt is None and ddp.is_main():  # a sweep's arms may share one reference (anchor.reuse_from)
-            reuse_if_asked(cfg.algorithm, self.files, data.train)
-        ddp.barrier()  # under torchrun the other ranks read what rank 0 restored
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
-        torch.manual_seed(cfg.run.seed)
-        m = build_model(cfg, data, self.run_dir, searcher, self.spec, show_progress=show_progress)
+        m = build_model(cfg, start, self.spec)  # LoRA, the frozen reference, FSDP2 around the policy
         self.model, self.tokenizer, self.engine, self.ref_model = m.model, m.tokenizer, m.engine, m.ref_model
         self.where, self.memory, self._make_engine = m.where, m.memory, m.make_engine
         self.result = TrainResult(
             self.run_dir,
             0,
-            warm_start_losses=m.warm_start_losses,
-            warm_start_seconds=m.warm_start_seconds,
-            eval_base=m.eval_base,
+            warm_start_losses=start.warm_start_losses,
+            warm_start_seconds=start.warm_start_seconds,
+            eval_base=start.eval_base,
         )
-        if m.eval_base_em:
-            self.result.eval_em["base"] = m.eval_base_em
-        if m.eval_base_scores:
-            self.result.eval_scores["base"] = m.eval_base_scores
+        if start.eval_base_em:
+            self.result.eval_em["base"] = start.eval_base_em
+        if start.eval_base_scores:
+            self.result.eval_scores["base"] = start.eval_base_scores
         self._ref_engine: RolloutEngine | None = None  # built on first use: only anchor refreshes sample from it
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
         self.cost = CostCounter()
         self.reference = Reference(cfg, self.run_dir, uses_anchor=uses_anchor(cfg, self.spec))
-        if resume and ckpt is None and ddp.is_main():  # state a killed first attempt saved: its cost is unlogged
+        ckpt = start.checkpoint
+        if start.resume and ckpt is None and ddp.is_main():  # state a killed first attempt saved: its cost is unlogged
             self.cost.count_saved(self.reference.saved_cost())
         self.estimator_state = estimator_state(cfg, self.spec, m, self.run_dir)
         self.curve = ValidationCurve()  # validation EM by step (run.eval_every), restored with the checkpoint
@@ -458,12 +445,14 @@ def train(
     show_progress: bool = True,
     preflighted: bool = False,
 ) -> TrainResult:
-    """Train per `cfg` in `run_dir` (created); `searcher` overrides the configured retriever.
-    A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume refuses a `cfg` that
-    differs from the run's own config.yaml, or its checkpoint's, outside `resume.SAFE_ON_RESUME`
-    (RunDirError); a run dir another process writes is refused (`pvpo.locks.FolderInUse`); a run that
-    cannot run here is refused before any of it (`config.preflight`; `preflighted`: the caller, `pvpo
-    train`, ran it already, before taking the run dir's lock)."""
+    """Train per `cfg` in `run_dir` (created): the stages the config asks before a Trainer (the base
+    evaluation, the warm start: `setup.prepare_run`), then the Trainer's steps; `searcher` overrides
+    the configured retriever. A fresh run refuses a non-empty `run_dir` unless `overwrite`; a resume
+    refuses a `cfg` that differs from the run's own config.yaml, or its checkpoint's, outside
+    `resume.SAFE_ON_RESUME` (RunDirError); a run dir another process writes is refused
+    (`pvpo.locks.FolderInUse`); a run that cannot run here is refused before any of it
+    (`config.preflight`; `preflighted`: the caller, `pvpo train`, ran it already, before taking the
+    run dir's lock)."""
     if not preflighted:
         preflight(cfg, resume=resume, retriever=searcher is None)
     run_dir = Path(run_dir)
@@ -484,9 +473,10 @@ def train(
                 data = load_data(cfg, run_dir)
                 given = contextlib.nullcontext(searcher) if searcher is not None else None
                 s = stack.enter_context(given or retriever_session(cfg, run_dir, data.corpus_path))
-            trainer = stack.enter_context(
-                Trainer(cfg, run_dir, data, s, resume=resume, show_progress=show_progress and ddp.is_main())
-            )
+            show = show_progress and ddp.is_main()
+            # the base evaluation and the warm start, as the config asks, before the Trainer (setup.py)
+            start = prepare_run(cfg, run_dir, data, s, resume=resume, show_progress=show)
+            trainer = stack.enter_context(Trainer(cfg, run_dir, data, s, start, show_progress=show))
             result = trainer.run()
         completed = True
         return result

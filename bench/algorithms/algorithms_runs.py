@@ -205,6 +205,7 @@ def warm_try(
     and its validation EM (kept in `try.json` there, so a resumed calibration redoes nothing)."""
     from pvpo.trainer.heldout.scoring import evaluate_policy
     from pvpo.trainer.loop import Trainer
+    from pvpo.trainer.setup import prepare_run
 
     where = settings.out / "warm" / f"steps{steps}"
     done = where / "try.json"
@@ -214,7 +215,8 @@ def warm_try(
     where.mkdir(parents=True)
     cfg = job_config(settings, Job("warm", "grpo", 4, 1e-4, settings.warm_seed), steps)
     t0 = time.perf_counter()
-    with Trainer(cfg, where, testbed.data, searcher, show_progress=show_progress) as t:
+    start = prepare_run(cfg, where, testbed.data, searcher, show_progress=show_progress)  # the warm start
+    with Trainer(cfg, where, testbed.data, searcher, start, show_progress=show_progress) as t:
         t_warm = time.perf_counter() - t0
         m = evaluate_policy(cfg, t.engine, t.tokenizer, t.where, testbed.validation, searcher, "before")
     losses = t.result.warm_start_losses
@@ -255,6 +257,7 @@ def warm_phase(settings: Settings, testbed: Testbed, searcher: Any, *, show_prog
     its cost. Written to `<out>/warm/summary.json` once and reused."""
     from pvpo.trainer.heldout.scoring import evaluate_policy
     from pvpo.trainer.loop import Trainer
+    from pvpo.trainer.setup import prepare_run
 
     done = settings.out / "warm" / "summary.json"
     if done.exists():
@@ -265,7 +268,8 @@ def warm_phase(settings: Settings, testbed: Testbed, searcher: Any, *, show_prog
     where = settings.out / "warm" / policy_dir
     cfg = job_config(settings, Job("warm", "pvpo+gs", 4, 1e-4, settings.warm_seed), chosen["steps"])
     t0 = time.perf_counter()
-    with Trainer(cfg, where, testbed.data, searcher, show_progress=show_progress) as t:  # reloads the policy
+    start = prepare_run(cfg, where, testbed.data, searcher, show_progress=show_progress)  # reloads the policy
+    with Trainer(cfg, where, testbed.data, searcher, start, show_progress=show_progress) as t:
         t.ensure_reference(0)  # anchor, partition, GT trajectories: written into `where`
         cost = t.cost.step_metrics()
         part = t.reference.partition
@@ -340,6 +344,7 @@ def run_one(settings: Settings, testbed: Testbed, warm: dict[str, Any], job: Job
     """Train `job` from the shared warm start (with the shared anchor, partition and GT when it
     uses them) and evaluate on validation (sweep) or test (final); the summary is saved as
     `result.json` in its run dir, and a finished run is read back, not redone."""
+    from pvpo.trainer.setup import prepare_run
     from pvpo.trainer.state.run_dir import RunDir
 
     run_dir = job.run_dir(settings.out)
@@ -360,7 +365,9 @@ def run_one(settings: Settings, testbed: Testbed, warm: dict[str, Any], job: Job
     cfg = job_config(settings, job, warm["warm_steps"])
     t0 = time.perf_counter()
     trainer_cls = _shared_start_trainer()
-    with trainer_cls(cfg, run_dir, replace(testbed.data, eval=questions), searcher, show_progress=False) as t:
+    data = replace(testbed.data, eval=questions)
+    start = prepare_run(cfg, run_dir, data, searcher, show_progress=False)  # the shared warm start, reloaded
+    with trainer_cls(cfg, run_dir, data, searcher, start, show_progress=False) as t:
         t.start = warm["start"][split]
         result = t.run()
     wall = time.perf_counter() - t0

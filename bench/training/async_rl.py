@@ -129,13 +129,14 @@ def trainer_for(cfg: Any, run_dir: Path, searcher: Any | None = None) -> Iterato
     dir), and that searcher."""
     from pvpo.trainer.data import load_data, retriever_session
     from pvpo.trainer.loop import Trainer
+    from pvpo.trainer.setup import prepare_run
 
     run_dir.mkdir(parents=True, exist_ok=True)
     data = load_data(cfg, run_dir)
     session = (
         contextlib.nullcontext(searcher) if searcher is not None else retriever_session(cfg, run_dir, data.corpus_path)
     )
-    with session as s, Trainer(cfg, run_dir, data, s) as trainer:
+    with session as s, Trainer(cfg, run_dir, data, s, prepare_run(cfg, run_dir, data, s)) as trainer:
         yield trainer, s
 
 

@@ -32,6 +32,7 @@ def one_engine(run: Path, index: Path, engine: str, steps: int, out: Path) -> No
     from pvpo.trainer.config.schema import load_config
     from pvpo.trainer.data import load_data, retriever_session
     from pvpo.trainer.loop import Trainer
+    from pvpo.trainer.setup import prepare_run
 
     overrides = [
         f"model.path={run / 'initial_policy'}",
@@ -47,7 +48,8 @@ def one_engine(run: Path, index: Path, engine: str, steps: int, out: Path) -> No
     with tempfile.TemporaryDirectory() as tmp:
         data = load_data(cfg, Path(tmp))
         with retriever_session(cfg, Path(tmp), data.corpus_path) as searcher:
-            with Trainer(cfg, Path(tmp), data, searcher, show_progress=False) as trainer:
+            start = prepare_run(cfg, Path(tmp), data, searcher, show_progress=False)
+            with Trainer(cfg, Path(tmp), data, searcher, start, show_progress=False) as trainer:
                 rows = [{"step": s, **trainer.train_step(s)} for s in range(1, steps + 1)]
                 for row in rows:  # the process's peak so far (kB on Linux): engine, model, steps together
                     row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
