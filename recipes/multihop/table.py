@@ -6,33 +6,41 @@ policies), and how often each policy's retrieved passages held a golden answer. 
 the table by dataset and question type (`by_type`), seeds and the SFT arm included.
 
 Each folder is one `pvpo eval --out` with one sub-folder per dataset (`predictions.jsonl`);
-questions are matched by id, so the folders need not list them in the same order. CEM is
-FlashRAG's `acc` (a golden answer contained in the prediction)."""
+questions are matched by id, so the folders need not list them in the same order. Each question is
+read through the one scoring layer (`pvpo.reward.scoring`: its names, CEM for FlashRAG's `acc`).
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pvpo.recipes.heldout_table import STAGES, per_dataset_table
 from pvpo.recipes.multihop.by_type import Scores, by_type_table, question_types
+from pvpo.reward import scoring
 from pvpo.reward.metrics import as_golds
-from pvpo.reward.normalize import normalize_answer
 from pvpo.reward.protocol import TagProtocol, get_protocol
+
+
+def retrieved_passages(response: str, protocol: TagProtocol | None = None) -> list[str]:
+    """The passages an episode's searches returned: the protocol's result blocks of its response
+    (Search-R1's `<information>` by default)."""
+    protocol = protocol or get_protocol("search_r1")
+    return [seg.content for seg in protocol.segments(response) if seg.tag == protocol.result]
 
 
 def answer_in_reach(response: str, golds: list[str], protocol: TagProtocol | None = None) -> bool:
     """Whether a golden answer (normalised as EM is, as a whole phrase) occurs in the passages the
-    episode retrieved: the protocol's result blocks (Search-R1's `<information>` by default)."""
-    protocol = protocol or get_protocol("search_r1")
-    seen = normalize_answer(" ".join(seg.content for seg in protocol.segments(response) if seg.tag == protocol.result))
-    return any(g and f" {g} " in f" {seen} " for g in (normalize_answer(x) for x in golds))
+    episode retrieved (`pvpo.reward.scoring.answer_in_reach` over `retrieved_passages`)."""
+    return scoring.answer_in_reach(retrieved_passages(response, protocol), golds)
 
 
 def read_scores(folder: Path) -> Scores:
-    """Each question's scores in a `pvpo eval --out` folder, by question id: EM, F1, CEM, format ok,
-    searches and whether the answer was in reach."""
+    """Each question's scores in a `pvpo eval --out` folder, by question id, under the scoring
+    layer's names (`pvpo.reward.scoring.item_score`: em, f1, cem, format_ok, searches; the last two
+    0 where an item lacks them) and whether the answer was in reach."""
     scores: Scores = {}
     files = sorted(folder.glob("*/predictions.jsonl"))
     if not files:
@@ -40,15 +48,9 @@ def read_scores(folder: Path) -> Scores:
     for path in files:
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
-            out, metric = row["output"], row["output"]["metric_score"]
-            scores[row["id"]] = {
-                "em": metric["em"],
-                "f1": metric["f1"],
-                "cem": metric["acc"],
-                "format_ok": float(out.get("format_ok", False)),
-                "searches": float(out.get("num_searches", 0)),
-                "in_reach": float(answer_in_reach(out.get("final_response", ""), as_golds(row.get("golden_answers")))),
-            }
+            reach = answer_in_reach(row["output"].get("final_response", ""), as_golds(row.get("golden_answers")))
+            score = replace(scoring.item_score(row), in_reach=float(reach))
+            scores[row["id"]] = {"format_ok": 0.0, "searches": 0.0, **score.as_dict()}
     return scores
 
 
