@@ -1,8 +1,8 @@
 """The machine record every benchmark and recipe report prints or stores beside its figures: the
 CPU model, its cores and the vector flags that decide kernel speed, memory, the GPU, the versions of
 the packages named, Python, the commit (with `+changes` when tracked code differs from it; None
-outside a checkout) and the load average. One module for the benches (`bench.common.machine`
-re-exports it) and the recipes' reports (a figure without these cannot be compared with another);
+outside a checkout) and the load average. One module for the benches and the recipes'
+reports (a figure without these cannot be compared with another);
 versions are read from the installed distributions, so recording them imports nothing.
 
     from pvpo.machine import machine_line

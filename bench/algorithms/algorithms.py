@@ -97,7 +97,7 @@ from bench.algorithms.algorithms_runs import (  # noqa: E402
     run_one,
     warm_phase,
 )
-from bench.common.machine import machine_record  # noqa: E402
+from pvpo.machine import machine_record  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

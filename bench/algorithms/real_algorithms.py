@@ -41,7 +41,7 @@ from typing import Any
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line
+from pvpo.machine import machine_line
 from pvpo.stats import mean, paired_difference, seeds_contrast, seeds_difference, standard_error
 
 CONFIG = "real_smollm2_multihop"

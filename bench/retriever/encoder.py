@@ -28,9 +28,9 @@ import numpy as np
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line  # noqa: E402
 from bench.retriever.http_load import python_load, questions_and_queries, start_server  # noqa: E402
 from bench.retriever.retrieval_quality import DATASETS, DEFAULT_DATA, gold_sets  # noqa: E402
+from pvpo.machine import machine_line  # noqa: E402
 
 
 def recall_with(

@@ -217,7 +217,7 @@ def main() -> None:
     args.server_lines = args.server_lines or args.corpus_lines
     import faiss
 
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     out: list[str] = [

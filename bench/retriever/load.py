@@ -201,7 +201,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     print(f"\nmachine: {machine_line(('onnxruntime', 'faiss-cpu', 'fastapi', 'uvicorn'))}")
     print(

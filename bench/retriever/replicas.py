@@ -24,9 +24,9 @@ import numpy as np
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line  # noqa: E402
 from bench.retriever.http_load import questions_and_queries  # noqa: E402
 from bench.retriever.retrieval_quality import DEFAULT_DATA  # noqa: E402
+from pvpo.machine import machine_line  # noqa: E402
 
 
 def serve(index: Path, replicas: int, extra: list[str]) -> tuple[subprocess.Popen[str], list[str]]:

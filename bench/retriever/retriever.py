@@ -52,7 +52,6 @@ import numpy as np
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line, machine_record  # noqa: E402
 from bench.retriever.http_load import (  # noqa: E402
     BESIDE_LIMIT,
     DEFAULT_DATA,
@@ -65,6 +64,7 @@ from bench.retriever.http_load import (  # noqa: E402
     uvicorn_impl,
     wrk_load,
 )
+from pvpo.machine import machine_line, machine_record  # noqa: E402
 
 PACKAGES = ("onnxruntime", "faiss-cpu", "torch", "transformers", "datasets", "fastapi", "uvicorn")
 TARGETS = {1: 3.0, 32: 5.0, 64: 5.0}  # ours / Search-R1 at these client counts

@@ -31,8 +31,8 @@ from typing import Any
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line
 from bench.retriever.http_load import DEFAULT_DATA, body, musique_corpus, questions_and_queries, start_server
+from pvpo.machine import machine_line
 from pvpo.retriever.thread_budget import cpu_cores
 
 PACKAGES = ("onnxruntime", "faiss-cpu", "torch", "fastapi", "uvicorn", "httpx")

@@ -131,7 +131,7 @@ def run_alone(
 ) -> None:
     """Run one section of the index benches as a bench of its own: the machine, the command and the
     load average before and after around it (its table prints as it finishes)."""
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine_line(packages)}")

@@ -66,7 +66,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: the repo root, for `bench.*` (bench/README.md)
     sys.path.insert(0, str(REPO))
-from bench.common.machine import machine_line  # noqa: E402
+from pvpo.machine import machine_line  # noqa: E402
 
 
 class Timed:

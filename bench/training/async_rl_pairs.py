@@ -48,7 +48,7 @@ from typing import Any
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # the root, for bench.* (bench/README.md)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.common.machine import machine_line, machine_record
+from pvpo.machine import machine_line, machine_record
 
 RECORD = "record.json"
 START = "bench_start.json"  # the start folder's settings, once its warm start and reference are built

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--run {args.run}: no {need} there; give a recipe run that got past its anchor")
     if not (index / "meta.json").exists():
         ap.error(f"--index {index}: no index there (meta.json); give the run's index folder")
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     print(f"machine: {machine_line(('torch', 'transformers', 'vllm'))}")
     print(f"MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'unset')}")

@@ -103,7 +103,7 @@ def main() -> None:
             v = run_vector(examples, vector, args)
             client.close()
 
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     print(f"# pvpo.envs benchmark - {machine_line(('gymnasium', 'faiss-cpu', 'onnxruntime'))}")
     print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from transformers import AutoModelForCausalLM
 
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
     from pvpo.model_catalog import resolve_model_path
 
     torch.manual_seed(args.seed)

@@ -265,7 +265,7 @@ def eval_speed(argv: list[str], mode: str = "eval") -> None:
         rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     import torch
 
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     gpu = " (both trees put the HF engine on the GPU)" if torch.cuda.is_available() else ""
     print(f"machine: {machine_line(('torch', 'transformers'))}{gpu}")
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     t_loop, t_raw, t_turns, t_turn = med["loop"], med["raw"], med["turns"], med["turn"]
     load_after = Path("/proc/loadavg").read_text().split()[:3]
 
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     print(
         f"machine: {machine_line(('torch', 'vllm'))}; vllm on {engine.platform}, KV block "

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.one:
         return run_one(args)
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     print(f"machine: {machine_line(('torch', 'transformers'))}")
     print("command: python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     engine.sync_weights(model)
     reference = [c.token_ids for c in engine.generate(prompts, greedy)]
 
-    from bench.common.machine import machine_line
+    from pvpo.machine import machine_line
 
     print(f"# {machine_line(('torch', 'vllm'))}")
     print("# " + " ".join(sys.argv))

@@ -1,18 +1,13 @@
-"""bench/common/machine.py: the one machine record every bench prints beside its figures."""
+"""pvpo/machine.py: the one machine record every bench and recipe report prints beside its figures."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-if str(BENCH.parent) not in sys.path:  # bench.* from the repo root (bench/README.md)
-    sys.path.insert(0, str(BENCH.parent))
-
-from bench.common import machine as machine  # noqa: E402
+from pvpo import machine
 
 
 def test_the_cpu_model_and_the_vector_flags_that_matter_are_read_from_cpuinfo(tmp_path: Path) -> None:

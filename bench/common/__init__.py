@@ -1,1 +1,0 @@
-"""Shared by every bench: the machine record printed beside each figure."""
