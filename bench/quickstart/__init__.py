@@ -1,0 +1,1 @@
+"""The quick start's blocks as a user runs them: time, peak memory and what they report."""
