@@ -1,5 +1,5 @@
 """docs/quickstart.md's "Your first search agent" block as a user runs it, measured for its record
-(issue 81; the bars: 15 minutes and 8 GiB on 2 idle cores): the block between the page's
+(the bars the page's block is held to: 15 minutes and 8 GiB on 2 idle cores): the block between the page's
 `first-agent` markers runs with bash in a fresh clone of HEAD (or `--workdir`), on HotpotQA
 questions written in FlashRAG's layout and given to `pvpo data get` as `--from`. The clone is the
 clean folder a user starts from; `pvpo` is this venv's (an editable install runs this checkout's
@@ -51,7 +51,7 @@ PAGE = REPO / "docs" / "quickstart.md"
 QUESTIONS = REPO.parent / "shared" / "data" / "hotpotqa_mini" / "questions.json"
 RUN = "runs/first-agent"  # the block's $A: where this script reads the results from
 OUTPUTS = ("runs/data/hotpotqa/train.jsonl", RUN, "runs/first-agent.html")  # what the block writes
-BARS = (15.0, 8.0)  # issue 81: minutes and GiB on 2 idle cores
+BARS = (15.0, 8.0)  # minutes and GiB on 2 idle cores: a laptop's first agent
 STOP = "kill %1; wait || true"  # the page's `kill %1 when done`; `wait` reports the server's SIGTERM
 # tests/test_first_agent.py's cuts (`shortened`), the same text replaced by the same text
 SHORTEN = {
