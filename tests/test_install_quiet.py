@@ -1,7 +1,7 @@
 """`make install` says what it is doing: a numbered line before each stage (pip -q is otherwise silent
 for a minute or more), torch from pip's own index unless TORCH_INDEX names another (CI reaches PyPI
 only); and building the package prints no setuptools warning (the viewer's assets are package data
-of a package that `packages` lists)."""
+of a package that `packages` lists), nor does the editable install (its notice filtered, no other)."""
 
 from __future__ import annotations
 
@@ -107,13 +107,7 @@ def test_a_given_torch_index_is_used_as_given_and_an_empty_one_means_pips_own(tm
 
 @pytest.mark.slow
 def test_building_the_package_prints_no_setuptools_warning_and_ships_the_viewer_assets(tmp_path: Path) -> None:
-    src = tmp_path / "src"  # a copy, so setuptools' build/ and egg-info stay out of the checkout
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    components = [link.name for link in (REPO / "pvpo").iterdir() if link.is_symlink()]  # each one pvpo/ links
-    for folder in ("pvpo", *components):
-        shutil.copytree(REPO / folder, src / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    src = _source_copy(tmp_path)
     wheels = tmp_path / "wheels"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
@@ -129,3 +123,37 @@ def test_building_the_package_prints_no_setuptools_warning_and_ships_the_viewer_
     [wheel] = wheels.glob("pvpo_search-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {f"pvpo/viewer/assets/{n}" for n in ("view.html", "view.css", "view.js")} <= set(names)
+
+
+def _source_copy(tmp_path: Path) -> Path:
+    """The package's sources copied as the build sees them, so setuptools' build/ and egg-info stay out of the checkout."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    components = [link.name for link in (REPO / "pvpo").iterdir() if link.is_symlink()]  # each one pvpo/ links
+    for folder in ("pvpo", *components):
+        shutil.copytree(REPO / folder, src / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
+@pytest.mark.slow
+def test_the_editable_install_hides_setuptools_notice_and_only_it(tmp_path: Path) -> None:
+    """`make install`'s editable install runs under the Makefile's EDITABLE_NOTICE filter: without it
+    setuptools prints its 9-line "Editable installation" notice, with it nothing."""
+    install = next(line for line in dry_install(tmp_path) if " -e " in line)
+    found = re.search(r'PYTHONWARNINGS="([^"]+)"', install)
+    assert found, f"the editable install runs without the notice's filter: {install}"
+    src = _source_copy(tmp_path)
+
+    def editable(env: dict[str, str], prefix: str) -> str:
+        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
+        cmd += ["--prefix", str(tmp_path / prefix), "-e", str(src)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    assert "Editable installation" in editable(plain, "plain")  # what the filter is for
+    quiet = editable({**plain, "PYTHONWARNINGS": found.group(1)}, "quiet")
+    assert "Warning" not in quiet, quiet[-3000:]
