@@ -90,7 +90,7 @@ format: $(STAMP)
 # The documentation site: the docs extra goes into the same .venv (mkdocstrings reads the package's
 # docstrings statically); --strict turns a broken link, a missing page or a bad API name into a failure.
 $(DOCS_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[dev,openvino,docs]'
+	PYTHONWARNINGS="$(EDITABLE_NOTICE)" $(BIN)/python -m pip install -q -e '.[dev,openvino,docs]'
 	@touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
@@ -118,7 +118,7 @@ $(VERL_STAMP): pyproject.toml
 ifeq ($(HAS_CUDA),)
 	$(VERL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
 endif
-	$(VERL_VENV)/bin/python -m pip install -q -e '.[verl]' "pytest>=8" "pytest-timeout>=2.3"
+	PYTHONWARNINGS="$(EDITABLE_NOTICE)" $(VERL_VENV)/bin/python -m pip install -q -e '.[verl]' "pytest>=8" "pytest-timeout>=2.3"
 	@touch $(VERL_STAMP)
 
 test-verl: $(VERL_STAMP)
