@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -147,13 +148,17 @@ def test_the_editable_install_hides_setuptools_notice_and_only_it(tmp_path: Path
     src = _source_copy(tmp_path)
 
     def editable(env: dict[str, str], prefix: str) -> str:
+        # --ignore-installed: without it pip uninstalls this environment's own pvpo-search first
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index"]
-        cmd += ["--prefix", str(tmp_path / prefix), "-e", str(src)]
+        cmd += ["--ignore-installed", "--prefix", str(tmp_path / prefix), "-e", str(src)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         return done.stdout + done.stderr
 
     plain = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    ours = sorted(purelib.glob("pvpo_search-*.dist-info"))  # this environment's own install, if any
     assert "Editable installation" in editable(plain, "plain")  # what the filter is for
     quiet = editable({**plain, "PYTHONWARNINGS": found.group(1)}, "quiet")
     assert "Warning" not in quiet, quiet[-3000:]
+    assert sorted(purelib.glob("pvpo_search-*.dist-info")) == ours  # this environment's install kept
